@@ -1,0 +1,499 @@
+// Package config loads and validates the billing service configuration.
+//
+// Precedence (lowest to highest): built-in defaults, an optional YAML file,
+// then the environment. Environment names are BILLING_ + the dotted key
+// upper-cased with "." replaced by "_" (stripe.webhook_secrets.test →
+// BILLING_STRIPE_WEBHOOK_SECRETS_TEST). Every secret key K can also be read
+// from a file named by BILLING_<K>_FILE (or the YAML key "<k>_file").
+//
+// As with viper's AutomaticEnv, an environment variable set to the empty
+// string counts as unset.
+package config
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"net/mail"
+	"net/url"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/viper"
+)
+
+const envPrefix = "BILLING"
+
+// ConfigEnv names the environment variable consulted when Load gets no path.
+const ConfigEnv = "BILLING_CONFIG"
+
+// Config is the complete service configuration. Fields holding secrets are
+// marked; LogValue never prints them.
+type Config struct {
+	HTTP struct {
+		Addr string
+	}
+	Database struct {
+		URL string // secret: may embed a password; empty means embedded database
+	}
+	Stripe struct {
+		Mode           string // "test" or "live"
+		SecretKey      string // secret
+		APIURL         string
+		WebhookSecrets struct {
+			Test, Live []string // secrets
+		}
+		WebhookTolerance time.Duration
+	}
+	Auth struct {
+		APITokens, AdminTokens []string // secrets
+	}
+	Portal struct {
+		ReturnURL string
+	}
+	Worker struct {
+		MaxAttempts int
+		RetryDelay  time.Duration
+	}
+	Policy struct {
+		PastDueEntitled bool
+	}
+	Mail struct {
+		SMTPURL string // secret: may embed a password
+		From    string
+	}
+	Log struct {
+		Level  string
+		Format string
+	}
+}
+
+// Error is an invalid-configuration error. Key is the dotted config key (or
+// "config" for problems with the file itself).
+type Error struct {
+	Key string
+	Msg string
+}
+
+// Error renders "config: <key>: <msg>", forced onto one line because main
+// prints it verbatim before exiting.
+func (e *Error) Error() string {
+	return oneLine.Replace("config: " + e.Key + ": " + e.Msg)
+}
+
+var oneLine = strings.NewReplacer("\r\n", " ", "\n", " ", "\r", " ")
+
+func errorf(key, format string, args ...any) *Error {
+	return &Error{Key: key, Msg: fmt.Sprintf(format, args...)}
+}
+
+// defaults are registered with viper so AutomaticEnv knows every key.
+// Scalars are strings so that every layer goes through the same parsers.
+var defaults = map[string]string{
+	"http.addr":                   ":8080",
+	"database.url":                "",
+	"stripe.mode":                 "test",
+	"stripe.secret_key":           "",
+	"stripe.api_url":              "https://api.stripe.com",
+	"stripe.webhook_secrets.test": "",
+	"stripe.webhook_secrets.live": "",
+	"stripe.webhook_tolerance":    "5m",
+	"auth.api_tokens":             "",
+	"auth.admin_tokens":           "",
+	"portal.return_url":           "",
+	"worker.max_attempts":         "3",
+	"worker.retry_delay":          "30s",
+	"policy.past_due_entitled":    "true",
+	"mail.smtp_url":               "",
+	"mail.from":                   "",
+	"log.level":                   "info",
+	"log.format":                  "json",
+}
+
+// Load builds a Config from defaults, the YAML file at path (or at
+// $BILLING_CONFIG when path is empty; no file if both are empty) and the
+// environment, then validates it. All errors are *Error.
+func Load(path string) (*Config, error) {
+	// A fresh viper per call: no shared state, so Load is safe concurrently.
+	v := viper.New()
+	for k, d := range defaults {
+		v.SetDefault(k, d)
+	}
+	v.SetEnvPrefix(envPrefix)
+	v.SetEnvKeyReplacer(strings.NewReplacer(".", "_"))
+	v.AutomaticEnv()
+
+	if path == "" {
+		path = os.Getenv(ConfigEnv)
+	}
+	if path != "" {
+		v.SetConfigFile(path)
+		v.SetConfigType("yaml") // the file is YAML whatever its extension
+		if err := v.ReadInConfig(); err != nil {
+			return nil, errorf("config", "reading %s: %v", path, err)
+		}
+	}
+
+	l := &loader{v: v}
+	c := &Config{}
+	c.HTTP.Addr = l.str("http.addr")
+	c.Database.URL = l.secret("database.url")
+	c.Stripe.Mode = strings.ToLower(l.str("stripe.mode"))
+	c.Stripe.SecretKey = l.secret("stripe.secret_key")
+	c.Stripe.APIURL = l.str("stripe.api_url")
+	c.Stripe.WebhookSecrets.Test = l.secretList("stripe.webhook_secrets.test")
+	c.Stripe.WebhookSecrets.Live = l.secretList("stripe.webhook_secrets.live")
+	c.Stripe.WebhookTolerance = l.duration("stripe.webhook_tolerance")
+	c.Auth.APITokens = l.secretList("auth.api_tokens")
+	c.Auth.AdminTokens = l.secretList("auth.admin_tokens")
+	c.Portal.ReturnURL = l.str("portal.return_url")
+	c.Worker.MaxAttempts = l.integer("worker.max_attempts")
+	c.Worker.RetryDelay = l.duration("worker.retry_delay")
+	c.Policy.PastDueEntitled = l.boolean("policy.past_due_entitled")
+	c.Mail.SMTPURL = l.secret("mail.smtp_url")
+	c.Mail.From = l.str("mail.from")
+	c.Log.Level = strings.ToLower(l.str("log.level"))
+	c.Log.Format = strings.ToLower(l.str("log.format"))
+	if l.err != nil {
+		return nil, l.err
+	}
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// loader keeps the first parse error so Load can read every key linearly.
+type loader struct {
+	v   *viper.Viper
+	err *Error
+}
+
+func (l *loader) fail(e *Error) {
+	if l.err == nil {
+		l.err = e
+	}
+}
+
+func envName(key string) string {
+	return envPrefix + "_" + strings.ToUpper(strings.ReplaceAll(key, ".", "_"))
+}
+
+// raw returns the value as text. YAML may yield ints/bools/lists; we
+// stringify and parse ourselves so garbage is reported instead of zeroed.
+func (l *loader) raw(key string) string {
+	val := l.v.Get(key)
+	switch t := val.(type) {
+	case nil:
+		return ""
+	case string:
+		return strings.TrimSpace(t)
+	case []any:
+		l.fail(errorf(key, "must be a single value, not a list"))
+		return ""
+	case map[string]any:
+		l.fail(errorf(key, "must be a single value, not a map"))
+		return ""
+	default:
+		return strings.TrimSpace(fmt.Sprint(t))
+	}
+}
+
+func (l *loader) str(key string) string { return l.raw(key) }
+
+func (l *loader) duration(key string) time.Duration {
+	s := l.raw(key)
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		l.fail(errorf(key, "invalid duration %q (want e.g. 30s, 5m)", s))
+	}
+	return d
+}
+
+func (l *loader) integer(key string) int {
+	s := l.raw(key)
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		l.fail(errorf(key, "invalid integer %q", s))
+	}
+	return n
+}
+
+func (l *loader) boolean(key string) bool {
+	s := l.raw(key)
+	b, err := strconv.ParseBool(s)
+	if err != nil {
+		l.fail(errorf(key, "invalid boolean %q (want true or false)", s))
+	}
+	return b
+}
+
+// secretSource resolves a secret's *_FILE variant. It returns the file
+// contents and true if a file was named; otherwise the caller reads the key
+// normally. Env beats YAML; naming both a value and a file at the same layer
+// is ambiguous and rejected. Messages never include the secret itself.
+func (l *loader) secretSource(key string) (string, bool) {
+	env := envName(key)
+	fileEnv := env + "_FILE"
+	var path, from string
+	switch {
+	case os.Getenv(fileEnv) != "":
+		if os.Getenv(env) != "" {
+			l.fail(errorf(key, "both %s and %s are set; use one", env, fileEnv))
+			return "", true
+		}
+		path, from = os.Getenv(fileEnv), fileEnv
+	case os.Getenv(env) != "":
+		return "", false
+	case l.v.InConfig(key + "_file"):
+		if l.v.InConfig(key) {
+			l.fail(errorf(key, "both %s and %s_file are set in the config file; use one", key, key))
+			return "", true
+		}
+		path, from = l.v.GetString(key+"_file"), key+"_file"
+	default:
+		return "", false
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		l.fail(errorf(key, "reading %s: %v", from, err))
+		return "", true
+	}
+	return strings.TrimRight(string(b), " \t\r\n"), true
+}
+
+func (l *loader) secret(key string) string {
+	if s, ok := l.secretSource(key); ok {
+		return s
+	}
+	return l.raw(key)
+}
+
+// secretList accepts a YAML list, or a string of comma-separated values
+// (files may also separate with newlines). Blank entries are dropped.
+func (l *loader) secretList(key string) []string {
+	if s, ok := l.secretSource(key); ok {
+		return splitList(s)
+	}
+	switch t := l.v.Get(key).(type) {
+	case nil:
+		return nil
+	case []any:
+		var out []string
+		for _, e := range t {
+			if s := strings.TrimSpace(fmt.Sprint(e)); s != "" {
+				out = append(out, s)
+			}
+		}
+		return out
+	case []string:
+		return splitList(strings.Join(t, ","))
+	case string:
+		return splitList(t)
+	default:
+		l.fail(errorf(key, "must be a list or a comma-separated string"))
+		return nil
+	}
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.FieldsFunc(s, func(r rune) bool { return r == ',' || r == '\n' }) {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// Validate checks every rule and returns the first violation as *Error, or
+// nil. Messages never echo secret values.
+func (c *Config) Validate() error {
+	if err := c.validate(); err != nil {
+		return err // keep nil untyped below
+	}
+	return nil
+}
+
+func (c *Config) validate() *Error {
+	if _, _, err := net.SplitHostPort(c.HTTP.Addr); err != nil {
+		return errorf("http.addr", "invalid listen address %q (want host:port or :port)", c.HTTP.Addr)
+	}
+
+	if c.Stripe.Mode != "test" && c.Stripe.Mode != "live" {
+		return errorf("stripe.mode", "must be test or live, got %q", c.Stripe.Mode)
+	}
+	if k := c.Stripe.SecretKey; k != "" {
+		kind, mode, ok := stripeKeyParts(k)
+		if !ok {
+			return errorf("stripe.secret_key", "must be a Stripe secret (sk_…) or restricted (rk_…) key with a _test_ or _live_ part")
+		}
+		if mode != c.Stripe.Mode {
+			return errorf("stripe.secret_key", "is a %s_%s_ key but stripe.mode is %s", kind, mode, c.Stripe.Mode)
+		}
+	}
+	if err := checkHTTPURL("stripe.api_url", c.Stripe.APIURL); err != nil {
+		return err
+	}
+	for _, s := range []struct {
+		key  string
+		list []string
+	}{
+		{"stripe.webhook_secrets.test", c.Stripe.WebhookSecrets.Test},
+		{"stripe.webhook_secrets.live", c.Stripe.WebhookSecrets.Live},
+	} {
+		for i, w := range s.list {
+			if !strings.HasPrefix(w, "whsec_") || len(w) == len("whsec_") {
+				return errorf(s.key, "entry %d must be a whsec_… signing secret", i+1)
+			}
+		}
+	}
+	if c.Stripe.WebhookTolerance <= 0 {
+		return errorf("stripe.webhook_tolerance", "must be > 0, got %s", c.Stripe.WebhookTolerance)
+	}
+
+	// An empty token would let an empty bearer authenticate.
+	for _, s := range []struct {
+		key  string
+		list []string
+	}{
+		{"auth.api_tokens", c.Auth.APITokens},
+		{"auth.admin_tokens", c.Auth.AdminTokens},
+	} {
+		for i, t := range s.list {
+			if strings.TrimSpace(t) == "" {
+				return errorf(s.key, "entry %d is empty", i+1)
+			}
+		}
+	}
+
+	if c.Portal.ReturnURL != "" {
+		if err := checkHTTPURL("portal.return_url", c.Portal.ReturnURL); err != nil {
+			return err
+		}
+	}
+
+	if c.Worker.MaxAttempts < 1 {
+		return errorf("worker.max_attempts", "must be >= 1, got %d", c.Worker.MaxAttempts)
+	}
+	if c.Worker.RetryDelay <= 0 {
+		return errorf("worker.retry_delay", "must be > 0, got %s", c.Worker.RetryDelay)
+	}
+
+	if c.Mail.SMTPURL != "" {
+		// url.Parse errors quote the input, which may hold a password: use
+		// fixed messages only.
+		u, err := url.Parse(c.Mail.SMTPURL)
+		if err != nil || (u.Scheme != "smtp" && u.Scheme != "smtps") || u.Hostname() == "" {
+			return errorf("mail.smtp_url", "must be an smtp://host[:port] or smtps://host[:port] URL")
+		}
+		if c.Mail.From == "" {
+			return errorf("mail.from", "is required when mail.smtp_url is set")
+		}
+	}
+	if c.Mail.From != "" {
+		if _, err := mail.ParseAddress(c.Mail.From); err != nil {
+			return errorf("mail.from", "invalid email address %q", c.Mail.From)
+		}
+	}
+
+	switch c.Log.Level {
+	case "debug", "info", "warn", "error":
+	default:
+		return errorf("log.level", "must be debug, info, warn or error, got %q", c.Log.Level)
+	}
+	switch c.Log.Format {
+	case "json", "text":
+	default:
+		return errorf("log.format", "must be json or text, got %q", c.Log.Format)
+	}
+	return nil
+}
+
+// stripeKeyParts splits "sk_test_…" into ("sk", "test"). ok is false for
+// anything not shaped like a secret or restricted key.
+func stripeKeyParts(k string) (kind, mode string, ok bool) {
+	parts := strings.SplitN(k, "_", 3)
+	if len(parts) != 3 || parts[2] == "" {
+		return "", "", false
+	}
+	if parts[0] != "sk" && parts[0] != "rk" {
+		return "", "", false
+	}
+	if parts[1] != "test" && parts[1] != "live" {
+		return "", "", false
+	}
+	return parts[0], parts[1], true
+}
+
+func checkHTTPURL(key, s string) *Error {
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return errorf(key, "must be an absolute http:// or https:// URL, got %q", s)
+	}
+	return nil
+}
+
+// WebhookSecrets returns the signing secrets for events of the given mode
+// (Stripe's event.livemode). The result is a copy.
+func (c *Config) WebhookSecrets(livemode bool) []string {
+	if livemode {
+		return slices.Clone(c.Stripe.WebhookSecrets.Live)
+	}
+	return slices.Clone(c.Stripe.WebhookSecrets.Test)
+}
+
+// LogValue implements slog.LogValuer. Secrets appear only as "set"/"unset"
+// (lists as a count); URLs that are not secrets still have userinfo redacted.
+func (c *Config) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.Group("http", slog.String("addr", c.HTTP.Addr)),
+		slog.Group("database", slog.String("url", setness(c.Database.URL))),
+		slog.Group("stripe",
+			slog.String("mode", c.Stripe.Mode),
+			slog.String("secret_key", setness(c.Stripe.SecretKey)),
+			slog.String("api_url", redactURL(c.Stripe.APIURL)),
+			slog.Group("webhook_secrets",
+				slog.Int("test", len(c.Stripe.WebhookSecrets.Test)),
+				slog.Int("live", len(c.Stripe.WebhookSecrets.Live)),
+			),
+			slog.String("webhook_tolerance", c.Stripe.WebhookTolerance.String()),
+		),
+		slog.Group("auth",
+			slog.Int("api_tokens", len(c.Auth.APITokens)),
+			slog.Int("admin_tokens", len(c.Auth.AdminTokens)),
+		),
+		slog.Group("portal", slog.String("return_url", redactURL(c.Portal.ReturnURL))),
+		slog.Group("worker",
+			slog.Int("max_attempts", c.Worker.MaxAttempts),
+			slog.String("retry_delay", c.Worker.RetryDelay.String()),
+		),
+		slog.Group("policy", slog.Bool("past_due_entitled", c.Policy.PastDueEntitled)),
+		slog.Group("mail",
+			slog.String("smtp_url", setness(c.Mail.SMTPURL)),
+			slog.String("from", c.Mail.From),
+		),
+		slog.Group("log",
+			slog.String("level", c.Log.Level),
+			slog.String("format", c.Log.Format),
+		),
+	)
+}
+
+func setness(s string) string {
+	if s == "" {
+		return "unset"
+	}
+	return "set"
+}
+
+func redactURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil {
+		return s
+	}
+	return u.Redacted()
+}

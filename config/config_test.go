@@ -1,0 +1,643 @@
+package config
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// clearEnv blanks every BILLING_* variable for the test (empty counts as
+// unset), so the developer's shell cannot leak into results. Tests using it
+// must not be parallel: the environment is process-global.
+func clearEnv(t *testing.T) {
+	t.Helper()
+	for _, kv := range os.Environ() {
+		if name, _, _ := strings.Cut(kv, "="); strings.HasPrefix(name, "BILLING_") {
+			t.Setenv(name, "")
+		}
+	}
+}
+
+func setEnv(t *testing.T, env map[string]string) {
+	t.Helper()
+	for k, v := range env {
+		t.Setenv(k, v)
+	}
+}
+
+func writeFile(t *testing.T, name, content string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// wantKeyErr asserts err is a one-line *Error for key.
+func wantKeyErr(t *testing.T, err error, key string) *Error {
+	t.Helper()
+	var ce *Error
+	if !errors.As(err, &ce) {
+		t.Fatalf("want *Error for %s, got %T %v", key, err, err)
+	}
+	if ce.Key != key {
+		t.Fatalf("error key = %q, want %q (err: %v)", ce.Key, key, err)
+	}
+	msg := err.Error()
+	if !strings.HasPrefix(msg, "config: "+key+": ") || strings.ContainsAny(msg, "\r\n") {
+		t.Fatalf("error must be one line starting with %q, got %q", "config: "+key+": ", msg)
+	}
+	return ce
+}
+
+func TestLoadDefaults(t *testing.T) {
+	clearEnv(t)
+	c, err := Load("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &Config{}
+	want.HTTP.Addr = ":8080"
+	want.Stripe.Mode = "test"
+	want.Stripe.APIURL = "https://api.stripe.com"
+	want.Stripe.WebhookTolerance = 5 * time.Minute
+	want.Worker.MaxAttempts = 3
+	want.Worker.RetryDelay = 30 * time.Second
+	want.Policy.PastDueEntitled = true
+	want.Log.Level = "info"
+	want.Log.Format = "json"
+	if !reflect.DeepEqual(c, want) {
+		t.Fatalf("defaults:\n got %+v\nwant %+v", c, want)
+	}
+}
+
+const fullYAML = `
+http:
+  addr: "127.0.0.1:9000"
+database:
+  url: postgres://u:p@db/billing
+stripe:
+  mode: live
+  secret_key: sk_live_yaml
+  api_url: http://localhost:12111
+  webhook_secrets:
+    test: [whsec_t1, whsec_t2]
+    live: "whsec_l1, whsec_l2"
+  webhook_tolerance: 2m
+auth:
+  api_tokens:
+    - tokA
+    - tokB
+  admin_tokens: adm1,adm2
+portal:
+  return_url: https://example.com/account
+worker:
+  max_attempts: 7
+  retry_delay: 10ms
+policy:
+  past_due_entitled: false
+mail:
+  smtp_url: smtps://user:pw@mail.example.com:465
+  from: billing@example.com
+log:
+  level: DEBUG
+  format: text
+unknown_key: ignored
+`
+
+func TestLoadYAML(t *testing.T) {
+	clearEnv(t)
+	path := writeFile(t, "billing.yaml", fullYAML)
+
+	check := func(t *testing.T, c *Config) {
+		t.Helper()
+		want := &Config{}
+		want.HTTP.Addr = "127.0.0.1:9000"
+		want.Database.URL = "postgres://u:p@db/billing"
+		want.Stripe.Mode = "live"
+		want.Stripe.SecretKey = "sk_live_yaml"
+		want.Stripe.APIURL = "http://localhost:12111"
+		want.Stripe.WebhookSecrets.Test = []string{"whsec_t1", "whsec_t2"}
+		want.Stripe.WebhookSecrets.Live = []string{"whsec_l1", "whsec_l2"}
+		want.Stripe.WebhookTolerance = 2 * time.Minute
+		want.Auth.APITokens = []string{"tokA", "tokB"}
+		want.Auth.AdminTokens = []string{"adm1", "adm2"}
+		want.Portal.ReturnURL = "https://example.com/account"
+		want.Worker.MaxAttempts = 7
+		want.Worker.RetryDelay = 10 * time.Millisecond
+		want.Policy.PastDueEntitled = false
+		want.Mail.SMTPURL = "smtps://user:pw@mail.example.com:465"
+		want.Mail.From = "billing@example.com"
+		want.Log.Level = "debug" // normalised from DEBUG
+		want.Log.Format = "text"
+		if !reflect.DeepEqual(c, want) {
+			t.Fatalf("yaml:\n got %+v\nwant %+v", c, want)
+		}
+	}
+
+	t.Run("path argument", func(t *testing.T) {
+		c, err := Load(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		check(t, c)
+	})
+	t.Run("BILLING_CONFIG", func(t *testing.T) {
+		t.Setenv("BILLING_CONFIG", path)
+		c, err := Load("")
+		if err != nil {
+			t.Fatal(err)
+		}
+		check(t, c)
+	})
+	t.Run("path argument beats BILLING_CONFIG", func(t *testing.T) {
+		t.Setenv("BILLING_CONFIG", filepath.Join(t.TempDir(), "missing.yaml"))
+		c, err := Load(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		check(t, c)
+	})
+	t.Run("extension does not matter", func(t *testing.T) {
+		c, err := Load(writeFile(t, "billing.conf", fullYAML))
+		if err != nil {
+			t.Fatal(err)
+		}
+		check(t, c)
+	})
+}
+
+func TestEnvOverridesYAML(t *testing.T) {
+	clearEnv(t)
+	path := writeFile(t, "billing.yaml", fullYAML)
+	setEnv(t, map[string]string{
+		"BILLING_HTTP_ADDR":                   ":7000",
+		"BILLING_STRIPE_MODE":                 "test",
+		"BILLING_STRIPE_SECRET_KEY":           "rk_test_env",
+		"BILLING_STRIPE_WEBHOOK_SECRETS_TEST": "whsec_e1",
+		"BILLING_AUTH_API_TOKENS":             "e1, e2 ,,e3",
+		"BILLING_WORKER_MAX_ATTEMPTS":         "1",
+		"BILLING_WORKER_RETRY_DELAY":          "1s",
+		"BILLING_POLICY_PAST_DUE_ENTITLED":    "true",
+		"BILLING_LOG_LEVEL":                   "warn",
+	})
+	c, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.HTTP.Addr != ":7000" || c.Stripe.Mode != "test" || c.Stripe.SecretKey != "rk_test_env" ||
+		c.Worker.MaxAttempts != 1 || c.Worker.RetryDelay != time.Second || !c.Policy.PastDueEntitled ||
+		c.Log.Level != "warn" {
+		t.Fatalf("env did not override yaml: %+v", c)
+	}
+	if got := c.Stripe.WebhookSecrets.Test; !reflect.DeepEqual(got, []string{"whsec_e1"}) {
+		t.Fatalf("webhook test = %q", got)
+	}
+	if got := c.Auth.APITokens; !reflect.DeepEqual(got, []string{"e1", "e2", "e3"}) {
+		t.Fatalf("api tokens = %q", got)
+	}
+	// Keys not in the environment keep their YAML values.
+	if c.Log.Format != "text" || c.Stripe.WebhookTolerance != 2*time.Minute ||
+		!reflect.DeepEqual(c.Stripe.WebhookSecrets.Live, []string{"whsec_l1", "whsec_l2"}) {
+		t.Fatalf("yaml values lost: %+v", c)
+	}
+}
+
+func TestEnvLists(t *testing.T) {
+	tests := []struct {
+		name, env, value string
+		get              func(*Config) []string
+		want             []string
+	}{
+		{"api tokens", "BILLING_AUTH_API_TOKENS", "a,b,c", func(c *Config) []string { return c.Auth.APITokens }, []string{"a", "b", "c"}},
+		{"admin tokens trimmed", "BILLING_AUTH_ADMIN_TOKENS", " x , y ", func(c *Config) []string { return c.Auth.AdminTokens }, []string{"x", "y"}},
+		{"single value", "BILLING_AUTH_API_TOKENS", "only", func(c *Config) []string { return c.Auth.APITokens }, []string{"only"}},
+		{"webhook live", "BILLING_STRIPE_WEBHOOK_SECRETS_LIVE", "whsec_1,whsec_2", func(c *Config) []string { return c.Stripe.WebhookSecrets.Live }, []string{"whsec_1", "whsec_2"}},
+		{"blank entries dropped", "BILLING_STRIPE_WEBHOOK_SECRETS_TEST", ",whsec_a,,", func(c *Config) []string { return c.Stripe.WebhookSecrets.Test }, []string{"whsec_a"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			clearEnv(t)
+			t.Setenv(tt.env, tt.value)
+			c, err := Load("")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := tt.get(c); !reflect.DeepEqual(got, tt.want) {
+				t.Fatalf("got %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestFileVariants(t *testing.T) {
+	tests := []struct {
+		name string
+		env  func(t *testing.T) map[string]string
+		yaml string // optional config file contents; %DIR% is not needed since paths are absolute
+		get  func(*Config) any
+		want any
+	}{
+		{
+			name: "secret key with trailing newline",
+			env: func(t *testing.T) map[string]string {
+				return map[string]string{"BILLING_STRIPE_SECRET_KEY_FILE": writeFile(t, "sk", "sk_test_fromfile\n")}
+			},
+			get:  func(c *Config) any { return c.Stripe.SecretKey },
+			want: "sk_test_fromfile",
+		},
+		{
+			name: "database url with CRLF",
+			env: func(t *testing.T) map[string]string {
+				return map[string]string{"BILLING_DATABASE_URL_FILE": writeFile(t, "db", "postgres://u:pw@h/db\r\n")}
+			},
+			get:  func(c *Config) any { return c.Database.URL },
+			want: "postgres://u:pw@h/db",
+		},
+		{
+			name: "smtp url",
+			env: func(t *testing.T) map[string]string {
+				return map[string]string{
+					"BILLING_MAIL_SMTP_URL_FILE": writeFile(t, "smtp", "smtp://u:pw@mail:587\n"),
+					"BILLING_MAIL_FROM":          "billing@example.com",
+				}
+			},
+			get:  func(c *Config) any { return c.Mail.SMTPURL },
+			want: "smtp://u:pw@mail:587",
+		},
+		{
+			name: "webhook secrets newline separated",
+			env: func(t *testing.T) map[string]string {
+				return map[string]string{"BILLING_STRIPE_WEBHOOK_SECRETS_TEST_FILE": writeFile(t, "wh", "whsec_a\nwhsec_b\n\n")}
+			},
+			get:  func(c *Config) any { return c.Stripe.WebhookSecrets.Test },
+			want: []string{"whsec_a", "whsec_b"},
+		},
+		{
+			name: "api tokens comma separated",
+			env: func(t *testing.T) map[string]string {
+				return map[string]string{"BILLING_AUTH_API_TOKENS_FILE": writeFile(t, "tok", "t1,t2\nt3\n")}
+			},
+			get:  func(c *Config) any { return c.Auth.APITokens },
+			want: []string{"t1", "t2", "t3"},
+		},
+		{
+			name: "admin tokens",
+			env: func(t *testing.T) map[string]string {
+				return map[string]string{"BILLING_AUTH_ADMIN_TOKENS_FILE": writeFile(t, "adm", "root\n")}
+			},
+			get:  func(c *Config) any { return c.Auth.AdminTokens },
+			want: []string{"root"},
+		},
+		{
+			name: "webhook live",
+			env: func(t *testing.T) map[string]string {
+				return map[string]string{
+					"BILLING_STRIPE_WEBHOOK_SECRETS_LIVE_FILE": writeFile(t, "whl", "whsec_live1"),
+				}
+			},
+			get:  func(c *Config) any { return c.Stripe.WebhookSecrets.Live },
+			want: []string{"whsec_live1"},
+		},
+		{
+			name: "env file beats yaml value",
+			env: func(t *testing.T) map[string]string {
+				return map[string]string{"BILLING_STRIPE_SECRET_KEY_FILE": writeFile(t, "sk", "sk_test_file")}
+			},
+			yaml: "stripe:\n  secret_key: sk_test_yaml\n",
+			get:  func(c *Config) any { return c.Stripe.SecretKey },
+			want: "sk_test_file",
+		},
+		{
+			name: "env value beats yaml _file",
+			env: func(t *testing.T) map[string]string {
+				return map[string]string{"BILLING_STRIPE_SECRET_KEY": "sk_test_env"}
+			},
+			yaml: "stripe:\n  secret_key_file: /nonexistent/should-not-be-read\n",
+			get:  func(c *Config) any { return c.Stripe.SecretKey },
+			want: "sk_test_env",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			clearEnv(t)
+			setEnv(t, tt.env(t))
+			path := ""
+			if tt.yaml != "" {
+				path = writeFile(t, "c.yaml", tt.yaml)
+			}
+			c, err := Load(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := tt.get(c); !reflect.DeepEqual(got, tt.want) {
+				t.Fatalf("got %q, want %q", got, tt.want)
+			}
+		})
+	}
+
+	t.Run("yaml _file keys", func(t *testing.T) {
+		clearEnv(t)
+		sk := writeFile(t, "sk", "sk_test_yamlfile\n")
+		wh := writeFile(t, "wh", "whsec_y1\nwhsec_y2\n")
+		path := writeFile(t, "c.yaml", "stripe:\n  secret_key_file: "+sk+"\n  webhook_secrets:\n    test_file: "+wh+"\n")
+		c, err := Load(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Stripe.SecretKey != "sk_test_yamlfile" {
+			t.Fatalf("secret key = %q", c.Stripe.SecretKey)
+		}
+		if !reflect.DeepEqual(c.Stripe.WebhookSecrets.Test, []string{"whsec_y1", "whsec_y2"}) {
+			t.Fatalf("webhook test = %q", c.Stripe.WebhookSecrets.Test)
+		}
+	})
+}
+
+func TestLoadErrors(t *testing.T) {
+	tests := []struct {
+		name   string
+		env    map[string]string
+		yaml   string
+		key    string
+		secret string // must not appear in the error text
+	}{
+		{name: "unknown mode", env: map[string]string{"BILLING_STRIPE_MODE": "prod"}, key: "stripe.mode"},
+		{name: "live key in test mode", env: map[string]string{"BILLING_STRIPE_SECRET_KEY": "sk_live_abc123"}, key: "stripe.secret_key", secret: "abc123"},
+		{name: "test key in live mode", env: map[string]string{"BILLING_STRIPE_MODE": "live", "BILLING_STRIPE_SECRET_KEY": "rk_test_abc123"}, key: "stripe.secret_key", secret: "abc123"},
+		{name: "publishable key", env: map[string]string{"BILLING_STRIPE_SECRET_KEY": "pk_test_abc123"}, key: "stripe.secret_key", secret: "abc123"},
+		{name: "key without mode", env: map[string]string{"BILLING_STRIPE_SECRET_KEY": "sk_abc123"}, key: "stripe.secret_key", secret: "abc123"},
+		{name: "relative api url", env: map[string]string{"BILLING_STRIPE_API_URL": "api.stripe.com"}, key: "stripe.api_url"},
+		{name: "ftp api url", env: map[string]string{"BILLING_STRIPE_API_URL": "ftp://api.stripe.com"}, key: "stripe.api_url"},
+		{name: "test whsec prefix", env: map[string]string{"BILLING_STRIPE_WEBHOOK_SECRETS_TEST": "whsec_ok,wh_bad999"}, key: "stripe.webhook_secrets.test", secret: "wh_bad999"},
+		{name: "live whsec prefix", env: map[string]string{"BILLING_STRIPE_WEBHOOK_SECRETS_LIVE": "bad999"}, key: "stripe.webhook_secrets.live", secret: "bad999"},
+		{name: "bare whsec_", env: map[string]string{"BILLING_STRIPE_WEBHOOK_SECRETS_LIVE": "whsec_"}, key: "stripe.webhook_secrets.live"},
+		{name: "malformed tolerance", env: map[string]string{"BILLING_STRIPE_WEBHOOK_TOLERANCE": "5 minutes"}, key: "stripe.webhook_tolerance"},
+		{name: "zero tolerance", env: map[string]string{"BILLING_STRIPE_WEBHOOK_TOLERANCE": "0s"}, key: "stripe.webhook_tolerance"},
+		{name: "unitless tolerance in yaml", yaml: "stripe:\n  webhook_tolerance: 300\n", key: "stripe.webhook_tolerance"},
+		{name: "relative return url", env: map[string]string{"BILLING_PORTAL_RETURN_URL": "/account"}, key: "portal.return_url"},
+		{name: "max attempts zero", env: map[string]string{"BILLING_WORKER_MAX_ATTEMPTS": "0"}, key: "worker.max_attempts"},
+		{name: "max attempts garbage", env: map[string]string{"BILLING_WORKER_MAX_ATTEMPTS": "three"}, key: "worker.max_attempts"},
+		{name: "max attempts float in yaml", yaml: "worker:\n  max_attempts: 2.5\n", key: "worker.max_attempts"},
+		{name: "retry delay garbage", env: map[string]string{"BILLING_WORKER_RETRY_DELAY": "soon"}, key: "worker.retry_delay"},
+		{name: "retry delay negative", env: map[string]string{"BILLING_WORKER_RETRY_DELAY": "-1s"}, key: "worker.retry_delay"},
+		{name: "bool garbage", env: map[string]string{"BILLING_POLICY_PAST_DUE_ENTITLED": "maybe"}, key: "policy.past_due_entitled"},
+		{name: "smtp bad scheme", env: map[string]string{"BILLING_MAIL_SMTP_URL": "http://u:hunter2@mail", "BILLING_MAIL_FROM": "a@b.c"}, key: "mail.smtp_url", secret: "hunter2"},
+		{name: "smtp unparsable", env: map[string]string{"BILLING_MAIL_SMTP_URL": "smtp://u:hunter2@mail:port", "BILLING_MAIL_FROM": "a@b.c"}, key: "mail.smtp_url", secret: "hunter2"},
+		{name: "mail from missing", env: map[string]string{"BILLING_MAIL_SMTP_URL": "smtp://u:hunter2@mail:587"}, key: "mail.from", secret: "hunter2"},
+		{name: "mail from invalid", env: map[string]string{"BILLING_MAIL_FROM": "not an address"}, key: "mail.from"},
+		{name: "log level", env: map[string]string{"BILLING_LOG_LEVEL": "verbose"}, key: "log.level"},
+		{name: "log format", env: map[string]string{"BILLING_LOG_FORMAT": "xml"}, key: "log.format"},
+		{name: "http addr without port", env: map[string]string{"BILLING_HTTP_ADDR": "8080"}, key: "http.addr"},
+		{name: "list where scalar expected", yaml: "stripe:\n  mode: [test]\n", key: "stripe.mode"},
+		{
+			name:   "value and _FILE both set",
+			env:    map[string]string{"BILLING_STRIPE_SECRET_KEY": "sk_test_abc123", "BILLING_STRIPE_SECRET_KEY_FILE": "/dev/null"},
+			key:    "stripe.secret_key",
+			secret: "abc123",
+		},
+		{name: "_FILE missing", env: map[string]string{"BILLING_AUTH_API_TOKENS_FILE": "/nonexistent/tokens"}, key: "auth.api_tokens"},
+		{name: "yaml value and _file both set", yaml: "database:\n  url: x\n  url_file: /dev/null\n", key: "database.url"},
+		{name: "config file missing", env: map[string]string{"BILLING_CONFIG": "/nonexistent/billing.yaml"}, key: "config"},
+		{name: "malformed yaml", yaml: "stripe:\n  mode: [unclosed\n  x: {\n", key: "config"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			clearEnv(t)
+			setEnv(t, tt.env)
+			path := ""
+			if tt.yaml != "" {
+				path = writeFile(t, "c.yaml", tt.yaml)
+			}
+			c, err := Load(path)
+			if c != nil {
+				t.Errorf("Load returned a config alongside an error")
+			}
+			wantKeyErr(t, err, tt.key)
+			if tt.secret != "" && strings.Contains(err.Error(), tt.secret) {
+				t.Fatalf("error leaks secret %q: %v", tt.secret, err)
+			}
+		})
+	}
+}
+
+func TestLoadAccepts(t *testing.T) {
+	tests := []struct {
+		name string
+		env  map[string]string
+		ok   func(*Config) bool
+	}{
+		{"rk_test_ in test mode", map[string]string{"BILLING_STRIPE_SECRET_KEY": "rk_test_x"}, func(c *Config) bool { return c.Stripe.SecretKey == "rk_test_x" }},
+		{"sk_test_ in test mode", map[string]string{"BILLING_STRIPE_SECRET_KEY": "sk_test_x"}, func(c *Config) bool { return c.Stripe.SecretKey == "sk_test_x" }},
+		{"sk_live_ in live mode", map[string]string{"BILLING_STRIPE_MODE": "live", "BILLING_STRIPE_SECRET_KEY": "sk_live_x"}, func(c *Config) bool { return c.Stripe.Mode == "live" }},
+		{"rk_live_ with upper-case mode", map[string]string{"BILLING_STRIPE_MODE": "LIVE", "BILLING_STRIPE_SECRET_KEY": "rk_live_x"}, func(c *Config) bool { return c.Stripe.Mode == "live" }},
+		{"bool false", map[string]string{"BILLING_POLICY_PAST_DUE_ENTITLED": "false"}, func(c *Config) bool { return !c.Policy.PastDueEntitled }},
+		{"smtps with from", map[string]string{"BILLING_MAIL_SMTP_URL": "smtps://mail.example.com", "BILLING_MAIL_FROM": "Billing <b@example.com>"}, func(c *Config) bool { return c.Mail.From == "Billing <b@example.com>" }},
+		{"test retry delay", map[string]string{"BILLING_WORKER_RETRY_DELAY": "10ms"}, func(c *Config) bool { return c.Worker.RetryDelay == 10*time.Millisecond }},
+		{"stripe-mock api url", map[string]string{"BILLING_STRIPE_API_URL": "http://127.0.0.1:12111"}, func(c *Config) bool { return c.Stripe.APIURL == "http://127.0.0.1:12111" }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			clearEnv(t)
+			setEnv(t, tt.env)
+			c, err := Load("")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !tt.ok(c) {
+				t.Fatalf("unexpected config: %+v", c)
+			}
+		})
+	}
+}
+
+func validConfig() *Config {
+	c := &Config{}
+	c.HTTP.Addr = ":8080"
+	c.Stripe.Mode = "test"
+	c.Stripe.APIURL = "https://api.stripe.com"
+	c.Stripe.WebhookTolerance = 5 * time.Minute
+	c.Worker.MaxAttempts = 3
+	c.Worker.RetryDelay = 30 * time.Second
+	c.Log.Level = "info"
+	c.Log.Format = "json"
+	return c
+}
+
+// TestValidate covers rules for Configs built in code (e.g. by other tests),
+// which bypass Load's parsing and normalisation.
+func TestValidate(t *testing.T) {
+	t.Parallel()
+	if err := validConfig().Validate(); err != nil {
+		// Also guards against returning a typed-nil *Error.
+		t.Fatalf("valid config rejected: %v", err)
+	}
+	tests := []struct {
+		name   string
+		mutate func(*Config)
+		key    string
+	}{
+		{"mode not normalised", func(c *Config) { c.Stripe.Mode = "Test" }, "stripe.mode"},
+		{"empty mode", func(c *Config) { c.Stripe.Mode = "" }, "stripe.mode"},
+		{"live key", func(c *Config) { c.Stripe.SecretKey = "sk_live_x" }, "stripe.secret_key"},
+		{"key with empty tail", func(c *Config) { c.Stripe.SecretKey = "sk_test_" }, "stripe.secret_key"},
+		{"empty api url", func(c *Config) { c.Stripe.APIURL = "" }, "stripe.api_url"},
+		{"empty api token", func(c *Config) { c.Auth.APITokens = []string{"a", ""} }, "auth.api_tokens"},
+		{"blank admin token", func(c *Config) { c.Auth.AdminTokens = []string{" "} }, "auth.admin_tokens"},
+		{"zero tolerance", func(c *Config) { c.Stripe.WebhookTolerance = 0 }, "stripe.webhook_tolerance"},
+		{"zero retry delay", func(c *Config) { c.Worker.RetryDelay = 0 }, "worker.retry_delay"},
+		{"negative attempts", func(c *Config) { c.Worker.MaxAttempts = -1 }, "worker.max_attempts"},
+		{"smtp without host", func(c *Config) { c.Mail.SMTPURL = "smtp://"; c.Mail.From = "a@b.c" }, "mail.smtp_url"},
+		{"empty addr", func(c *Config) { c.HTTP.Addr = "" }, "http.addr"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			c := validConfig()
+			tt.mutate(c)
+			wantKeyErr(t, c.Validate(), tt.key)
+		})
+	}
+}
+
+func TestErrorFormat(t *testing.T) {
+	t.Parallel()
+	e := &Error{Key: "config", Msg: "yaml: line 2:\nbad thing"}
+	if got, want := e.Error(), "config: config: yaml: line 2: bad thing"; got != want {
+		t.Fatalf("Error() = %q, want %q", got, want)
+	}
+}
+
+func TestWebhookSecrets(t *testing.T) {
+	t.Parallel()
+	c := validConfig()
+	c.Stripe.WebhookSecrets.Test = []string{"whsec_t"}
+	c.Stripe.WebhookSecrets.Live = []string{"whsec_l1", "whsec_l2"}
+	if got := c.WebhookSecrets(false); !reflect.DeepEqual(got, []string{"whsec_t"}) {
+		t.Fatalf("test secrets = %q", got)
+	}
+	got := c.WebhookSecrets(true)
+	if !reflect.DeepEqual(got, []string{"whsec_l1", "whsec_l2"}) {
+		t.Fatalf("live secrets = %q", got)
+	}
+	got[0] = "mutated"
+	if c.Stripe.WebhookSecrets.Live[0] != "whsec_l1" {
+		t.Fatal("WebhookSecrets must return a copy")
+	}
+	if got := validConfig().WebhookSecrets(true); len(got) != 0 {
+		t.Fatalf("empty config returned %q", got)
+	}
+}
+
+func TestLogValueRedactsSecrets(t *testing.T) {
+	t.Parallel()
+	secrets := []string{
+		"DBPASSWORD", "sk_test_SECRETKEY", "whsec_TESTSECRET", "whsec_LIVESECRET",
+		"APITOKEN", "ADMINTOKEN", "SMTPPASSWORD", "URLPASSWORD",
+	}
+	c := validConfig()
+	c.Database.URL = "postgres://billing:DBPASSWORD@db:5432/billing"
+	c.Stripe.SecretKey = "sk_test_SECRETKEY"
+	c.Stripe.APIURL = "https://user:URLPASSWORD@api.stripe.com"
+	c.Stripe.WebhookSecrets.Test = []string{"whsec_TESTSECRET"}
+	c.Stripe.WebhookSecrets.Live = []string{"whsec_LIVESECRET", "whsec_LIVESECRET2"}
+	c.Auth.APITokens = []string{"APITOKEN"}
+	c.Auth.AdminTokens = []string{"ADMINTOKEN"}
+	c.Portal.ReturnURL = "https://example.com/account"
+	c.Mail.SMTPURL = "smtp://user:SMTPPASSWORD@mail:587"
+	c.Mail.From = "billing@example.com"
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+
+	var buf bytes.Buffer
+	slog.New(slog.NewJSONHandler(&buf, nil)).Info("config", "config", c)
+	out := buf.String()
+	for _, s := range secrets {
+		if strings.Contains(out, s) {
+			t.Errorf("log output contains secret %q: %s", s, out)
+		}
+	}
+
+	var rec struct {
+		Config struct {
+			HTTP     struct{ Addr string }      `json:"http"`
+			Database struct{ URL string }       `json:"database"`
+			Stripe   map[string]json.RawMessage `json:"stripe"`
+			Auth     map[string]int             `json:"auth"`
+			Portal   struct {
+				ReturnURL string `json:"return_url"`
+			} `json:"portal"`
+			Worker map[string]any    `json:"worker"`
+			Mail   map[string]string `json:"mail"`
+			Log    map[string]string `json:"log"`
+		} `json:"config"`
+	}
+	if err := json.Unmarshal(buf.Bytes(), &rec); err != nil {
+		t.Fatalf("bad JSON %q: %v", out, err)
+	}
+	cfg := rec.Config
+	if cfg.HTTP.Addr != ":8080" || cfg.Database.URL != "set" || cfg.Portal.ReturnURL != "https://example.com/account" {
+		t.Errorf("unexpected http/database/portal: %s", out)
+	}
+	if string(cfg.Stripe["secret_key"]) != `"set"` || string(cfg.Stripe["mode"]) != `"test"` ||
+		string(cfg.Stripe["webhook_secrets"]) != `{"test":1,"live":2}` || string(cfg.Stripe["webhook_tolerance"]) != `"5m0s"` {
+		t.Errorf("unexpected stripe group: %s", out)
+	}
+	if !strings.Contains(string(cfg.Stripe["api_url"]), "api.stripe.com") {
+		t.Errorf("api_url host missing: %s", out)
+	}
+	if cfg.Auth["api_tokens"] != 1 || cfg.Auth["admin_tokens"] != 1 {
+		t.Errorf("unexpected auth counts: %s", out)
+	}
+	if cfg.Worker["max_attempts"] != float64(3) || cfg.Worker["retry_delay"] != "30s" {
+		t.Errorf("unexpected worker group: %s", out)
+	}
+	if cfg.Mail["smtp_url"] != "set" || cfg.Mail["from"] != "billing@example.com" || cfg.Log["level"] != "info" {
+		t.Errorf("unexpected mail/log group: %s", out)
+	}
+
+	// Unset secrets say so rather than vanishing.
+	buf.Reset()
+	slog.New(slog.NewJSONHandler(&buf, nil)).Info("config", "config", validConfig())
+	if !strings.Contains(buf.String(), `"secret_key":"unset"`) || !strings.Contains(buf.String(), `"smtp_url":"unset"`) {
+		t.Errorf("unset secrets not reported: %s", buf.String())
+	}
+}
+
+// TestLoadConcurrent checks Load shares no viper state (run with -race).
+func TestLoadConcurrent(t *testing.T) {
+	clearEnv(t)
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	for i := range 16 {
+		mode, key := "test", "sk_test_x"
+		if i%2 == 1 {
+			mode, key = "live", "sk_live_x"
+		}
+		path := writeFile(t, "c.yaml", "stripe:\n  mode: "+mode+"\n  secret_key: "+key+"\n")
+		wg.Go(func() {
+			c, err := Load(path)
+			if err == nil && c.Stripe.Mode != mode {
+				err = errors.New("got mode " + c.Stripe.Mode + ", want " + mode)
+			}
+			if err != nil {
+				errs <- err
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}

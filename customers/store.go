@@ -1,0 +1,64 @@
+// Package customers links the app's users to their Stripe customers and serves
+// PUT /v1/customers/{user_id}.
+package customers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"gorm.io/gorm"
+)
+
+// ErrNotFound means no customer is linked to the user (or Stripe customer) asked for.
+var ErrNotFound = errors.New("customer not found")
+
+// Customer is one row of the customers table. Get and ByStripeID return only linked rows, whose
+// StripeCustomerID is never nil: a row without one is a link still being made (written before the
+// Stripe call so that a crash cannot lose it) and counts as no customer.
+type Customer struct {
+	UserID           string    `gorm:"column:user_id;primaryKey" json:"user_id"`
+	StripeCustomerID *string   `gorm:"column:stripe_customer_id" json:"stripe_customer_id"`
+	Email            string    `gorm:"column:email" json:"-"`
+	Name             string    `gorm:"column:name" json:"-"`
+	Livemode         bool      `gorm:"column:livemode" json:"livemode"`
+	CreatedAt        time.Time `gorm:"column:created_at" json:"-"`
+	UpdatedAt        time.Time `gorm:"column:updated_at" json:"-"`
+}
+
+func (Customer) TableName() string { return "customers" }
+
+// Get returns the linked customer of a user, or ErrNotFound.
+func Get(ctx context.Context, db *gorm.DB, userID string) (*Customer, error) {
+	var c Customer
+	err := db.WithContext(ctx).Where("user_id = ? AND stripe_customer_id IS NOT NULL", userID).Take(&c).Error
+	if errors.Is(err, gorm.ErrRecordNotFound) {
+		return nil, ErrNotFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load customer of user %q: %w", userID, err)
+	}
+	return &c, nil
+}
+
+// StripeID is the Stripe customer id of a linked customer ("" for a link still being made).
+func (c *Customer) StripeID() string {
+	if c.StripeCustomerID == nil {
+		return ""
+	}
+	return *c.StripeCustomerID
+}
+
+// ByStripeID returns the customer linked to a Stripe customer id, or ErrNotFound.
+func ByStripeID(ctx context.Context, db *gorm.DB, stripeCustomerID string) (*Customer, error) {
+	var c Customer
+	err := db.WithContext(ctx).Where("stripe_customer_id = ?", stripeCustomerID).Take(&c).Error
+	if errors.Is(err, gorm.ErrRecordNotFound) {
+		return nil, ErrNotFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load customer %q: %w", stripeCustomerID, err)
+	}
+	return &c, nil
+}

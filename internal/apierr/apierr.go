@@ -1,0 +1,191 @@
+// Package apierr is the service's one error type for HTTP answers: a stable snake_case code, a
+// human message, and the internal cause (logged, never returned). One map turns codes into HTTP
+// statuses, so a handler says what went wrong and never picks a status itself.
+package apierr
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+)
+
+// Code is a stable, machine-readable error code: part of the outside contract once published.
+type Code string
+
+const (
+	// Generic.
+	CodeInvalidRequest   Code = "invalid_request"
+	CodeInvalidJSON      Code = "invalid_json"
+	CodeNotFound         Code = "not_found"
+	CodeRouteNotFound    Code = "route_not_found"
+	CodeMethodNotAllowed Code = "method_not_allowed"
+	CodeUnauthorized     Code = "unauthorized"
+	CodeForbidden        Code = "forbidden"
+	CodeConflict         Code = "conflict"
+	CodeBodyTooLarge     Code = "body_too_large"
+	CodeUnsupportedMedia Code = "unsupported_media_type"
+	CodeInternal         Code = "internal_error"
+	CodeUnavailable      Code = "service_unavailable"
+	CodeDatabaseDown     Code = "database_unavailable"
+
+	// Validation of identifiers and amounts.
+	CodeInvalidUserID   Code = "invalid_user_id"
+	CodeInvalidOrderID  Code = "invalid_order_id"
+	CodeInvalidRefundID Code = "invalid_refund_id"
+	CodeInvalidAmount   Code = "invalid_amount"
+	CodeInvalidCurrency Code = "invalid_currency"
+	CodeInvalidEmail    Code = "invalid_email"
+	CodeInvalidURL      Code = "invalid_url"
+
+	// Webhook endpoint.
+	CodeMissingSignature   Code = "missing_signature"
+	CodeMalformedSignature Code = "malformed_signature"
+	CodeInvalidSignature   Code = "invalid_signature"
+	CodeStaleTimestamp     Code = "timestamp_outside_tolerance"
+	CodeNotAnEvent         Code = "invalid_event"
+	CodeNoSecretForMode    Code = "no_secret_for_mode"
+
+	// Money.
+	CodeIdempotencyConflict   Code = "idempotency_conflict"
+	CodeCardDeclined          Code = "card_declined"
+	CodeAuthenticationRequire Code = "authentication_required"
+	CodeRefundExceedsCharge   Code = "refund_exceeds_charge"
+	CodeChargeNotRefundable   Code = "charge_not_refundable"
+	CodeNoCustomer            Code = "customer_not_found"
+	CodeStripeError           Code = "stripe_error"
+	CodeStripeUnavailable     Code = "stripe_unavailable"
+
+	// Subscriptions and events.
+	CodeAlreadyCanceled Code = "subscription_already_canceled"
+	CodeEventProcessed  Code = "event_already_processed"
+	CodeEventNotFailed  Code = "event_not_failed"
+
+	// Customers, ledger and portal (issue #5).
+	CodeInvalidName           Code = "invalid_name"
+	CodeInvalidDescription    Code = "invalid_description"
+	CodeInvalidRefundReason   Code = "invalid_refund_reason"
+	CodeInvalidSubscriptionID Code = "invalid_subscription_id"
+	// Stripe refused a charge or refund for a reason other than the card (e.g. amount below
+	// Stripe's minimum): final for that order/refund id, so not a 5xx that invites retries.
+	CodeChargeFailed Code = "charge_failed"
+	CodeRefundFailed Code = "refund_failed"
+)
+
+var statuses = map[Code]int{
+	CodeInvalidRequest:        http.StatusBadRequest,
+	CodeInvalidJSON:           http.StatusBadRequest,
+	CodeNotFound:              http.StatusNotFound,
+	CodeRouteNotFound:         http.StatusNotFound,
+	CodeMethodNotAllowed:      http.StatusMethodNotAllowed,
+	CodeUnauthorized:          http.StatusUnauthorized,
+	CodeForbidden:             http.StatusForbidden,
+	CodeConflict:              http.StatusConflict,
+	CodeBodyTooLarge:          http.StatusRequestEntityTooLarge,
+	CodeUnsupportedMedia:      http.StatusUnsupportedMediaType,
+	CodeInternal:              http.StatusInternalServerError,
+	CodeUnavailable:           http.StatusServiceUnavailable,
+	CodeDatabaseDown:          http.StatusServiceUnavailable,
+	CodeInvalidUserID:         http.StatusBadRequest,
+	CodeInvalidOrderID:        http.StatusBadRequest,
+	CodeInvalidRefundID:       http.StatusBadRequest,
+	CodeInvalidAmount:         http.StatusBadRequest,
+	CodeInvalidCurrency:       http.StatusBadRequest,
+	CodeInvalidEmail:          http.StatusBadRequest,
+	CodeInvalidURL:            http.StatusBadRequest,
+	CodeMissingSignature:      http.StatusBadRequest,
+	CodeMalformedSignature:    http.StatusBadRequest,
+	CodeInvalidSignature:      http.StatusBadRequest,
+	CodeStaleTimestamp:        http.StatusBadRequest,
+	CodeNotAnEvent:            http.StatusBadRequest,
+	CodeNoSecretForMode:       http.StatusBadRequest,
+	CodeIdempotencyConflict:   http.StatusConflict,
+	CodeCardDeclined:          http.StatusPaymentRequired,
+	CodeAuthenticationRequire: http.StatusPaymentRequired,
+	CodeRefundExceedsCharge:   http.StatusUnprocessableEntity,
+	CodeChargeNotRefundable:   http.StatusConflict,
+	CodeNoCustomer:            http.StatusNotFound,
+	CodeStripeError:           http.StatusBadGateway,
+	CodeStripeUnavailable:     http.StatusServiceUnavailable,
+	CodeAlreadyCanceled:       http.StatusConflict,
+	CodeEventProcessed:        http.StatusConflict,
+	CodeEventNotFailed:        http.StatusConflict,
+	CodeInvalidName:           http.StatusBadRequest,
+	CodeInvalidDescription:    http.StatusBadRequest,
+	CodeInvalidRefundReason:   http.StatusBadRequest,
+	CodeInvalidSubscriptionID: http.StatusBadRequest,
+	CodeChargeFailed:          http.StatusUnprocessableEntity,
+	CodeRefundFailed:          http.StatusUnprocessableEntity,
+}
+
+// Status is the HTTP status of a code; an unknown code is a 500 so that a forgotten entry is loud.
+func Status(c Code) int {
+	if s, ok := statuses[c]; ok {
+		return s
+	}
+	return http.StatusInternalServerError
+}
+
+// Error is an error meant for an HTTP client. Err, the cause, is for logs only.
+type Error struct {
+	Code    Code
+	Message string
+	// Details are extra JSON fields of the error object (e.g. decline_code, payment_intent_id).
+	Details map[string]any
+	Err     error
+}
+
+func (e *Error) Error() string {
+	if e.Err != nil {
+		return fmt.Sprintf("%s: %s: %v", e.Code, e.Message, e.Err)
+	}
+	return fmt.Sprintf("%s: %s", e.Code, e.Message)
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// Status is the HTTP status of the error's code.
+func (e *Error) Status() int { return Status(e.Code) }
+
+// New returns an error with a code and a message for the client.
+func New(code Code, format string, args ...any) *Error {
+	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// Wrap returns an error with a code and message for the client that keeps err as its cause.
+func Wrap(err error, code Code, format string, args ...any) *Error {
+	return &Error{Code: code, Message: fmt.Sprintf(format, args...), Err: err}
+}
+
+// With adds a detail field and returns the error, for chaining.
+func (e *Error) With(key string, value any) *Error {
+	if e.Details == nil {
+		e.Details = map[string]any{}
+	}
+	e.Details[key] = value
+	return e
+}
+
+// Internal wraps an unexpected error: the client learns only that something failed.
+func Internal(err error) *Error {
+	return &Error{Code: CodeInternal, Message: "internal error", Err: err}
+}
+
+// As finds an *Error in err's chain.
+func As(err error) (*Error, bool) {
+	var e *Error
+	if errors.As(err, &e) {
+		return e, true
+	}
+	return nil, false
+}
+
+// Body is the JSON shape of every error answer: {"error": {"code": …, "message": …, …details}}.
+func (e *Error) Body() map[string]any {
+	inner := map[string]any{"code": e.Code, "message": e.Message}
+	for k, v := range e.Details {
+		if k != "code" && k != "message" {
+			inner[k] = v
+		}
+	}
+	return map[string]any{"error": inner}
+}

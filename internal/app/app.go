@@ -1,0 +1,161 @@
+// Package app assembles the service from its parts: the HTTP server, the webhook inbox, the
+// domain packages and River, on one database pool. main and the end-to-end tests both build
+// the service through New, so the tests run the exact wiring that production runs.
+package app
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/labstack/echo/v4"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverdatabasesql"
+	"gorm.io/gorm"
+
+	"billing/config"
+	"billing/internal/auth"
+	"billing/internal/database"
+	"billing/internal/httpserver"
+	"billing/internal/stripeclient"
+	"billing/migrations"
+	"billing/webhooks"
+)
+
+// Options are the inputs of New.
+type Options struct {
+	Config *config.Config
+	DB     *gorm.DB
+	Logger *slog.Logger
+	// Now is the clock of every component; nil means time.Now.
+	Now func() time.Time
+	// RescueStuckJobsAfter is how long a job may stay running (its worker died) before River runs
+	// it again; zero means one minute.
+	RescueStuckJobsAfter time.Duration
+	// FetchPollInterval is how often idle workers look for new jobs; zero means 50ms.
+	FetchPollInterval time.Duration
+}
+
+// App is the assembled service.
+type App struct {
+	Echo     *echo.Echo
+	River    *river.Client[*sql.Tx]
+	Inbox    *webhooks.Inbox
+	DB       *gorm.DB
+	Registry *prometheus.Registry
+	log      *slog.Logger
+}
+
+// New wires the service. It starts nothing: Start runs the workers, and main serves Echo.
+func New(opts Options) (*App, error) {
+	cfg, db, logger := opts.Config, opts.DB, opts.Logger
+	now := opts.Now
+	if now == nil {
+		now = time.Now
+	}
+	sqlDB := database.SQL(db)
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	tokens := auth.New(cfg.Auth.APITokens, cfg.Auth.AdminTokens)
+	e := httpserver.New(httpserver.Options{
+		Logger:   logger,
+		Registry: reg,
+		Ready: func(ctx context.Context) error {
+			if err := sqlDB.PingContext(ctx); err != nil {
+				return errors.Join(httpserver.ErrNotReady{Reason: "database unreachable"}, err)
+			}
+			pending, err := migrations.Pending(ctx, sqlDB)
+			if err != nil {
+				return errors.Join(httpserver.ErrNotReady{Reason: "schema version unknown"}, err)
+			}
+			if pending {
+				return httpserver.ErrNotReady{Reason: "schema not current: migrations pending"}
+			}
+			return nil
+		},
+	})
+	v1 := e.Group("/v1", tokens.Require(auth.RoleApp, false))
+	_ = v1 // domain routes mount here
+	adminAPI := e.Group("/admin", tokens.Require(auth.RoleAdmin, true))
+
+	// The inbox and its handlers.
+	registry := webhooks.NewRegistry()
+	inbox := webhooks.New(webhooks.Config{
+		DB:          db,
+		Logger:      logger,
+		Registry:    registry,
+		TestSecrets: cfg.Stripe.WebhookSecrets.Test,
+		LiveSecrets: cfg.Stripe.WebhookSecrets.Live,
+		Tolerance:   cfg.Stripe.WebhookTolerance,
+		MaxAttempts: cfg.Worker.MaxAttempts,
+		RetryDelay:  cfg.Worker.RetryDelay,
+		Metrics:     webhooks.NewMetrics(reg),
+		Now:         now,
+	})
+	inbox.RegisterGauges(reg)
+
+	workers := river.NewWorkers()
+	inbox.AddWorkers(workers)
+
+	_ = stripeclient.New(cfg.Stripe.APIURL, cfg.Stripe.SecretKey, logger)
+
+	rescue := opts.RescueStuckJobsAfter
+	if rescue <= 0 {
+		rescue = time.Minute
+	}
+	poll := opts.FetchPollInterval
+	if poll <= 0 {
+		poll = 50 * time.Millisecond
+	}
+	riverClient, err := river.NewClient(riverdatabasesql.New(sqlDB), &river.Config{
+		Queues: map[string]river.QueueConfig{
+			river.QueueDefault:     {MaxWorkers: 5},
+			webhooks.QueueWebhooks: {MaxWorkers: 16},
+		},
+		Workers: workers,
+		// database/sql has no LISTEN: workers poll. FetchCooldown bounds how often a busy queue
+		// fetches; FetchPollInterval how long an idle one waits for new work.
+		PollOnly:             true,
+		FetchCooldown:        min(10*time.Millisecond, poll),
+		FetchPollInterval:    poll,
+		JobTimeout:           min(30*time.Second, rescue),
+		RescueStuckJobsAfter: rescue,
+		PeriodicJobs:         inbox.PeriodicJobs(),
+		Logger:               logger.With("component", "river"),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create river client: %w", err)
+	}
+	inbox.SetJobs(riverClient)
+
+	inbox.MountWebhook(e)
+	inbox.MountAdmin(adminAPI)
+
+	return &App{Echo: e, River: riverClient, Inbox: inbox, DB: db, Registry: reg, log: logger}, nil
+}
+
+// Start runs the background workers.
+func (a *App) Start(ctx context.Context) error {
+	if err := a.River.Start(ctx); err != nil {
+		return fmt.Errorf("start workers: %w", err)
+	}
+	return nil
+}
+
+// Stop finishes in-flight jobs (and cancels them if ctx ends first).
+func (a *App) Stop(ctx context.Context) error {
+	if err := a.River.Stop(ctx); err != nil {
+		a.log.Warn("workers did not finish in time; cancelling", "error", err)
+		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		return a.River.StopAndCancel(cctx)
+	}
+	return nil
+}

@@ -1,0 +1,104 @@
+// Package database opens the service's PostgreSQL pool through gorm and classifies errors that
+// mean "the database is not reachable" (answered 503, so that callers retry).
+package database
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"gorm.io/driver/postgres"
+	"gorm.io/gorm"
+	gormlogger "gorm.io/gorm/logger"
+
+	"billing/internal/apierr"
+)
+
+// Open connects to url and checks the connection. The pool is shared by gorm and River.
+func Open(ctx context.Context, url string, logger *slog.Logger) (*gorm.DB, error) {
+	db, err := gorm.Open(postgres.Open(url), &gorm.Config{
+		Logger: gormlogger.NewSlogLogger(logger.With("component", "gorm"), gormlogger.Config{
+			SlowThreshold:             500 * time.Millisecond,
+			LogLevel:                  gormlogger.Warn,
+			IgnoreRecordNotFoundError: true,
+			// Never log bound values: they include emails and payloads.
+			ParameterizedQueries: true,
+		}),
+		// Transactions are always explicit: gorm's implicit per-write transaction only costs
+		// round trips here.
+		SkipDefaultTransaction: true,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("open database: %w", err)
+	}
+	sqlDB, err := db.DB()
+	if err != nil {
+		return nil, fmt.Errorf("open database: %w", err)
+	}
+	sqlDB.SetMaxOpenConns(40)
+	sqlDB.SetMaxIdleConns(40)
+	sqlDB.SetConnMaxIdleTime(5 * time.Minute)
+	sqlDB.SetConnMaxLifetime(time.Hour)
+	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := sqlDB.PingContext(pingCtx); err != nil {
+		_ = sqlDB.Close()
+		return nil, fmt.Errorf("connect to database: %w", err)
+	}
+	return db, nil
+}
+
+// SQL returns the *sql.DB under a gorm handle.
+func SQL(db *gorm.DB) *sql.DB {
+	sqlDB, err := db.DB()
+	if err != nil {
+		// Only possible when db was not built on a *sql.DB, which Open never does.
+		panic(fmt.Sprintf("database: gorm handle without *sql.DB: %v", err))
+	}
+	return sqlDB
+}
+
+// IsUnavailable reports whether err means the database could not be reached or is shutting
+// down, as opposed to a query that is wrong.
+func IsUnavailable(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, sql.ErrConnDone) {
+		return true
+	}
+	var netErr net.Error
+	if errors.As(err, &netErr) {
+		return true
+	}
+	var connErr *pgconn.ConnectError
+	if errors.As(err, &connErr) {
+		return true
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		// Class 08: connection exception; 57P01-57P03: admin shutdown, crash shutdown, cannot
+		// connect now; 53300: too many connections.
+		switch {
+		case len(pgErr.Code) == 5 && pgErr.Code[:2] == "08",
+			pgErr.Code == "57P01", pgErr.Code == "57P02", pgErr.Code == "57P03", pgErr.Code == "53300":
+			return true
+		}
+	}
+	return pgconn.SafeToRetry(err) || errors.Is(err, driver.ErrBadConn)
+}
+
+// APIError turns a failed query into the client's answer: 503 when the database is unreachable
+// (the client should retry), 500 otherwise. what says what failed, for the log.
+func APIError(err error, what string) error {
+	if IsUnavailable(err) {
+		return apierr.Wrap(fmt.Errorf("%s: %w", what, err), apierr.CodeDatabaseDown, "the database is unavailable; retry later")
+	}
+	return apierr.Wrap(fmt.Errorf("%s: %w", what, err), apierr.CodeInternal, "internal error")
+}

@@ -1,0 +1,182 @@
+// Package httpserver builds the service's echo instance: the JSON error handler, request ids,
+// request logs, HTTP metrics, panics turned into 500s, and the health and metrics endpoints.
+// Domain packages only add their routes.
+package httpserver
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/labstack/echo/v4"
+	"github.com/labstack/echo/v4/middleware"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"billing/internal/apierr"
+)
+
+// ReadyFunc reports why the service cannot serve yet (nil when ready).
+type ReadyFunc func(ctx context.Context) error
+
+// Options are the pieces the server needs from main.
+type Options struct {
+	Logger   *slog.Logger
+	Registry *prometheus.Registry
+	Ready    ReadyFunc
+}
+
+// New returns an echo instance with the service's middleware and /healthz, /readyz, /metrics.
+func New(opts Options) *echo.Echo {
+	e := echo.New()
+	e.HideBanner = true
+	e.HidePort = true
+	e.HTTPErrorHandler = ErrorHandler(opts.Logger)
+
+	duration := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "billing_http_request_duration_seconds",
+		Help:    "HTTP request duration by route, method and status.",
+		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
+	}, []string{"route", "method", "status"})
+	opts.Registry.MustRegister(duration)
+
+	e.Use(middleware.RequestIDWithConfig(middleware.RequestIDConfig{
+		Generator: newRequestID,
+	}))
+	e.Use(recoverer(opts.Logger))
+	e.Use(func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c echo.Context) error {
+			start := time.Now()
+			err := next(c)
+			if err != nil {
+				// Let the error handler write the answer now so that the status we log is the real one.
+				c.Error(err)
+			}
+			status := c.Response().Status
+			elapsed := time.Since(start)
+			route := c.Path()
+			if route == "" {
+				route = "unmatched"
+			}
+			duration.WithLabelValues(route, c.Request().Method, strconv.Itoa(status)).Observe(elapsed.Seconds())
+			level := slog.LevelInfo
+			if route == "/healthz" || route == "/readyz" || route == "/metrics" {
+				level = slog.LevelDebug
+			}
+			opts.Logger.LogAttrs(c.Request().Context(), level, "http request",
+				slog.String("method", c.Request().Method),
+				slog.String("path", c.Request().URL.Path),
+				slog.String("route", route),
+				slog.Int("status", status),
+				slog.Duration("duration", elapsed),
+				slog.String("request_id", c.Response().Header().Get(echo.HeaderXRequestID)),
+			)
+			return nil
+		}
+	})
+
+	e.GET("/healthz", func(c echo.Context) error {
+		return c.JSON(http.StatusOK, map[string]string{"status": "ok"})
+	})
+	e.GET("/readyz", func(c echo.Context) error {
+		ctx, cancel := context.WithTimeout(c.Request().Context(), 2*time.Second)
+		defer cancel()
+		if err := opts.Ready(ctx); err != nil {
+			opts.Logger.Warn("not ready", "error", err)
+			return apierr.Wrap(err, apierr.CodeUnavailable, "not ready: %s", readyReason(err))
+		}
+		return c.JSON(http.StatusOK, map[string]string{"status": "ready"})
+	})
+	e.GET("/metrics", echo.WrapHandler(promhttp.HandlerFor(opts.Registry, promhttp.HandlerOpts{})))
+	return e
+}
+
+// ErrNotReady marks a readiness failure whose message may be shown to the caller
+// (it says which dependency, never a connection string).
+type ErrNotReady struct{ Reason string }
+
+func (e ErrNotReady) Error() string { return e.Reason }
+
+func readyReason(err error) string {
+	var nr ErrNotReady
+	if errors.As(err, &nr) {
+		return nr.Reason
+	}
+	return "dependency check failed"
+}
+
+func recoverer(logger *slog.Logger) echo.MiddlewareFunc {
+	return func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c echo.Context) (err error) {
+			defer func() {
+				if r := recover(); r != nil {
+					if r == http.ErrAbortHandler {
+						panic(r)
+					}
+					logger.Error("panic in handler", "panic", r, "path", c.Request().URL.Path)
+					err = apierr.New(apierr.CodeInternal, "internal error")
+				}
+			}()
+			return next(c)
+		}
+	}
+}
+
+// ErrorHandler writes every error as {"error": {"code", "message"}}; causes of 5xx are logged
+// once here, with the request id, and never sent to the client.
+func ErrorHandler(logger *slog.Logger) echo.HTTPErrorHandler {
+	return func(err error, c echo.Context) {
+		if c.Response().Committed {
+			return
+		}
+		apiErr := toAPIError(err)
+		status := apiErr.Status()
+		if status >= 500 {
+			logger.Error("request failed",
+				"code", apiErr.Code,
+				"error", err,
+				"method", c.Request().Method,
+				"path", c.Request().URL.Path,
+				"request_id", c.Response().Header().Get(echo.HeaderXRequestID),
+			)
+		}
+		if c.Request().Method == http.MethodHead {
+			err = c.NoContent(status)
+		} else {
+			err = c.JSON(status, apiErr.Body())
+		}
+		if err != nil {
+			logger.Error("write error response", "error", err)
+		}
+	}
+}
+
+func toAPIError(err error) *apierr.Error {
+	if e, ok := apierr.As(err); ok {
+		return e
+	}
+	var he *echo.HTTPError
+	if errors.As(err, &he) {
+		switch he.Code {
+		case http.StatusNotFound:
+			return apierr.New(apierr.CodeRouteNotFound, "no such route")
+		case http.StatusMethodNotAllowed:
+			return apierr.New(apierr.CodeMethodNotAllowed, "method not allowed on this route")
+		case http.StatusRequestEntityTooLarge:
+			return apierr.New(apierr.CodeBodyTooLarge, "request body too large")
+		case http.StatusUnsupportedMediaType:
+			return apierr.New(apierr.CodeUnsupportedMedia, "unsupported content type")
+		case http.StatusUnauthorized:
+			return apierr.New(apierr.CodeUnauthorized, "missing or invalid credentials")
+		case http.StatusBadRequest:
+			return apierr.Wrap(err, apierr.CodeInvalidRequest, "bad request")
+		}
+		if he.Code < 500 {
+			return apierr.Wrap(err, apierr.CodeInvalidRequest, "%s", http.StatusText(he.Code))
+		}
+	}
+	return apierr.Internal(err)
+}

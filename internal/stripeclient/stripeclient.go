@@ -1,0 +1,44 @@
+// Package stripeclient builds the one stripe-go client of the service: pinned API version (the
+// one stripe-go v79 speaks), the configured base URL (stripe-mock in tests), network retries on.
+package stripeclient
+
+import (
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/stripe/stripe-go/v79"
+	"github.com/stripe/stripe-go/v79/client"
+)
+
+// APIVersion is the Stripe API version sent on every call. It is not configurable: it is the
+// version the pinned stripe-go release was generated for.
+const APIVersion = stripe.APIVersion
+
+// New returns a client for apiURL with secretKey. stripe-go retries network errors and 5xx
+// answers itself, with the same Idempotency-Key on each retry.
+func New(apiURL, secretKey string, logger *slog.Logger) *client.API {
+	cfg := &stripe.BackendConfig{
+		URL:               stripe.String(apiURL),
+		MaxNetworkRetries: stripe.Int64(2),
+		HTTPClient:        &http.Client{Timeout: 30 * time.Second},
+		LeveledLogger:     leveled{logger.With("component", "stripe")},
+	}
+	backends := &stripe.Backends{
+		API:     stripe.GetBackendWithConfig(stripe.APIBackend, cfg),
+		Connect: stripe.GetBackendWithConfig(stripe.ConnectBackend, cfg),
+		Uploads: stripe.GetBackendWithConfig(stripe.UploadsBackend, cfg),
+	}
+	sc := &client.API{}
+	sc.Init(secretKey, backends)
+	return sc
+}
+
+// leveled adapts slog to stripe-go's logger. stripe-go logs request paths and errors, never keys.
+type leveled struct{ l *slog.Logger }
+
+func (l leveled) Debugf(format string, v ...any) {}
+func (l leveled) Infof(format string, v ...any)  {}
+func (l leveled) Warnf(format string, v ...any)  { l.l.Warn(fmt.Sprintf(format, v...)) }
+func (l leveled) Errorf(format string, v ...any) { l.l.Error(fmt.Sprintf(format, v...)) }

@@ -1,0 +1,190 @@
+// Package stripeevents builds signed Stripe events of the pinned API version: the sample events
+// of `billing trigger`, and the events the tests and benchmarks deliver. Objects have the shape
+// of API version 2024-06-20.
+package stripeevents
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"time"
+)
+
+// APIVersion is the version stamped on built events.
+const APIVersion = "2024-06-20"
+
+// Subscription is the part of a Stripe subscription the service reads.
+type Subscription struct {
+	ID                 string
+	Customer           string
+	Status             string
+	PriceID            string
+	CurrentPeriodStart time.Time
+	CurrentPeriodEnd   time.Time
+	TrialStart         time.Time
+	TrialEnd           time.Time
+	CancelAtPeriodEnd  bool
+	CanceledAt         time.Time
+	EndedAt            time.Time
+}
+
+// Invoice is the part of a Stripe invoice the service reads.
+type Invoice struct {
+	ID                 string
+	Customer           string
+	CustomerEmail      string
+	Subscription       string
+	Status             string
+	AttemptCount       int
+	NextPaymentAttempt time.Time
+	AmountDue          int64
+	AmountPaid         int64
+	Currency           string
+	HostedInvoiceURL   string
+}
+
+func unixOrNil(t time.Time) any {
+	if t.IsZero() {
+		return nil
+	}
+	return t.Unix()
+}
+
+func (s Subscription) object(livemode bool) map[string]any {
+	price := map[string]any{"id": s.PriceID, "object": "price", "currency": "usd", "unit_amount": 2000,
+		"recurring": map[string]any{"interval": "month", "interval_count": 1}}
+	return map[string]any{
+		"id":                   s.ID,
+		"object":               "subscription",
+		"customer":             s.Customer,
+		"status":               s.Status,
+		"livemode":             livemode,
+		"cancel_at_period_end": s.CancelAtPeriodEnd,
+		"canceled_at":          unixOrNil(s.CanceledAt),
+		"ended_at":             unixOrNil(s.EndedAt),
+		"current_period_start": unixOrNil(s.CurrentPeriodStart),
+		"current_period_end":   unixOrNil(s.CurrentPeriodEnd),
+		"trial_start":          unixOrNil(s.TrialStart),
+		"trial_end":            unixOrNil(s.TrialEnd),
+		"currency":             "usd",
+		"items": map[string]any{
+			"object":   "list",
+			"has_more": false,
+			"data": []any{map[string]any{
+				"id": "si_" + s.ID, "object": "subscription_item", "price": price, "quantity": 1,
+			}},
+		},
+		"plan":     map[string]any{"id": s.PriceID, "object": "plan"},
+		"metadata": map[string]any{},
+	}
+}
+
+func (inv Invoice) object(livemode bool) map[string]any {
+	var sub any
+	if inv.Subscription != "" {
+		sub = inv.Subscription
+	}
+	return map[string]any{
+		"id":                   inv.ID,
+		"object":               "invoice",
+		"customer":             inv.Customer,
+		"customer_email":       inv.CustomerEmail,
+		"subscription":         sub,
+		"status":               inv.Status,
+		"attempt_count":        inv.AttemptCount,
+		"attempted":            inv.AttemptCount > 0,
+		"next_payment_attempt": unixOrNil(inv.NextPaymentAttempt),
+		"amount_due":           inv.AmountDue,
+		"amount_paid":          inv.AmountPaid,
+		"currency":             inv.Currency,
+		"hosted_invoice_url":   inv.HostedInvoiceURL,
+		"billing_reason":       "subscription_cycle",
+		"livemode":             livemode,
+		"paid":                 inv.Status == "paid",
+	}
+}
+
+// Event returns the JSON of an event of type typ carrying object.
+func Event(id, typ string, created time.Time, livemode bool, object map[string]any, previous map[string]any) []byte {
+	data := map[string]any{"object": object}
+	if previous != nil {
+		data["previous_attributes"] = previous
+	}
+	ev := map[string]any{
+		"id":               id,
+		"object":           "event",
+		"api_version":      APIVersion,
+		"created":          created.Unix(),
+		"type":             typ,
+		"livemode":         livemode,
+		"pending_webhooks": 1,
+		"request":          map[string]any{"id": nil, "idempotency_key": nil},
+		"data":             data,
+	}
+	b, err := json.Marshal(ev)
+	if err != nil {
+		panic(fmt.Sprintf("stripeevents: marshal event: %v", err))
+	}
+	return b
+}
+
+// SubscriptionEvent returns a customer.subscription.* event.
+func SubscriptionEvent(id, typ string, created time.Time, livemode bool, s Subscription) []byte {
+	return Event(id, typ, created, livemode, s.object(livemode), nil)
+}
+
+// InvoiceEvent returns an invoice.* event.
+func InvoiceEvent(id, typ string, created time.Time, livemode bool, inv Invoice) []byte {
+	return Event(id, typ, created, livemode, inv.object(livemode), nil)
+}
+
+// SignatureHeader returns the Stripe-Signature header of payload signed with secret at t.
+func SignatureHeader(payload []byte, secret string, t time.Time) string {
+	ts := strconv.FormatInt(t.Unix(), 10)
+	mac := hmac.New(sha256.New, []byte(secret))
+	mac.Write([]byte(ts))
+	mac.Write([]byte("."))
+	mac.Write(payload)
+	return "t=" + ts + ",v1=" + hex.EncodeToString(mac.Sum(nil))
+}
+
+// Sample returns a plausible event of typ for `billing trigger`, ids derived from suffix.
+func Sample(typ, suffix string, now time.Time, livemode bool) ([]byte, error) {
+	sub := Subscription{
+		ID: "sub_" + suffix, Customer: "cus_" + suffix, Status: "active", PriceID: "price_monthly",
+		CurrentPeriodStart: now, CurrentPeriodEnd: now.AddDate(0, 1, 0),
+	}
+	inv := Invoice{
+		ID: "in_" + suffix, Customer: "cus_" + suffix, Subscription: "sub_" + suffix, Currency: "usd",
+		AmountDue: 2000, HostedInvoiceURL: "https://invoice.stripe.com/i/acct_test/" + suffix,
+		CustomerEmail: "customer+" + suffix + "@example.com",
+	}
+	id := "evt_" + suffix
+	switch typ {
+	case "customer.subscription.created":
+		sub.Status = "trialing"
+		sub.TrialStart, sub.TrialEnd = now, now.AddDate(0, 0, 14)
+		return SubscriptionEvent(id, typ, now, livemode, sub), nil
+	case "customer.subscription.updated":
+		return SubscriptionEvent(id, typ, now, livemode, sub), nil
+	case "customer.subscription.deleted":
+		sub.Status, sub.CanceledAt, sub.EndedAt = "canceled", now, now
+		return SubscriptionEvent(id, typ, now, livemode, sub), nil
+	case "customer.subscription.trial_will_end":
+		sub.Status = "trialing"
+		sub.TrialStart, sub.TrialEnd = now.AddDate(0, 0, -11), now.AddDate(0, 0, 3)
+		return SubscriptionEvent(id, typ, now, livemode, sub), nil
+	case "invoice.payment_failed":
+		inv.Status, inv.AttemptCount, inv.NextPaymentAttempt = "open", 1, now.AddDate(0, 0, 3)
+		return InvoiceEvent(id, typ, now, livemode, inv), nil
+	case "invoice.payment_succeeded", "invoice.paid":
+		inv.Status, inv.AttemptCount, inv.AmountPaid = "paid", 1, inv.AmountDue
+		return InvoiceEvent(id, typ, now, livemode, inv), nil
+	case "customer.created", "customer.updated":
+		return Event(id, typ, now, livemode, map[string]any{"id": "cus_" + suffix, "object": "customer", "email": inv.CustomerEmail}, nil), nil
+	}
+	return nil, fmt.Errorf("no sample for event type %q (try customer.subscription.created|updated|deleted|trial_will_end, invoice.payment_succeeded|payment_failed, customer.created)", typ)
+}

@@ -1,0 +1,229 @@
+// Command billing is the billing backend of the SaaS app: Stripe webhooks in, a local
+// subscription state, and idempotent calls out to Stripe. See README.md.
+//
+//	billing serve   [--config PATH]   HTTP API, webhook endpoint and workers
+//	billing migrate [--config PATH]   apply pending migrations and exit
+//	billing trigger EVENT_TYPE [...]  post a signed sample event to a running service
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"gorm.io/gorm"
+
+	"billing/config"
+	"billing/internal/app"
+	"billing/internal/database"
+	"billing/internal/pgcluster"
+	"billing/internal/stripeclient"
+	"billing/migrations"
+)
+
+// Exit codes: 1 for a runtime failure, 2 for a configuration or usage error.
+const (
+	exitFailure = 1
+	exitUsage   = 2
+)
+
+// embeddedDir is where `serve` keeps its own PostgreSQL cluster when no database URL is set.
+const embeddedDir = ".data/postgres"
+
+func main() {
+	os.Exit(run(os.Args[1:]))
+}
+
+func usage() {
+	fmt.Fprintln(os.Stderr, `usage: billing <command> [flags]
+
+commands:
+  serve     run the HTTP API, the webhook endpoint and the workers
+  migrate   apply pending database migrations and exit
+  trigger   post a signed sample event to a running service (billing trigger -h)`)
+}
+
+func run(args []string) int {
+	if len(args) == 0 {
+		usage()
+		return exitUsage
+	}
+	switch args[0] {
+	case "serve":
+		return serve(args[1:])
+	case "migrate":
+		return migrate(args[1:])
+	case "trigger":
+		return trigger(args[1:])
+	case "-h", "--help", "help":
+		usage()
+		return 0
+	}
+	fmt.Fprintf(os.Stderr, "billing: unknown command %q\n", args[0])
+	usage()
+	return exitUsage
+}
+
+// loadConfig parses the command's flags and the configuration; on failure it prints one line and
+// returns the exit code.
+func loadConfig(name string, args []string) (*config.Config, int) {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	path := fs.String("config", "", "YAML configuration file (default $BILLING_CONFIG)")
+	if err := fs.Parse(args); err != nil {
+		return nil, exitUsage
+	}
+	cfg, err := config.Load(*path)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err.Error())
+		return nil, exitUsage
+	}
+	return cfg, 0
+}
+
+func newLogger(cfg *config.Config) *slog.Logger {
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(cfg.Log.Level))
+	opts := &slog.HandlerOptions{Level: level}
+	if cfg.Log.Format == "text" {
+		return slog.New(slog.NewTextHandler(os.Stderr, opts))
+	}
+	return slog.New(slog.NewJSONHandler(os.Stderr, opts))
+}
+
+// openDatabase connects to the configured database, or starts the embedded cluster when none is
+// configured. stop releases what it started.
+func openDatabase(ctx context.Context, cfg *config.Config, logger *slog.Logger) (db *gorm.DB, stop func(), code int) {
+	url := cfg.Database.URL
+	stop = func() {}
+	if url == "" {
+		cluster, err := pgcluster.Start(ctx, pgcluster.Options{Dir: embeddedDir, Logger: logger})
+		if errors.Is(err, pgcluster.ErrNoServer) {
+			fmt.Fprintln(os.Stderr, "billing: "+err.Error())
+			return nil, stop, exitUsage
+		}
+		if err != nil {
+			logger.Error("start embedded PostgreSQL", "dir", embeddedDir, "error", err)
+			return nil, stop, exitFailure
+		}
+		logger.Info("no database.url configured: using the embedded PostgreSQL cluster", "dir", embeddedDir, "port", cluster.Port())
+		url = cluster.URL("postgres")
+		stop = func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := cluster.Stop(sctx); err != nil {
+				logger.Error("stop embedded PostgreSQL", "error", err)
+				return
+			}
+			logger.Info("embedded PostgreSQL stopped")
+		}
+	}
+	db, err := database.Open(ctx, url, logger)
+	if err != nil {
+		logger.Error("open database", "error", err)
+		stop()
+		return nil, func() {}, exitFailure
+	}
+	closeDB := func() {
+		if sqlDB, err := db.DB(); err == nil {
+			_ = sqlDB.Close()
+		}
+	}
+	return db, func() { closeDB(); stop() }, 0
+}
+
+func migrate(args []string) int {
+	cfg, code := loadConfig("migrate", args)
+	if cfg == nil {
+		return code
+	}
+	logger := newLogger(cfg)
+	ctx := context.Background()
+	db, stop, code := openDatabase(ctx, cfg, logger)
+	if db == nil {
+		return code
+	}
+	defer stop()
+	if err := migrations.Apply(ctx, database.SQL(db), logger); err != nil {
+		logger.Error("migrate", "error", err)
+		return exitFailure
+	}
+	logger.Info("migrations up to date")
+	return 0
+}
+
+func serve(args []string) int {
+	cfg, code := loadConfig("serve", args)
+	if cfg == nil {
+		return code
+	}
+	logger := newLogger(cfg)
+	ctx, cancelSignals := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer cancelSignals()
+
+	logger.Info("starting billing", "config", cfg, "stripe_api_version", stripeclient.APIVersion)
+	if cfg.Stripe.SecretKey == "" {
+		logger.Warn("stripe.secret_key is not set: calls to Stripe will fail")
+	}
+
+	db, stop, code := openDatabase(ctx, cfg, logger)
+	if db == nil {
+		return code
+	}
+	defer stop()
+	if err := migrations.Apply(ctx, database.SQL(db), logger); err != nil {
+		logger.Error("migrate", "error", err)
+		return exitFailure
+	}
+
+	a, err := app.New(app.Options{Config: cfg, DB: db, Logger: logger})
+	if err != nil {
+		logger.Error("assemble service", "error", err)
+		return exitFailure
+	}
+	// Workers run on their own context: a signal stops them through Stop, which lets in-flight
+	// jobs finish instead of cancelling them.
+	if err := a.Start(context.WithoutCancel(ctx)); err != nil {
+		logger.Error("start", "error", err)
+		return exitFailure
+	}
+
+	srv := &http.Server{
+		Addr:              cfg.HTTP.Addr,
+		Handler:           a.Echo,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+	}
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.ListenAndServe() }()
+	logger.Info("listening", "addr", cfg.HTTP.Addr)
+
+	exit := 0
+	select {
+	case <-ctx.Done():
+		logger.Info("shutting down: signal received")
+	case err := <-serveErr:
+		logger.Error("http server stopped", "error", err)
+		exit = exitFailure
+	}
+
+	// Stop accepting and let in-flight requests finish, then let in-flight jobs finish.
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 25*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(shutdownCtx); err != nil {
+		logger.Error("http shutdown", "error", err)
+	}
+	if err := a.Stop(shutdownCtx); err != nil {
+		logger.Error("worker shutdown", "error", err)
+	}
+	logger.Info("stopped")
+	return exit
+}

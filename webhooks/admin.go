@@ -1,0 +1,204 @@
+package webhooks
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/labstack/echo/v4"
+	"github.com/prometheus/client_golang/prometheus"
+	"gorm.io/gorm"
+
+	"billing/internal/apierr"
+	"billing/internal/database"
+)
+
+// EventView is one entry of the admin event log (INTERFACE §3).
+type EventView struct {
+	EventID       string          `json:"event_id"`
+	Type          string          `json:"type"`
+	Status        string          `json:"status"`
+	Livemode      bool            `json:"livemode"`
+	APIVersion    *string         `json:"api_version"`
+	Attempts      int             `json:"attempts"`
+	ReceivedAt    time.Time       `json:"received_at"`
+	ProcessedAt   *time.Time      `json:"processed_at"`
+	FailureReason *string         `json:"failure_reason"`
+	Payload       json.RawMessage `json:"payload,omitempty" gorm:"-"`
+}
+
+// DeadLetter is an event that failed all its attempts, for the admin page.
+type DeadLetter struct {
+	EventID   string
+	Type      string
+	Livemode  bool
+	Attempts  int
+	LastError string
+	DeadAt    time.Time
+}
+
+var eventStatuses = map[string]bool{"received": true, "processed": true, "failed": true, "ignored": true}
+
+const eventColumns = `event_id, type, status, livemode, api_version, attempts, received_at, processed_at, failure_reason`
+
+// MountAdmin registers the event log endpoints on the /admin group.
+func (i *Inbox) MountAdmin(admin *echo.Group) {
+	admin.GET("/events", i.listEvents)
+	admin.GET("/events/:event_id", i.getEvent)
+	admin.POST("/events/:event_id/replay", i.replayEvent)
+}
+
+func (i *Inbox) listEvents(c echo.Context) error {
+	q := c.QueryParams()
+	limit := 100
+	if s := q.Get("limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > 1000 {
+			return apierr.New(apierr.CodeInvalidRequest, "limit must be an integer from 1 to 1000")
+		}
+		limit = n
+	}
+	sql := `SELECT ` + eventColumns + ` FROM webhook_events WHERE source = 'stripe'`
+	args := []any{}
+	if s := q.Get("status"); s != "" {
+		if !eventStatuses[s] {
+			return apierr.New(apierr.CodeInvalidRequest, "status must be one of received, processed, failed, ignored")
+		}
+		sql += ` AND status = ?`
+		args = append(args, s)
+	}
+	if t := q.Get("type"); t != "" {
+		sql += ` AND type = ?`
+		args = append(args, t)
+	}
+	sql += ` ORDER BY received_at DESC, event_id DESC LIMIT ?`
+	args = append(args, limit)
+	events := []EventView{}
+	if err := i.cfg.DB.WithContext(c.Request().Context()).Raw(sql, args...).Scan(&events).Error; err != nil {
+		return dbError(err, "list events")
+	}
+	return c.JSON(http.StatusOK, map[string]any{"events": events})
+}
+
+func (i *Inbox) getEvent(c echo.Context) error {
+	id := c.Param("event_id")
+	var rows []struct {
+		EventView
+		Raw string `gorm:"column:payload"`
+	}
+	err := i.cfg.DB.WithContext(c.Request().Context()).
+		Raw(`SELECT `+eventColumns+`, payload::text AS payload FROM webhook_events WHERE event_id = ?`, id).Scan(&rows).Error
+	if err != nil {
+		return dbError(err, "load event")
+	}
+	if len(rows) == 0 {
+		return apierr.New(apierr.CodeNotFound, "no event %q", id)
+	}
+	ev := rows[0].EventView
+	ev.Payload = json.RawMessage(rows[0].Raw)
+	return c.JSON(http.StatusOK, ev)
+}
+
+// ErrNotReplayable is returned by Replay for an event that is not failed.
+var ErrNotReplayable = errors.New("event is not failed")
+
+func (i *Inbox) replayEvent(c echo.Context) error {
+	id := c.Param("event_id")
+	status, err := i.Replay(c.Request().Context(), id)
+	switch {
+	case errors.Is(err, gorm.ErrRecordNotFound):
+		return apierr.New(apierr.CodeNotFound, "no event %q", id)
+	case errors.Is(err, ErrNotReplayable) && status == "processed":
+		return apierr.New(apierr.CodeEventProcessed, "event %s is already processed", id)
+	case errors.Is(err, ErrNotReplayable):
+		return apierr.New(apierr.CodeEventNotFailed, "only failed events can be replayed; event %s is %s", id, status)
+	case err != nil:
+		return dbError(err, "replay event")
+	}
+	if strings.HasPrefix(c.Request().Header.Get(echo.HeaderContentType), echo.MIMEApplicationForm) {
+		// The replay button of the admin page: back to the page.
+		return c.Redirect(http.StatusSeeOther, "/admin")
+	}
+	return c.JSON(http.StatusAccepted, map[string]string{"event_id": id, "status": "received"})
+}
+
+// Replay puts a failed event back to received with its attempts reset and queues it again, in
+// one transaction. It returns the event's status before the call.
+func (i *Inbox) Replay(ctx context.Context, eventID string) (string, error) {
+	var status string
+	err := i.cfg.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		var rows []string
+		if err := tx.Raw(`SELECT status FROM webhook_events WHERE event_id = ? FOR UPDATE`, eventID).Scan(&rows).Error; err != nil {
+			return fmt.Errorf("lock event %s: %w", eventID, err)
+		}
+		if len(rows) == 0 {
+			return gorm.ErrRecordNotFound
+		}
+		status = rows[0]
+		if status != "failed" {
+			return ErrNotReplayable
+		}
+		if err := tx.Exec(`UPDATE webhook_events SET status = 'received', attempts = 0, failure_reason = NULL, processed_at = NULL WHERE event_id = ?`,
+			eventID).Error; err != nil {
+			return fmt.Errorf("reset event %s: %w", eventID, err)
+		}
+		if err := tx.Exec(`DELETE FROM webhook_dead_letters WHERE event_id = ?`, eventID).Error; err != nil {
+			return fmt.Errorf("remove dead letter %s: %w", eventID, err)
+		}
+		return i.enqueue(ctx, tx, eventID)
+	})
+	if err == nil {
+		i.log.Info("webhook event replayed", "event_id", eventID)
+	}
+	return status, err
+}
+
+// DeadLetters lists dead-lettered events, newest first.
+func (i *Inbox) DeadLetters(ctx context.Context, limit int) ([]DeadLetter, error) {
+	out := []DeadLetter{}
+	err := i.cfg.DB.WithContext(ctx).Raw(`
+		SELECT d.event_id, e.type, e.livemode, d.attempts, d.last_error, d.dead_at
+		FROM webhook_dead_letters d JOIN webhook_events e USING (event_id)
+		ORDER BY d.dead_at DESC LIMIT ?`, limit).Scan(&out).Error
+	if err != nil {
+		return nil, fmt.Errorf("list dead letters: %w", err)
+	}
+	return out, nil
+}
+
+// RegisterGauges adds gauges read from the database at scrape time.
+func (i *Inbox) RegisterGauges(reg prometheus.Registerer) {
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "billing_webhook_dead_letters",
+		Help: "Dead-lettered events waiting for an admin.",
+	}, func() float64 {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		var n int64
+		if err := i.cfg.DB.WithContext(ctx).Raw(`SELECT count(*) FROM webhook_dead_letters`).Scan(&n).Error; err != nil {
+			return -1
+		}
+		return float64(n)
+	}))
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "billing_webhook_events_pending",
+		Help: "Stored events not yet processed.",
+	}, func() float64 {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		var n int64
+		if err := i.cfg.DB.WithContext(ctx).Raw(`SELECT count(*) FROM webhook_events WHERE status = 'received'`).Scan(&n).Error; err != nil {
+			return -1
+		}
+		return float64(n)
+	}))
+}
+
+func dbError(err error, what string) error {
+	return database.APIError(err, what)
+}

@@ -1,0 +1,109 @@
+package webhooks
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"gorm.io/gorm"
+)
+
+// PinnedAPIVersion is the Stripe API version this build speaks (stripe-go v79). Events of any
+// other version are stored and dead-lettered, never guessed at.
+const PinnedAPIVersion = "2024-06-20"
+
+// Event is a verified, stored Stripe event as a handler sees it.
+type Event struct {
+	ID         string
+	Type       string
+	Livemode   bool
+	APIVersion string
+	// Created is the event's own creation time (Stripe's clock, second precision): the basis of
+	// ordering guards.
+	Created time.Time
+	// Payload is the whole event as received.
+	Payload json.RawMessage
+	// Object is data.object; PreviousAttributes is data.previous_attributes (may be empty).
+	Object             json.RawMessage
+	PreviousAttributes json.RawMessage
+}
+
+// Handler applies one event's effects inside tx, the same transaction that marks the event
+// processed. It must not commit, and must not call out of the process: anything to do later
+// (an email) is a job inserted in tx. A returned error rolls everything back and the event is
+// retried; wrap it with Permanent when a retry can never succeed.
+type Handler interface {
+	HandleEvent(ctx context.Context, tx *gorm.DB, ev Event) error
+}
+
+// HandlerFunc adapts a function to Handler.
+type HandlerFunc func(ctx context.Context, tx *gorm.DB, ev Event) error
+
+func (f HandlerFunc) HandleEvent(ctx context.Context, tx *gorm.DB, ev Event) error {
+	return f(ctx, tx, ev)
+}
+
+// Registry maps event types to their handlers. A type with a handler is "handled"; every other
+// verified event is stored as ignored. Domain packages register into it at start-up, before the
+// receiver and the workers run, so webhooks never imports them.
+type Registry struct {
+	mu       sync.RWMutex
+	handlers map[string]Handler
+}
+
+func NewRegistry() *Registry { return &Registry{handlers: map[string]Handler{}} }
+
+// Register sets the handler of an event type; registering a type twice is a wiring bug.
+func (r *Registry) Register(eventType string, h Handler) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, dup := r.handlers[eventType]; dup {
+		panic(fmt.Sprintf("webhooks: handler for %q registered twice", eventType))
+	}
+	r.handlers[eventType] = h
+}
+
+// Lookup returns the handler of an event type.
+func (r *Registry) Lookup(eventType string) (Handler, bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	h, ok := r.handlers[eventType]
+	return h, ok
+}
+
+// Types lists the handled types, sorted.
+func (r *Registry) Types() []string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	out := make([]string, 0, len(r.handlers))
+	for t := range r.handlers {
+		out = append(out, t)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// permanentError marks a failure that no retry can fix (a malformed object): the event is
+// dead-lettered at once instead of burning its attempts.
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string { return e.err.Error() }
+func (e *permanentError) Unwrap() error { return e.err }
+
+// Permanent marks err as one that retrying cannot fix.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &permanentError{err: err}
+}
+
+// IsPermanent reports whether err was marked with Permanent.
+func IsPermanent(err error) bool {
+	var p *permanentError
+	return errors.As(err, &p)
+}

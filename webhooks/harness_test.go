@@ -1,0 +1,257 @@
+package webhooks_test
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/labstack/echo/v4"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverdatabasesql"
+	"gorm.io/gorm"
+
+	"billing/internal/auth"
+	"billing/internal/httpserver"
+	"billing/internal/stripeevents"
+	"billing/internal/testenv"
+	"billing/migrations"
+	"billing/webhooks"
+)
+
+func TestMain(m *testing.M) {
+	testenv.SetMigrator(func(ctx context.Context, db *sql.DB) error { return migrations.Apply(ctx, db, nil) })
+	testenv.Main(m)
+}
+
+const (
+	testSecret    = "whsec_test_current"
+	testSecretOld = "whsec_test_previous"
+	liveSecret    = "whsec_live_current"
+	adminToken    = "admin-token"
+	appToken      = "app-token"
+	effectType    = "customer.subscription.updated"
+	failingType   = "invoice.payment_failed"
+)
+
+// clock is a settable test clock.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+
+// harness is one inbox on its own database, with two handlers: effectType records its effect in
+// test_effects (incrementing a counter, so a double application shows), and failingType fails
+// while failures > 0.
+type harness struct {
+	t        *testing.T
+	db       *gorm.DB
+	inbox    *webhooks.Inbox
+	e        *echo.Echo
+	river    *river.Client[*sql.Tx]
+	clock    *clock
+	failures atomic.Int64
+}
+
+func newHarness(t *testing.T) *harness {
+	t.Helper()
+	db := testenv.DB(t)
+	if err := db.Exec(`CREATE TABLE test_effects (event_id text PRIMARY KEY, applied integer NOT NULL)`).Error; err != nil {
+		t.Fatalf("create test_effects: %v", err)
+	}
+	return build(t, db, []string{testSecret, testSecretOld}, []string{liveSecret})
+}
+
+// newHarnessWithSecrets is a harness with other webhook secrets.
+func newHarnessWithSecrets(t *testing.T, test, live []string) *harness {
+	t.Helper()
+	return build(t, testenv.DB(t), test, live)
+}
+
+// newHarnessOn is a harness on a given (possibly unreachable) database.
+func newHarnessOn(t *testing.T, db *gorm.DB) *harness {
+	t.Helper()
+	return build(t, db, []string{testSecret}, nil)
+}
+
+func build(t *testing.T, db *gorm.DB, testSecrets, liveSecrets []string) *harness {
+	t.Helper()
+	h := &harness{t: t, db: db, clock: &clock{t: time.Now()}}
+	logger := slog.New(slog.DiscardHandler)
+	reg := webhooks.NewRegistry()
+	reg.Register(effectType, webhooks.HandlerFunc(func(ctx context.Context, tx *gorm.DB, ev webhooks.Event) error {
+		return tx.Exec(`INSERT INTO test_effects VALUES (?, 1) ON CONFLICT (event_id) DO UPDATE SET applied = test_effects.applied + 1`, ev.ID).Error
+	}))
+	reg.Register(failingType, webhooks.HandlerFunc(func(ctx context.Context, tx *gorm.DB, ev webhooks.Event) error {
+		if h.failures.Load() > 0 {
+			h.failures.Add(-1)
+			return errTest
+		}
+		return tx.Exec(`INSERT INTO test_effects VALUES (?, 1) ON CONFLICT (event_id) DO UPDATE SET applied = test_effects.applied + 1`, ev.ID).Error
+	}))
+	h.inbox = webhooks.New(webhooks.Config{
+		DB: db, Logger: logger, Registry: reg,
+		TestSecrets: testSecrets,
+		LiveSecrets: liveSecrets,
+		Tolerance:   5 * time.Minute,
+		MaxAttempts: 3,
+		RetryDelay:  time.Millisecond,
+		Metrics:     webhooks.NewMetrics(prometheus.NewRegistry()),
+		Now:         h.clock.Now,
+	})
+	workers := river.NewWorkers()
+	h.inbox.AddWorkers(workers)
+	sqlDB, err := db.DB()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.river, err = river.NewClient(riverdatabasesql.New(sqlDB), &river.Config{
+		Queues:            map[string]river.QueueConfig{webhooks.QueueWebhooks: {MaxWorkers: 8}},
+		Workers:           workers,
+		PollOnly:          true,
+		FetchCooldown:     5 * time.Millisecond,
+		FetchPollInterval: 10 * time.Millisecond,
+		Logger:            logger,
+		TestOnly:          true,
+	})
+	if err != nil {
+		t.Fatalf("river client: %v", err)
+	}
+	h.inbox.SetJobs(h.river)
+	h.e = httpserver.New(httpserver.Options{Logger: logger, Registry: prometheus.NewRegistry(), Ready: func(context.Context) error { return nil }})
+	h.inbox.MountWebhook(h.e)
+	tokens := auth.New([]string{appToken}, []string{adminToken})
+	h.inbox.MountAdmin(h.e.Group("/admin", tokens.Require(auth.RoleAdmin, true)))
+	return h
+}
+
+var errTest = &testError{}
+
+type testError struct{}
+
+func (*testError) Error() string { return "handler failed on purpose" }
+
+// start runs the workers until the test ends.
+func (h *harness) start() {
+	h.t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := h.river.Start(ctx); err != nil {
+		h.t.Fatalf("start river: %v", err)
+	}
+	h.t.Cleanup(func() {
+		stopCtx, stop := context.WithTimeout(context.Background(), 10*time.Second)
+		defer stop()
+		_ = h.river.Stop(stopCtx)
+		cancel()
+	})
+}
+
+type answer struct {
+	Status int
+	Body   map[string]any
+}
+
+func (a answer) errorCode() string {
+	e, _ := a.Body["error"].(map[string]any)
+	s, _ := e["code"].(string)
+	return s
+}
+
+func (h *harness) post(payload []byte, header string) answer {
+	h.t.Helper()
+	req := httptest.NewRequest(http.MethodPost, "/webhooks/stripe", bytes.NewReader(payload))
+	if header != "" {
+		req.Header.Set("Stripe-Signature", header)
+	}
+	rec := httptest.NewRecorder()
+	h.e.ServeHTTP(rec, req)
+	var body map[string]any
+	if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
+		h.t.Fatalf("answer is not JSON (%d): %q", rec.Code, rec.Body.String())
+	}
+	return answer{rec.Code, body}
+}
+
+// deliver signs payload with the current test secret at the harness's clock and posts it.
+func (h *harness) deliver(payload []byte) answer {
+	h.t.Helper()
+	return h.post(payload, stripeevents.SignatureHeader(payload, testSecret, h.clock.Now()))
+}
+
+func (h *harness) admin(method, path, token string) answer {
+	h.t.Helper()
+	req := httptest.NewRequest(method, path, nil)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	rec := httptest.NewRecorder()
+	h.e.ServeHTTP(rec, req)
+	var body map[string]any
+	if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
+		h.t.Fatalf("answer is not JSON (%d): %q", rec.Code, rec.Body.String())
+	}
+	return answer{rec.Code, body}
+}
+
+type eventRow struct {
+	Status        string
+	Attempts      int
+	FailureReason *string
+}
+
+func (h *harness) event(id string) (eventRow, bool) {
+	h.t.Helper()
+	var rows []eventRow
+	if err := h.db.Raw(`SELECT status, attempts, failure_reason FROM webhook_events WHERE event_id = ?`, id).Scan(&rows).Error; err != nil {
+		h.t.Fatalf("load event: %v", err)
+	}
+	if len(rows) == 0 {
+		return eventRow{}, false
+	}
+	return rows[0], true
+}
+
+// waitStatus polls until the event has status want; the deadline only bounds a failing test.
+func (h *harness) waitStatus(id, want string) eventRow {
+	h.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		row, _ := h.event(id)
+		if row.Status == want {
+			return row
+		}
+		if time.Now().After(deadline) {
+			h.t.Fatalf("event %s: status %q, want %q", id, row.Status, want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func (h *harness) count(sql string, args ...any) int {
+	h.t.Helper()
+	var n int
+	if err := h.db.Raw(sql, args...).Scan(&n).Error; err != nil {
+		h.t.Fatalf("count: %v", err)
+	}
+	return n
+}
+
+func (h *harness) applied(id string) int {
+	return h.count(`SELECT coalesce(sum(applied), 0) FROM test_effects WHERE event_id = ?`, id)
+}
+
+func subEvent(id string, created time.Time) []byte {
+	return stripeevents.SubscriptionEvent(id, effectType, created, false, stripeevents.Subscription{
+		ID: "sub_" + id, Customer: "cus_1", Status: "active", PriceID: "price_1",
+	})
+}

@@ -1,0 +1,75 @@
+// Package webhooks is the service's inbox for Stripe events: it verifies each delivery on the
+// raw body, stores it durably with its processing job in one transaction before answering, and
+// processes it later in a River worker that applies the event's effects and marks it processed
+// in one transaction. It also keeps the dead letters and serves the admin event API. It imports
+// no domain package: domain packages register Handlers.
+package webhooks
+
+import (
+	"log/slog"
+	"time"
+
+	"github.com/riverqueue/river"
+	"gorm.io/gorm"
+
+	"billing/internal/jobs"
+)
+
+// Config is what the inbox needs from main.
+type Config struct {
+	DB       *gorm.DB
+	Logger   *slog.Logger
+	Registry *Registry
+	// Secrets returns the webhook secrets of a mode, newest first.
+	TestSecrets []string
+	LiveSecrets []string
+	Tolerance   time.Duration
+	// MaxAttempts is how many processing attempts an event gets before it is dead-lettered.
+	MaxAttempts int
+	// RetryDelay is the base of the exponential backoff between attempts.
+	RetryDelay time.Duration
+	Metrics    *Metrics
+	Now        func() time.Time
+}
+
+// Inbox receives, stores, processes and replays Stripe events.
+type Inbox struct {
+	cfg     Config
+	log     *slog.Logger
+	jobs    jobs.Inserter
+	metrics *Metrics
+}
+
+// New returns an inbox. SetJobs must be called before it receives events.
+func New(cfg Config) *Inbox {
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.MaxAttempts < 1 {
+		cfg.MaxAttempts = 3
+	}
+	if cfg.RetryDelay <= 0 {
+		cfg.RetryDelay = 30 * time.Second
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = NewMetrics(nil)
+	}
+	return &Inbox{cfg: cfg, log: cfg.Logger.With("component", "webhooks"), metrics: cfg.Metrics}
+}
+
+// SetJobs gives the inbox the River client it enqueues with. River's client is built after the
+// workers are registered, hence this second step.
+func (i *Inbox) SetJobs(j jobs.Inserter) { i.jobs = j }
+
+// AddWorkers registers the inbox's River workers.
+func (i *Inbox) AddWorkers(w *river.Workers) {
+	river.AddWorker(w, &processor{inbox: i})
+	river.AddWorker(w, &sweeper{inbox: i})
+}
+
+func (i *Inbox) secrets(livemode bool) []string {
+	if livemode {
+		return i.cfg.LiveSecrets
+	}
+	return i.cfg.TestSecrets
+}

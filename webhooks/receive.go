@@ -1,0 +1,215 @@
+package webhooks
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/labstack/echo/v4"
+	"gorm.io/gorm"
+
+	"billing/internal/apierr"
+	"billing/internal/database"
+	"billing/internal/jobs"
+)
+
+// MaxBodyBytes caps a delivery. Stripe's events are a few KB; 1 MiB leaves room for large
+// invoices without letting a client make us buffer without bound.
+const MaxBodyBytes = 1 << 20
+
+// Delivery results, answered as {"status": …}.
+const (
+	ResultReceived  = "received"
+	ResultDuplicate = "duplicate"
+	ResultIgnored   = "ignored"
+)
+
+// envelope is the part of an event the inbox reads; handlers get the rest.
+type envelope struct {
+	ID         string  `json:"id"`
+	Object     string  `json:"object"`
+	Type       string  `json:"type"`
+	Livemode   *bool   `json:"livemode"`
+	APIVersion *string `json:"api_version"`
+	Created    int64   `json:"created"`
+	Data       *struct {
+		Object             json.RawMessage `json:"object"`
+		PreviousAttributes json.RawMessage `json:"previous_attributes"`
+	} `json:"data"`
+}
+
+// decodeEnvelope checks that body is a Stripe event the inbox can store.
+func decodeEnvelope(body []byte) (envelope, error) {
+	var env envelope
+	if err := json.Unmarshal(body, &env); err != nil {
+		return env, fmt.Errorf("body is not a JSON event: %w", err)
+	}
+	switch {
+	case env.Object != "event":
+		return env, errors.New(`body is not a Stripe event: "object" is not "event"`)
+	case env.ID == "" || len(env.ID) > 255:
+		return env, errors.New(`event has no valid "id"`)
+	case env.Type == "" || len(env.Type) > 255:
+		return env, errors.New(`event has no valid "type"`)
+	case env.Livemode == nil:
+		return env, errors.New(`event has no "livemode"`)
+	case env.Data == nil || len(bytes.TrimSpace(env.Data.Object)) == 0:
+		return env, errors.New(`event has no "data.object"`)
+	}
+	return env, nil
+}
+
+func (e envelope) apiVersion() string {
+	if e.APIVersion == nil {
+		return ""
+	}
+	return *e.APIVersion
+}
+
+func (i *Inbox) reject(code apierr.Code, err error, format string, args ...any) error {
+	i.metrics.rejected.WithLabelValues(string(code)).Inc()
+	return apierr.Wrap(err, code, format, args...)
+}
+
+// MountWebhook registers POST /webhooks/stripe.
+func (i *Inbox) MountWebhook(e *echo.Echo) {
+	e.POST("/webhooks/stripe", i.receive)
+}
+
+// receive verifies, stores and acknowledges one delivery. It does no processing: its only
+// durable effect is the event row and its job, committed together before the 200.
+func (i *Inbox) receive(c echo.Context) error {
+	// Read the raw body before anything can parse it: the signature covers these exact bytes.
+	body, err := io.ReadAll(io.LimitReader(c.Request().Body, MaxBodyBytes+1))
+	if err != nil {
+		return i.reject(apierr.CodeInvalidRequest, err, "could not read the request body")
+	}
+	if len(body) > MaxBodyBytes {
+		return i.reject(apierr.CodeBodyTooLarge, nil, "body exceeds %d bytes", MaxBodyBytes)
+	}
+	header := c.Request().Header.Get("Stripe-Signature")
+	if header == "" {
+		return i.reject(apierr.CodeMissingSignature, nil, "the Stripe-Signature header is missing")
+	}
+	if _, err := parseSignatureHeader(header); err != nil {
+		return i.reject(apierr.CodeMalformedSignature, err, "the Stripe-Signature header is malformed: expected t=<timestamp>,v1=<hex signature>")
+	}
+	env, err := decodeEnvelope(body)
+	if err != nil {
+		return i.reject(apierr.CodeNotAnEvent, err, "%s", err.Error())
+	}
+	// livemode is read before verification only to choose which secrets to try; a forged value
+	// gains nothing, since the other mode's secrets must then verify the body.
+	secrets := i.secrets(*env.Livemode)
+	if len(secrets) == 0 {
+		return i.reject(apierr.CodeNoSecretForMode, nil, "no webhook secret is configured for %s-mode events", mode(*env.Livemode))
+	}
+	switch err := VerifySignature(body, header, secrets, i.cfg.Tolerance, i.cfg.Now()); {
+	case errors.Is(err, ErrStaleTimestamp):
+		return i.reject(apierr.CodeStaleTimestamp, err, "the signature timestamp is more than %s from the current time", i.cfg.Tolerance)
+	case errors.Is(err, ErrBadSignature):
+		return i.reject(apierr.CodeInvalidSignature, err, "no signature matches a %s-mode webhook secret", mode(*env.Livemode))
+	case err != nil:
+		return i.reject(apierr.CodeMalformedSignature, err, "the Stripe-Signature header is malformed")
+	}
+
+	result, err := i.store(c.Request().Context(), env, body)
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && (pgErr.Code == "22P05" || pgErr.Code == "22P02") {
+			// jsonb refuses some valid JSON (\u0000): no retry could ever store it.
+			return i.reject(apierr.CodeNotAnEvent, err, "the event cannot be stored: %s", pgErr.Message)
+		}
+		if database.IsUnavailable(err) {
+			return apierr.Wrap(err, apierr.CodeDatabaseDown, "the event could not be stored; retry later")
+		}
+		return apierr.Wrap(err, apierr.CodeInternal, "the event could not be stored; retry later")
+	}
+	i.metrics.received.WithLabelValues(env.Type, mode(*env.Livemode), result.metric).Inc()
+	return c.JSON(http.StatusOK, map[string]string{"status": result.status, "event_id": env.ID})
+}
+
+type storeResult struct{ status, metric string }
+
+// store inserts the event and, for a handled type, its processing job, in one transaction.
+// ON CONFLICT DO NOTHING makes concurrent deliveries of one event wait for each other on the
+// primary key: exactly one inserts, the others answer duplicate.
+func (i *Inbox) store(ctx context.Context, env envelope, body []byte) (storeResult, error) {
+	status, res := "received", storeResult{ResultReceived, ResultReceived}
+	var failure *string
+	_, handled := i.cfg.Registry.Lookup(env.Type)
+	mismatch := env.apiVersion() != PinnedAPIVersion
+	switch {
+	case !handled:
+		status, res = "ignored", storeResult{ResultIgnored, ResultIgnored}
+	case mismatch:
+		// Stored, not processed: a payload of another version may not mean what our handlers
+		// think it means. An admin sees it in the dead letters and decides.
+		status, res = "failed", storeResult{ResultReceived, "dead_lettered"}
+		reason := FailureAPIVersionMismatch
+		failure = &reason
+	}
+	var created *time.Time
+	if env.Created > 0 {
+		t := time.Unix(env.Created, 0).UTC()
+		created = &t
+	}
+	now := i.cfg.Now()
+	err := i.cfg.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		ins := tx.Exec(`
+			INSERT INTO webhook_events (event_id, source, type, livemode, api_version, status, payload, received_at, failure_reason, event_created)
+			VALUES (?, 'stripe', ?, ?, ?, ?, ?, ?, ?, ?)
+			ON CONFLICT (event_id) DO NOTHING`,
+			env.ID, env.Type, *env.Livemode, env.APIVersion, status, string(body), now, failure, created)
+		if ins.Error != nil {
+			return fmt.Errorf("insert event %s: %w", env.ID, ins.Error)
+		}
+		if ins.RowsAffected == 0 {
+			res = storeResult{ResultDuplicate, ResultDuplicate}
+			return nil
+		}
+		switch status {
+		case "received":
+			return i.enqueue(ctx, tx, env.ID)
+		case "failed":
+			msg := fmt.Sprintf("%s: event api_version %q, this service speaks %q", FailureAPIVersionMismatch, env.apiVersion(), PinnedAPIVersion)
+			if err := tx.Exec(`INSERT INTO webhook_dead_letters (event_id, attempts, last_error, dead_at) VALUES (?, 0, ?, ?)`,
+				env.ID, msg, now).Error; err != nil {
+				return fmt.Errorf("dead-letter event %s: %w", env.ID, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return storeResult{}, err
+	}
+	switch res.metric {
+	case ResultIgnored:
+		i.log.Info("webhook event ignored: type not handled", "event_id", env.ID, "type", env.Type, "livemode", *env.Livemode)
+	case "dead_lettered":
+		i.metrics.dead.WithLabelValues(env.Type, FailureAPIVersionMismatch).Inc()
+		i.log.Error("webhook event dead-lettered: api_version mismatch", "event_id", env.ID, "type", env.Type,
+			"api_version", env.apiVersion(), "pinned", PinnedAPIVersion)
+	}
+	return res, nil
+}
+
+// FailureAPIVersionMismatch is the failure reason of an event of another API version.
+const FailureAPIVersionMismatch = "api_version_mismatch"
+
+func (i *Inbox) enqueue(ctx context.Context, tx *gorm.DB, eventID string) error {
+	sqlTx, err := jobs.SQLTx(tx)
+	if err != nil {
+		return err
+	}
+	if _, err := i.jobs.InsertTx(ctx, sqlTx, ProcessEventArgs{EventID: eventID}, nil); err != nil {
+		return fmt.Errorf("enqueue processing of event %s: %w", eventID, err)
+	}
+	return nil
+}
