@@ -135,7 +135,8 @@ func openDatabase(ctx context.Context, cfg *config.Config, logger *slog.Logger) 
 			_ = sqlDB.Close()
 		}
 	}
-	return db, func() { closeDB(); stop() }, 0
+	stopCluster := stop
+	return db, func() { closeDB(); stopCluster() }, 0
 }
 
 func migrate(args []string) int {

@@ -18,12 +18,16 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverdatabasesql"
 	"gorm.io/gorm"
 
+	"billing/billing"
+	"billing/billing/ledger"
 	"billing/config"
+	"billing/customers"
 	"billing/internal/auth"
 	"billing/internal/database"
 	"billing/internal/httpserver"
 	"billing/internal/stripeclient"
 	"billing/migrations"
+	"billing/portal"
 	"billing/webhooks"
 )
 
@@ -82,7 +86,6 @@ func New(opts Options) (*App, error) {
 		},
 	})
 	v1 := e.Group("/v1", tokens.Require(auth.RoleApp, false))
-	_ = v1 // domain routes mount here
 	adminAPI := e.Group("/admin", tokens.Require(auth.RoleAdmin, true))
 
 	// The inbox and its handlers.
@@ -103,8 +106,10 @@ func New(opts Options) (*App, error) {
 
 	workers := river.NewWorkers()
 	inbox.AddWorkers(workers)
+	river.AddWorker(workers, billing.NewNoticeWorker(db, billing.MailConfig{SMTPURL: cfg.Mail.SMTPURL, From: cfg.Mail.From}, logger))
 
-	_ = stripeclient.New(cfg.Stripe.APIURL, cfg.Stripe.SecretKey, logger)
+	stripe := stripeclient.New(cfg.Stripe.APIURL, cfg.Stripe.SecretKey, logger)
+	livemode := cfg.Stripe.Mode == "live"
 
 	rescue := opts.RescueStuckJobsAfter
 	if rescue <= 0 {
@@ -135,6 +140,24 @@ func New(opts Options) (*App, error) {
 	}
 	inbox.SetJobs(riverClient)
 
+	// Domain packages: billing owns subscription state and handles the six events; customers,
+	// the ledger and the portal call out to Stripe.
+	subs := billing.New(billing.Deps{
+		DB:              db,
+		Jobs:            riverClient,
+		Logger:          logger,
+		Now:             now,
+		PastDueEntitled: cfg.Policy.PastDueEntitled,
+		DeadLetters:     deadLetters{inbox},
+		Registerer:      reg,
+	})
+	subs.Register(registry)
+	customers.NewHandlers(customers.Deps{DB: db, Stripe: stripe, Livemode: livemode, Logger: logger, Now: now}).Mount(v1)
+	ledger.New(ledger.Deps{DB: db, Stripe: stripe, Livemode: livemode, Logger: logger, Now: now}).Mount(v1)
+	portal.New(portal.Deps{DB: db, Stripe: stripe, Subscriptions: subs, DefaultReturnURL: cfg.Portal.ReturnURL, Logger: logger}).Mount(v1)
+	subs.MountAPI(v1)
+	subs.MountAdmin(adminAPI)
+
 	inbox.MountWebhook(e)
 	inbox.MountAdmin(adminAPI)
 
@@ -158,4 +181,20 @@ func (a *App) Stop(ctx context.Context) error {
 		return a.River.StopAndCancel(cctx)
 	}
 	return nil
+}
+
+// deadLetters lets the billing admin page read the inbox's dead letters without billing
+// depending on the inbox's types.
+type deadLetters struct{ inbox *webhooks.Inbox }
+
+func (d deadLetters) DeadLetters(ctx context.Context, limit int) ([]billing.DeadLetterView, error) {
+	list, err := d.inbox.DeadLetters(ctx, limit)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]billing.DeadLetterView, len(list))
+	for i, dl := range list {
+		out[i] = billing.DeadLetterView(dl)
+	}
+	return out, nil
 }

@@ -654,9 +654,11 @@ func (c *Cluster) startWatchdog() {
 		return
 	}
 	defer r.Close()
-	const script = `read _
-pid=
+	// The pid is read now, not when triggered, so a dying watchdog can never stop a later
+	// instance that reuses the data directory.
+	const script = `pid=
 { read pid < "$1/postmaster.pid"; } 2>/dev/null
+read _
 if [ -n "$pid" ] && kill -INT "$pid" 2>/dev/null; then
 	i=0
 	while kill -0 "$pid" 2>/dev/null && [ "$i" -lt 600 ]; do sleep 0.1; i=$((i+1)); done

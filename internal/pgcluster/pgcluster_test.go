@@ -296,3 +296,20 @@ func TestWatchdogStopsOrphan(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+func TestStartHonorsContext(t *testing.T) {
+	dir := testDir(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	c, err := Start(ctx, Options{Dir: dir, NoSync: true})
+	if err == nil {
+		c.Stop(context.Background())
+		t.Fatal("Start finished within 100ms; cannot test the timeout")
+	}
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("err = %v, want DeadlineExceeded", err)
+	}
+	// A later Start with enough time initializes from scratch.
+	c = startCluster(t, Options{Dir: dir, NoSync: true})
+	mustQuery(t, c.URL("postgres"), "SELECT 1::text")
+}

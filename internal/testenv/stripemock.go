@@ -114,7 +114,7 @@ func runStripeMock(bin string) (string, error) {
 	}
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	// HTTP only, loopback only: tests talk plain HTTP to it.
-	cmd := exec.Command(bin, "-http-addr", addr)
+	cmd := exec.Command(bin, "-http-addr", addr, "-https-addr", "127.0.0.1:0")
 	var output bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &output, &output
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

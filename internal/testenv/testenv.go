@@ -186,7 +186,10 @@ func doPrepareTemplate() error {
 	name := fmt.Sprintf("tpl_%d_%s", os.Getpid(), randomHex(4))
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	if err := execRetry(ctx, "CREATE DATABASE "+quoteIdent(name)); err != nil {
+	// template0, not the default template1: nothing can be connected to it
+	// (which would make CREATE DATABASE fail) and it is pristine on shared
+	// servers.
+	if err := execRetry(ctx, "CREATE DATABASE "+quoteIdent(name)+" TEMPLATE template0"); err != nil {
 		return fmt.Errorf("testenv: creating template database: %w", err)
 	}
 	templateName = name // from now on teardown drops it

@@ -1,0 +1,179 @@
+package billing
+
+import (
+	"encoding/json"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func TestEntitlementUnknownUser(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	for _, path := range []string{"/v1/customers/nobody", "/v1/customers/nobody/entitlement"} {
+		code, body := e.get(t, path, nil)
+		var errBody struct {
+			Error struct{ Code string } `json:"error"`
+		}
+		_ = json.Unmarshal(body, &errBody)
+		if code != http.StatusNotFound || errBody.Error.Code != "not_found" {
+			t.Errorf("GET %s = %d %s, want 404 not_found", path, code, body)
+		}
+	}
+	// An id that no user can have is a 400, as on PUT /v1/customers/{user_id}.
+	for _, path := range []string{"/v1/customers/a%20b", "/v1/customers/" + strings.Repeat("x", 101) + "/entitlement"} {
+		code, body := e.get(t, path, nil)
+		if code != http.StatusBadRequest || !strings.Contains(string(body), `"invalid_user_id"`) {
+			t.Errorf("GET %s = %d %s, want 400 invalid_user_id", path, code, body)
+		}
+	}
+}
+
+func TestEntitlementJSONShape(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.link(t, "u1", "cus_1", "u1@example.com")
+	e.link(t, "u_nolink", "", "")
+
+	wantKeys := []string{"cancel_at_period_end", "current_period_end", "entitled", "hold_reason", "on_hold",
+		"price_id", "status", "subscription_id", "trial_end", "user_id"}
+
+	// A customers row without a Stripe customer is a link still being made: no customer yet.
+	for _, path := range []string{"/v1/customers/u_nolink", "/v1/customers/u_nolink/entitlement"} {
+		if code, body := e.get(t, path, nil); code != http.StatusNotFound {
+			t.Errorf("GET %s = %d %s, want 404", path, code, body)
+		}
+	}
+
+	// A known user without subscriptions: entitled false, status "none", nulls.
+	for _, user := range []string{"u1"} {
+		code, body := e.get(t, "/v1/customers/"+user+"/entitlement", nil)
+		var m map[string]any
+		if err := json.Unmarshal(body, &m); err != nil || code != http.StatusOK {
+			t.Fatalf("%s: %d %s", user, code, body)
+		}
+		keys := make([]string, 0, len(m))
+		for k := range m {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		if !slices.Equal(keys, wantKeys) {
+			t.Errorf("%s: keys %v, want %v", user, keys, wantKeys)
+		}
+		if m["entitled"] != false || m["status"] != "none" || m["on_hold"] != false || m["hold_reason"] != nil ||
+			m["subscription_id"] != nil || m["price_id"] != nil || m["current_period_end"] != nil || m["trial_end"] != nil ||
+			m["cancel_at_period_end"] != false || m["user_id"] != user {
+			t.Errorf("%s: %s", user, body)
+		}
+	}
+
+	e.mustHandle(t, created("e1", 1, subObj{ID: "sub_1", Customer: "cus_1", Status: StatusTrialing, Price: "price_pro",
+		PeriodStart: 1, PeriodEnd: 86400, TrialStart: 1, TrialEnd: 86400}))
+	code, body := e.get(t, "/v1/customers/u1/entitlement", nil)
+	want := `{"user_id":"u1","entitled":true,"status":"trialing","on_hold":false,"hold_reason":null,"subscription_id":"sub_1","price_id":"price_pro","current_period_end":"2024-06-02T00:00:00Z","cancel_at_period_end":false,"trial_end":"2024-06-02T00:00:00Z"}`
+	if code != http.StatusOK || strings.TrimSpace(string(body)) != want {
+		t.Errorf("entitlement = %d %s\nwant %s", code, body, want)
+	}
+
+	var cv CustomerView
+	if code, body := e.get(t, "/v1/customers/u1", &cv); code != http.StatusOK {
+		t.Fatalf("customer: %d %s", code, body)
+	}
+	if cv.UserID != "u1" || ptrStr(cv.StripeCustomerID) != "cus_1" || len(cv.Subscriptions) != 1 ||
+		cv.Subscriptions[0].SubscriptionID != "sub_1" || !cv.Subscriptions[0].Entitled || !cv.Entitlement.Entitled {
+		t.Errorf("customer view: %+v", cv)
+	}
+	e.link(t, "u2", "cus_2", "")
+	code, body = e.get(t, "/v1/customers/u2", nil)
+	if code != http.StatusOK || !strings.Contains(string(body), `"subscriptions":[]`) ||
+		!strings.Contains(string(body), `"entitlement":{"user_id":"u2","entitled":false,"status":"none"`) {
+		t.Errorf("customer without subscriptions: %d %s", code, body)
+	}
+}
+
+func TestEntitlementPerStatus(t *testing.T) {
+	t.Parallel()
+	statuses := []string{StatusIncomplete, StatusIncompleteExpired, StatusTrialing, StatusActive, StatusPastDue,
+		StatusCanceled, StatusUnpaid, StatusPaused, "brand_new_status"}
+	for _, pastDueEntitled := range []bool{true, false} {
+		e := newEnv(t, withPastDueEntitled(pastDueEntitled))
+		for i, status := range statuses {
+			user, cus, sub := "u_"+status, "cus_"+status, "sub_"+status
+			e.link(t, user, cus, "")
+			e.mustHandle(t, created("e_"+status, int64(i+1), subObj{ID: sub, Customer: cus, Status: status, PeriodEnd: 86400}))
+			var ent Entitlement
+			if code, body := e.get(t, "/v1/customers/"+user+"/entitlement", &ent); code != http.StatusOK {
+				t.Fatalf("%s: %d %s", status, code, body)
+			}
+			want := status == StatusTrialing || status == StatusActive || (status == StatusPastDue && pastDueEntitled)
+			wantHold := status == StatusPastDue || status == StatusUnpaid
+			if ent.Entitled != want || ent.Status != status || ent.OnHold != wantHold || ptrStr(ent.SubscriptionID) != sub {
+				t.Errorf("past_due_entitled=%v %s: %+v, want entitled %v on_hold %v", pastDueEntitled, status, ent, want, wantHold)
+			}
+		}
+	}
+}
+
+func TestEntitlementCancelAtPeriodEnd(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.link(t, "u1", "cus_1", "")
+	e.mustHandle(t, updated("e1", 1, subObj{ID: "sub_1", Customer: "cus_1", Status: StatusActive, PeriodEnd: 1000, CancelAtPeriodEnd: true}))
+	tests := []struct {
+		now  int64
+		want bool
+	}{{0, true}, {999, true}, {1000, false}, {5000, false}}
+	for _, tc := range tests {
+		e.clock.Set(at(tc.now))
+		var ent Entitlement
+		e.get(t, "/v1/customers/u1/entitlement", &ent)
+		if ent.Entitled != tc.want || !ent.CancelAtPeriodEnd || ent.Status != StatusActive {
+			t.Errorf("at +%ds: %+v, want entitled %v", tc.now, ent, tc.want)
+		}
+	}
+}
+
+func TestSubscriptionsAttachWhenCustomerIsLinked(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	// Made in the dashboard before the app ever linked the customer.
+	e.mustHandle(t, created("e1", 1, subObj{ID: "sub_dash", Customer: "cus_dash", Status: StatusActive, Price: "price_x"}))
+	e.link(t, "u1", "", "")
+	if code, body := e.get(t, "/v1/customers/u1/entitlement", nil); code != http.StatusNotFound {
+		t.Fatalf("before linking: %d %s", code, body)
+	}
+	e.link(t, "u1", "cus_dash", "")
+	var ent Entitlement
+	e.get(t, "/v1/customers/u1/entitlement", &ent)
+	if !ent.Entitled || ptrStr(ent.SubscriptionID) != "sub_dash" {
+		t.Errorf("after linking: %+v", ent)
+	}
+}
+
+func TestEntitlementSeveralSubscriptions(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.link(t, "u1", "cus_1", "")
+	inv := invObj{ID: "in_b", Customer: "cus_1", Subscription: "sub_b", Currency: "usd", AmountDue: 100, AttemptCount: 1}
+	e.mustHandle(t,
+		created("a1", 1, subObj{ID: "sub_a", Customer: "cus_1", Status: StatusCanceled, PeriodEnd: 9000}),
+		created("b1", 2, subObj{ID: "sub_b", Customer: "cus_1", Status: StatusActive, Price: "price_b", PeriodEnd: 5000}),
+		created("c1", 3, subObj{ID: "sub_c", Customer: "cus_1", Status: StatusIncomplete, PeriodEnd: 9999}),
+		failed("fb", 4, inv))
+	var cv CustomerView
+	e.get(t, "/v1/customers/u1", &cv)
+	ent := cv.Entitlement
+	if !ent.Entitled || ptrStr(ent.SubscriptionID) != "sub_b" || ptrStr(ent.PriceID) != "price_b" || !ent.OnHold || ptrStr(ent.HoldReason) != HoldPaymentFailed {
+		t.Errorf("entitlement: %+v", ent)
+	}
+	if len(cv.Subscriptions) != 3 {
+		t.Fatalf("%d subscriptions", len(cv.Subscriptions))
+	}
+	for _, s := range cv.Subscriptions {
+		wantHold := s.SubscriptionID == "sub_b"
+		if s.OnHold != wantHold || (wantHold && (ptrInt(s.AmountDue) != "100" || ptrInt(s.AttemptCount) != "1")) {
+			t.Errorf("%s: on_hold %v amount %s attempts %s", s.SubscriptionID, s.OnHold, ptrInt(s.AmountDue), ptrInt(s.AttemptCount))
+		}
+	}
+}

@@ -1,0 +1,358 @@
+package billing
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/labstack/echo/v4"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverdatabasesql"
+	"gorm.io/gorm"
+
+	"billing/internal/httpserver"
+	"billing/internal/testenv"
+	"billing/migrations"
+	"billing/webhooks"
+)
+
+func TestMain(m *testing.M) {
+	testenv.SetMigrator(func(ctx context.Context, db *sql.DB) error { return migrations.Apply(ctx, db, nil) })
+	testenv.Main(m)
+}
+
+// base is an arbitrary instant (2024-06-01T00:00:00Z) that event times count from.
+const base int64 = 1717200000
+
+func at(sec int64) time.Time { return time.Unix(base+sec, 0).UTC() }
+
+// clock is a settable clock for the service.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *clock) Set(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = t
+}
+
+type env struct {
+	db    *gorm.DB
+	svc   *Service
+	reg   *webhooks.Registry
+	clock *clock
+	dead  *fakeDeadLetters
+	echo  *echo.Echo
+}
+
+type envOpt func(*Deps)
+
+func withPastDueEntitled(v bool) envOpt { return func(d *Deps) { d.PastDueEntitled = v } }
+
+// newEnv gives a test its own migrated database, a service on it with an insert-only River
+// client, and an echo instance with the API and admin routes mounted (no auth: main adds it).
+func newEnv(t *testing.T, opts ...envOpt) *env {
+	t.Helper()
+	db := testenv.DB(t)
+	sqlDB, err := db.DB()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := river.NewClient(riverdatabasesql.New(sqlDB), &river.Config{
+		Logger: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatalf("river client: %v", err)
+	}
+	e := &env{db: db, clock: &clock{t: at(0)}, dead: &fakeDeadLetters{}}
+	d := Deps{
+		DB:              db,
+		Jobs:            rc,
+		Logger:          slog.New(slog.DiscardHandler),
+		Now:             e.clock.Now,
+		PastDueEntitled: true,
+		DeadLetters:     e.dead,
+	}
+	for _, o := range opts {
+		o(&d)
+	}
+	e.svc = New(d)
+	e.reg = webhooks.NewRegistry()
+	e.svc.Register(e.reg)
+
+	e.echo = echo.New()
+	e.echo.HTTPErrorHandler = httpserver.ErrorHandler(slog.New(slog.DiscardHandler))
+	e.svc.MountAPI(e.echo.Group("/v1"))
+	e.svc.MountAdmin(e.echo.Group("/admin"))
+	return e
+}
+
+// handle runs an event's handler in its own transaction, as the webhook worker does.
+func (e *env) handle(t *testing.T, ev webhooks.Event) error {
+	t.Helper()
+	h, ok := e.reg.Lookup(ev.Type)
+	if !ok {
+		t.Fatalf("no handler registered for %s", ev.Type)
+	}
+	return e.db.Transaction(func(tx *gorm.DB) error {
+		return h.HandleEvent(context.Background(), tx, ev)
+	})
+}
+
+// mustHandle applies events in order and fails the test on any error.
+func (e *env) mustHandle(t *testing.T, evs ...webhooks.Event) {
+	t.Helper()
+	for _, ev := range evs {
+		if err := e.handle(t, ev); err != nil {
+			t.Fatalf("handle %s %s: %v", ev.Type, ev.ID, err)
+		}
+	}
+}
+
+func (e *env) sub(t *testing.T, id string) *Subscription {
+	t.Helper()
+	var rows []Subscription
+	if err := e.db.Raw(`SELECT s.*, c.user_id FROM subscriptions s LEFT JOIN customers c USING (stripe_customer_id) WHERE subscription_id = ?`, id).Scan(&rows).Error; err != nil {
+		t.Fatalf("load subscription %s: %v", id, err)
+	}
+	if len(rows) != 1 {
+		t.Fatalf("subscription %s: %d rows", id, len(rows))
+	}
+	return &rows[0]
+}
+
+func (e *env) countSubs(t *testing.T) int {
+	t.Helper()
+	var n int64
+	if err := e.db.Raw(`SELECT count(*) FROM subscriptions`).Scan(&n).Error; err != nil {
+		t.Fatal(err)
+	}
+	return int(n)
+}
+
+func (e *env) link(t *testing.T, userID, customerID, email string) {
+	t.Helper()
+	err := e.db.Exec(`INSERT INTO customers (user_id, stripe_customer_id, email) VALUES (?, ?, ?)
+		ON CONFLICT (user_id) DO UPDATE SET stripe_customer_id = EXCLUDED.stripe_customer_id, email = EXCLUDED.email`,
+		userID, nullString(customerID), email).Error
+	if err != nil {
+		t.Fatalf("link %s: %v", userID, err)
+	}
+}
+
+// noticeCount counts notices rows and River jobs of an event and kind.
+func (e *env) noticeCount(t *testing.T, eventID, kind string) (rows, jobs int) {
+	t.Helper()
+	var n, j int64
+	if err := e.db.Raw(`SELECT count(*) FROM notices WHERE event_id = ? AND kind = ?`, eventID, kind).Scan(&n).Error; err != nil {
+		t.Fatal(err)
+	}
+	if err := e.db.Raw(`SELECT count(*) FROM river_job WHERE kind = ? AND args->>'event_id' = ? AND args->>'kind' = ?`,
+		NoticeJobKind, eventID, kind).Scan(&j).Error; err != nil {
+		t.Fatal(err)
+	}
+	return int(n), int(j)
+}
+
+func (e *env) totalNotices(t *testing.T) (rows, jobs int) {
+	t.Helper()
+	var n, j int64
+	if err := e.db.Raw(`SELECT count(*) FROM notices`).Scan(&n).Error; err != nil {
+		t.Fatal(err)
+	}
+	if err := e.db.Raw(`SELECT count(*) FROM river_job WHERE kind = ?`, NoticeJobKind).Scan(&j).Error; err != nil {
+		t.Fatal(err)
+	}
+	return int(n), int(j)
+}
+
+// get performs a GET against the mounted routes and decodes a JSON answer into out (if non-nil).
+func (e *env) get(t *testing.T, path string, out any) (int, []byte) {
+	t.Helper()
+	req := httptest.NewRequest(http.MethodGet, path, nil)
+	rec := httptest.NewRecorder()
+	e.echo.ServeHTTP(rec, req)
+	body, _ := io.ReadAll(rec.Body)
+	if out != nil && rec.Code == http.StatusOK {
+		if err := json.Unmarshal(body, out); err != nil {
+			t.Fatalf("GET %s: decode %s: %v", path, body, err)
+		}
+	}
+	return rec.Code, body
+}
+
+type fakeDeadLetters struct {
+	mu    sync.Mutex
+	items []DeadLetterView
+	err   error
+}
+
+func (f *fakeDeadLetters) DeadLetters(_ context.Context, limit int) ([]DeadLetterView, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.err != nil {
+		return nil, f.err
+	}
+	if len(f.items) > limit {
+		return f.items[:limit], nil
+	}
+	return f.items, nil
+}
+
+// ---- event builders -------------------------------------------------------------------------
+
+// subObj describes a subscription snapshot; zero fields are left out of the JSON (or null).
+type subObj struct {
+	ID, Customer, Status, Price string
+	PeriodStart, PeriodEnd      int64 // offsets from base; 0 = absent
+	TrialStart, TrialEnd        int64
+	CanceledAt, EndedAt         int64
+	CancelAtPeriodEnd           bool
+}
+
+func (s subObj) JSON() json.RawMessage {
+	ts := func(off int64) any {
+		if off == 0 {
+			return nil
+		}
+		return base + off
+	}
+	items := map[string]any{"object": "list", "data": []any{}}
+	if s.Price != "" {
+		items["data"] = []any{map[string]any{
+			"id": "si_" + s.ID, "object": "subscription_item",
+			"price": map[string]any{"id": s.Price, "object": "price"},
+			"plan":  map[string]any{"id": s.Price, "object": "plan"},
+		}}
+	}
+	m := map[string]any{
+		"id": s.ID, "object": "subscription", "customer": s.Customer, "status": s.Status,
+		"cancel_at_period_end": s.CancelAtPeriodEnd, "cancel_at": nil,
+		"current_period_start": ts(s.PeriodStart), "current_period_end": ts(s.PeriodEnd),
+		"trial_start": ts(s.TrialStart), "trial_end": ts(s.TrialEnd),
+		"canceled_at": ts(s.CanceledAt), "ended_at": ts(s.EndedAt),
+		"items": items, "livemode": false,
+	}
+	b, err := json.Marshal(m)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+// invObj describes an invoice; Subscription "" makes a one-off invoice.
+type invObj struct {
+	ID, Customer, Subscription, Email, Currency, URL string
+	AttemptCount, AmountDue                          int64
+	NextAttempt                                      int64 // offset from base; 0 = null
+}
+
+func (i invObj) JSON() json.RawMessage {
+	m := map[string]any{
+		"id": i.ID, "object": "invoice", "customer": i.Customer,
+		"attempt_count": i.AttemptCount, "amount_due": i.AmountDue,
+		"currency": i.Currency, "hosted_invoice_url": i.URL, "next_payment_attempt": nil,
+		"customer_email": nil, "subscription": nil,
+	}
+	if i.Subscription != "" {
+		m["subscription"] = i.Subscription
+	}
+	if i.Email != "" {
+		m["customer_email"] = i.Email
+	}
+	if i.NextAttempt != 0 {
+		m["next_payment_attempt"] = base + i.NextAttempt
+	}
+	b, err := json.Marshal(m)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+// event wraps an object into a webhooks.Event created at base+created seconds.
+func event(id, typ string, created int64, obj json.RawMessage) webhooks.Event {
+	payload, _ := json.Marshal(map[string]any{
+		"id": id, "object": "event", "type": typ, "api_version": webhooks.PinnedAPIVersion,
+		"created": base + created, "livemode": false, "data": map[string]any{"object": obj},
+	})
+	return webhooks.Event{
+		ID: id, Type: typ, Livemode: false, APIVersion: webhooks.PinnedAPIVersion,
+		Created: at(created), Payload: payload, Object: obj,
+	}
+}
+
+func subEv(id, typ string, created int64, s subObj) webhooks.Event {
+	return event(id, typ, created, s.JSON())
+}
+
+func invEv(id, typ string, created int64, i invObj) webhooks.Event {
+	return event(id, typ, created, i.JSON())
+}
+
+// Shorthands for the common cases.
+func created(id string, t int64, s subObj) webhooks.Event {
+	return subEv(id, EventSubscriptionCreated, t, s)
+}
+
+func updated(id string, t int64, s subObj) webhooks.Event {
+	return subEv(id, EventSubscriptionUpdated, t, s)
+}
+
+func deleted(id string, t int64, s subObj) webhooks.Event {
+	return subEv(id, EventSubscriptionDeleted, t, s)
+}
+
+func failed(id string, t int64, i invObj) webhooks.Event {
+	return invEv(id, EventInvoicePaymentFailed, t, i)
+}
+
+func succeeded(id string, t int64, i invObj) webhooks.Event {
+	return invEv(id, EventInvoicePaymentSucceeded, t, i)
+}
+
+func (s subObj) with(status string) subObj { s.Status = status; return s }
+
+func ptrStr(p *string) string {
+	if p == nil {
+		return "<nil>"
+	}
+	return *p
+}
+
+func ptrTime(p *time.Time) string {
+	if p == nil {
+		return "<nil>"
+	}
+	return p.UTC().Format(time.RFC3339)
+}
+
+func ptrInt(p *int64) string {
+	if p == nil {
+		return "<nil>"
+	}
+	return fmt.Sprint(*p)
+}
+
+func sortedCopy(s []string) []string {
+	c := slices.Clone(s)
+	slices.Sort(c)
+	return c
+}

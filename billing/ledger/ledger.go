@@ -1,0 +1,248 @@
+// Package ledger makes the service's money-moving calls to Stripe, charges and refunds, so that
+// no retry can ever double them, and serves POST /v1/charges and
+// POST /v1/charges/{order_id}/refunds.
+//
+// Every call follows the same path:
+//
+//  1. A ledger row keyed by the business id (order id; order id + refund id) is inserted and
+//     committed, state 'pending', with a hash of the request, before Stripe is called.
+//  2. In a transaction that holds the row lock (SELECT … FOR UPDATE), Stripe is called with the
+//     idempotency key derived from the business id (charge-{order_id},
+//     refund-{order_id}-{refund_id}); the row is completed with Stripe's answer and the exact
+//     answer we give, and committed.
+//  3. A repeat reads the row: a completed row is answered from the ledger without calling Stripe
+//     (also long after Stripe's 24-hour key window); another request under the same id is a 409;
+//     a pending row (crash, Stripe outage) is finished by step 2 again, with the same key.
+//
+// Locking: we lock the ledger row itself rather than take a pg advisory lock. The row exists
+// (step 1) before anyone needs the lock, the lock is scoped to exactly one order, it is released
+// by commit, rollback or a dropped connection without bookkeeping, and it cannot collide with
+// another order the way hashed advisory-lock keys can. Holding it across the Stripe call costs a
+// pooled connection per in-flight charge, which is acceptable: it only ever serialises requests
+// for the same order, and those must wait anyway.
+//
+// Beyond the key window: Stripe keeps idempotency keys for at least 24 hours. A row's created_at
+// precedes the first use of its key, so while the row is younger than keyWindow a repeat of the
+// call is deduplicated by Stripe. An older pending row is first looked up on Stripe — the
+// PaymentIntents search API (metadata['order_id']:'…') for charges, the refunds list of the
+// PaymentIntent filtered on metadata[refund_id] for refunds — and only created when nothing is
+// found. Search lags writes by up to about a minute, but an attempt made within that minute used
+// the same key, which Stripe still remembers, so search-then-create cannot double either.
+package ledger
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/labstack/echo/v4"
+	"github.com/stripe/stripe-go/v79"
+	"github.com/stripe/stripe-go/v79/client"
+	"gorm.io/gorm"
+
+	"billing/internal/apierr"
+	"billing/internal/database"
+)
+
+// keyWindow is how long after a row's creation we rely on Stripe still knowing its idempotency
+// key: Stripe's 24 hours minus an hour for clock skew and the duration of the calls.
+const keyWindow = 23 * time.Hour
+
+// callTimeout bounds one request's ledger section (lock, Stripe call with stripe-go's own
+// retries, completion). It is detached from the client's context: once Stripe may have acted,
+// the answer is recorded even if the client has gone.
+const callTimeout = 2 * time.Minute
+
+// Row states.
+const (
+	statePending   = "pending"
+	stateCompleted = "completed"
+)
+
+// Deps are what the ledger needs from main.
+type Deps struct {
+	DB       *gorm.DB
+	Stripe   *client.API
+	Livemode bool
+	Logger   *slog.Logger
+	Now      func() time.Time
+}
+
+// Service makes charges and refunds and serves their endpoints.
+type Service struct {
+	db       *gorm.DB
+	stripe   *client.API
+	livemode bool
+	log      *slog.Logger
+	now      func() time.Time
+}
+
+// New returns the ledger service. Logger and Now default to a discarding logger and time.Now.
+func New(d Deps) *Service {
+	s := &Service{db: d.DB, stripe: d.Stripe, livemode: d.Livemode, log: d.Logger, now: d.Now}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	s.log = s.log.With("component", "ledger")
+	return s
+}
+
+// Mount adds the routes to v1, the /v1 group behind the app backend's authentication.
+func (s *Service) Mount(v1 *echo.Group) {
+	v1.POST("/charges", s.postCharge)
+	v1.POST("/charges/:order_id/refunds", s.postRefund)
+}
+
+// storedAnswer is the `answer` column: exactly one of Body (a success) and Error (a final
+// refusal, e.g. a decline). Both the first answer and every replay are rendered from it, so a
+// repeat gets the same JSON.
+type storedAnswer struct {
+	Body  json.RawMessage `json:"body,omitempty"`
+	Error *storedError    `json:"error,omitempty"`
+}
+
+type storedError struct {
+	Code    apierr.Code    `json:"code"`
+	Message string         `json:"message"`
+	Details map[string]any `json:"details,omitempty"`
+}
+
+// reply is what a handler answers: a success body (201 when this request completed the row,
+// 200 for a replay) or an *apierr.Error.
+type reply struct {
+	created bool
+	body    json.RawMessage
+	err     error
+}
+
+func (r reply) write(c echo.Context) error {
+	if r.err != nil {
+		return r.err
+	}
+	status := http.StatusOK
+	if r.created {
+		status = http.StatusCreated
+	}
+	return c.JSONBlob(status, r.body)
+}
+
+// answerOf renders the stored answer of a completed row. A success body is decoded into body (a
+// pointer to the endpoint's answer struct) and encoded again, so that the first answer and every
+// replay have the same bytes whatever jsonb did to key order and spacing.
+func answerOf(raw *string, body any, created bool) reply {
+	if raw == nil {
+		return reply{err: apierr.Internal(errors.New("completed ledger row without an answer"))}
+	}
+	var a storedAnswer
+	if err := json.Unmarshal([]byte(*raw), &a); err != nil {
+		return reply{err: apierr.Internal(fmt.Errorf("decode stored answer: %w", err))}
+	}
+	if a.Error != nil {
+		e := apierr.New(a.Error.Code, "%s", a.Error.Message)
+		for k, v := range a.Error.Details {
+			e = e.With(k, v)
+		}
+		return reply{err: e}
+	}
+	if err := json.Unmarshal(a.Body, body); err != nil {
+		return reply{err: apierr.Internal(fmt.Errorf("decode stored answer body: %w", err))}
+	}
+	out, err := json.Marshal(body)
+	if err != nil {
+		return reply{err: apierr.Internal(fmt.Errorf("encode answer body: %w", err))}
+	}
+	return reply{created: created, body: out}
+}
+
+// encodeAnswer builds the `answer` column of an outcome.
+func encodeAnswer(body any, apiErr *apierr.Error) (string, error) {
+	var a storedAnswer
+	if apiErr != nil {
+		a.Error = &storedError{Code: apiErr.Code, Message: apiErr.Message, Details: apiErr.Details}
+	} else {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return "", fmt.Errorf("encode answer body: %w", err)
+		}
+		a.Body = b
+	}
+	b, err := json.Marshal(a)
+	if err != nil {
+		return "", fmt.Errorf("encode answer: %w", err)
+	}
+	return string(b), nil
+}
+
+// requestHash is the hex sha256 of a canonical JSON encoding of v (a struct: fixed field order).
+func requestHash(v any) string {
+	b, err := json.Marshal(v)
+	if err != nil {
+		// Only plain strings and integers are hashed; this cannot fail.
+		panic(fmt.Sprintf("ledger: hash request: %v", err))
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
+func dbError(err error, what string) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := apierr.As(err); ok {
+		return err
+	}
+	if database.IsUnavailable(err) {
+		return apierr.Wrap(fmt.Errorf("%s: %w", what, err), apierr.CodeDatabaseDown, "database unavailable")
+	}
+	return apierr.Internal(fmt.Errorf("%s: %w", what, err))
+}
+
+func isUniqueViolation(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23505"
+}
+
+// stripeOutage reports whether a failed call may not have reached Stripe or may succeed when
+// repeated: network errors, 5xx, 429 and 409 (key in use by a concurrent request). stripe-go
+// has already retried these with the same key; the row stays pending for the next request.
+func stripeOutage(err error) bool {
+	var se *stripe.Error
+	if !errors.As(err, &se) {
+		return true
+	}
+	return se.HTTPStatusCode >= 500 || se.HTTPStatusCode == http.StatusTooManyRequests ||
+		se.HTTPStatusCode == http.StatusConflict || se.HTTPStatusCode == 0
+}
+
+// stripeMisconfigured reports refusals that say nothing about the charge itself — a key reused
+// with other parameters, a bad or restricted API key — so the row stays pending to be finished
+// once that is fixed, rather than recording a refusal forever.
+func stripeMisconfigured(se *stripe.Error) bool {
+	return se.Type == stripe.ErrorTypeIdempotency ||
+		se.HTTPStatusCode == http.StatusUnauthorized || se.HTTPStatusCode == http.StatusForbidden
+}
+
+func unavailable(err error, what string) *apierr.Error {
+	return apierr.Wrap(fmt.Errorf("%s: %w", what, err), apierr.CodeStripeUnavailable,
+		"Stripe could not be reached to %s; repeat the same request to finish it", what)
+}
+
+// stripeErrAttr summarises a failed call for logs: Stripe's error fields, without the objects an
+// error may embed (a PaymentIntent carries its client_secret).
+func stripeErrAttr(err error) slog.Attr {
+	var se *stripe.Error
+	if errors.As(err, &se) {
+		return slog.Group("stripe_error", "status", se.HTTPStatusCode, "type", string(se.Type), "code", string(se.Code),
+			"decline_code", string(se.DeclineCode), "request_id", se.RequestID, "message", se.Msg)
+	}
+	return slog.String("error", err.Error())
+}

@@ -1,0 +1,349 @@
+package billing
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"gorm.io/gorm"
+
+	"billing/webhooks"
+)
+
+// Ordering of events.
+//
+// Stripe delivers events out of order and retries old ones days later, so every write is
+// guarded: an event is applied to a column group only when its ordering key is greater than the
+// key stored with that group. The key is (event created, rank, event id):
+//
+//   - created: the event's own creation time (Stripe's clock, whole seconds).
+//   - rank, for ties within one second. Subscription events: statusTieRank(new status)*10 +
+//     type rank (created 0, updated/trial_will_end 1, deleted 2), so the later lifecycle stage
+//     wins (incomplete→active at creation, active→past_due at renewal, anything→canceled).
+//     Invoice events: payment_failed 0, payment_succeeded 1, so a success in the same second
+//     as a failure lifts the hold (the money arrived; blocking a paying customer is the worse
+//     mistake).
+//   - event id, byte-wise (COLLATE "C"): arbitrary but deterministic, so that every replica and
+//     every replay reaches the same state.
+//
+// The same event applied twice has an equal key and is a no-op. On top of the guard, canceled and
+// incomplete_expired are terminal: a snapshot with a non-terminal status never replaces them,
+// however new (Stripe never revives a subscription; a non-terminal snapshot after one is a stale
+// event with a skewed clock). Each event locks the row first (INSERT … ON CONFLICT DO NOTHING to
+// make it exist, then SELECT … FOR UPDATE), so two events of one subscription processed at once
+// run one after the other instead of racing.
+//
+// An invoice event may come before any subscription event: it creates a placeholder row with
+// status 'incomplete' and sub_event_created NULL, which any subscription event overwrites. Until
+// then the placeholder shows as an incomplete (not entitled) subscription of the invoice's customer.
+
+func subEventRank(eventType, status string) int {
+	typeRank := 1
+	switch eventType {
+	case EventSubscriptionCreated:
+		typeRank = 0
+	case EventSubscriptionDeleted:
+		typeRank = 2
+	}
+	return statusTieRank(status)*10 + typeRank
+}
+
+func invEventRank(eventType string) int {
+	if eventType == EventInvoicePaymentSucceeded {
+		return 1
+	}
+	return 0
+}
+
+// lockSubscription makes sure the row exists (as a placeholder if new) and locks it for the rest
+// of the transaction. It returns the row as it was before this event.
+func (s *Service) lockSubscription(ctx context.Context, tx *gorm.DB, subscriptionID, customerID string, livemode bool) (*Subscription, error) {
+	now := s.now()
+	err := tx.WithContext(ctx).Exec(`
+		INSERT INTO subscriptions (subscription_id, stripe_customer_id, livemode, status, created_at, updated_at)
+		VALUES (?, ?, ?, ?, ?, ?)
+		ON CONFLICT (subscription_id) DO NOTHING`,
+		subscriptionID, customerID, livemode, StatusIncomplete, now, now).Error
+	if err != nil {
+		return nil, fmt.Errorf("ensure subscription row %s: %w", subscriptionID, err)
+	}
+	var rows []Subscription
+	err = tx.WithContext(ctx).Raw(`SELECT * FROM subscriptions WHERE subscription_id = ? FOR UPDATE`, subscriptionID).
+		Scan(&rows).Error
+	if err != nil {
+		return nil, fmt.Errorf("lock subscription %s: %w", subscriptionID, err)
+	}
+	if len(rows) != 1 {
+		return nil, fmt.Errorf("lock subscription %s: row not found after insert", subscriptionID)
+	}
+	return &rows[0], nil
+}
+
+func (s *Service) loadSubscriptionTx(ctx context.Context, tx *gorm.DB, subscriptionID string) (*Subscription, error) {
+	var rows []Subscription
+	if err := tx.WithContext(ctx).Raw(`SELECT * FROM subscriptions WHERE subscription_id = ?`, subscriptionID).Scan(&rows).Error; err != nil {
+		return nil, fmt.Errorf("load subscription %s: %w", subscriptionID, err)
+	}
+	if len(rows) != 1 {
+		return nil, fmt.Errorf("load subscription %s: not found", subscriptionID)
+	}
+	return &rows[0], nil
+}
+
+// handleSubscriptionEvent applies the snapshot of a customer.subscription.* event.
+func (s *Service) handleSubscriptionEvent(ctx context.Context, tx *gorm.DB, ev webhooks.Event) error {
+	obj, err := decodeSubscription(ev.Object)
+	if err != nil {
+		return permanent("%s %s: %w", ev.Type, ev.ID, err)
+	}
+	status := obj.Status
+	if ev.Type == EventSubscriptionDeleted && !IsTerminal(status) {
+		// A deleted subscription is over whatever its snapshot says.
+		status = StatusCanceled
+	}
+	customerID := string(obj.Customer)
+
+	prior, err := s.lockSubscription(ctx, tx, obj.ID, customerID, ev.Livemode)
+	if err != nil {
+		return err
+	}
+	// A placeholder's customer came from an invoice; a subscription's customer never changes in
+	// Stripe, so a different one on a real row means corrupt input, not an update.
+	if prior.SubEventCreated != nil && prior.StripeCustomerID != customerID {
+		return permanent("%s %s: subscription %s belongs to customer %s, event names %s",
+			ev.Type, ev.ID, obj.ID, prior.StripeCustomerID, customerID)
+	}
+
+	start, end := obj.Period()
+	cancelAtPeriodEnd := obj.CancelAtPeriodEnd != nil && *obj.CancelAtPeriodEnd
+	res := tx.WithContext(ctx).Exec(`
+		UPDATE subscriptions SET
+		  stripe_customer_id = @customer,
+		  livemode = @livemode,
+		  status_since = CASE WHEN sub_event_created IS NULL OR status IS DISTINCT FROM CAST(@status AS text)
+		                      THEN CAST(@created AS timestamptz) ELSE status_since END,
+		  status = @status,
+		  price_id = @price_id,
+		  current_period_start = @period_start,
+		  current_period_end = @period_end,
+		  cancel_at_period_end = @cancel_at_period_end,
+		  cancel_at = @cancel_at,
+		  canceled_at = @canceled_at,
+		  ended_at = @ended_at,
+		  trial_start = @trial_start,
+		  trial_end = @trial_end,
+		  sub_event_id = @event_id,
+		  sub_event_type = @event_type,
+		  sub_event_created = @created,
+		  sub_event_rank = @rank,
+		  updated_at = @now
+		WHERE subscription_id = @id
+		  AND (sub_event_created IS NULL
+		       OR (sub_event_created, sub_event_rank, sub_event_id COLLATE "C")
+		          < (CAST(@created AS timestamptz), CAST(@rank AS integer), CAST(@event_id AS text) COLLATE "C"))
+		  AND (status NOT IN ('canceled', 'incomplete_expired') OR CAST(@status AS text) IN ('canceled', 'incomplete_expired'))`,
+		map[string]any{
+			"id":                   obj.ID,
+			"customer":             customerID,
+			"livemode":             ev.Livemode,
+			"status":               status,
+			"price_id":             nullString(obj.PriceID()),
+			"period_start":         start.Ptr(),
+			"period_end":           end.Ptr(),
+			"cancel_at_period_end": cancelAtPeriodEnd,
+			"cancel_at":            obj.CancelAt.Ptr(),
+			"canceled_at":          obj.CanceledAt.Ptr(),
+			"ended_at":             obj.EndedAt.Ptr(),
+			"trial_start":          obj.TrialStart.Ptr(),
+			"trial_end":            obj.TrialEnd.Ptr(),
+			"event_id":             ev.ID,
+			"event_type":           ev.Type,
+			"created":              ev.Created.UTC(),
+			"rank":                 subEventRank(ev.Type, status),
+			"now":                  s.now(),
+		})
+	if res.Error != nil {
+		return fmt.Errorf("apply %s %s to subscription %s: %w", ev.Type, ev.ID, obj.ID, res.Error)
+	}
+	outcome := "applied"
+	if res.RowsAffected == 0 {
+		outcome = "stale"
+		if IsTerminal(prior.Status) && !IsTerminal(status) {
+			outcome = "terminal"
+		}
+	}
+	s.events.WithLabelValues(ev.Type, outcome).Inc()
+	s.log.LogAttrs(ctx, slog.LevelInfo, "subscription event",
+		slog.String("event_id", ev.ID), slog.String("type", ev.Type),
+		slog.String("subscription_id", obj.ID), slog.String("outcome", outcome),
+		slog.String("from", prior.Status), slog.String("to", status))
+
+	if ev.Type != EventSubscriptionTrialWillEnd {
+		return nil
+	}
+	return s.trialWillEnd(ctx, tx, ev, obj.ID)
+}
+
+// trialWillEnd records the event and enqueues the trial-ending notice, unless the subscription
+// (as it stands after this event, so including newer events already applied) is no longer
+// trialing: a customer who converted or canceled meanwhile gets no "your trial ends" mail.
+func (s *Service) trialWillEnd(ctx context.Context, tx *gorm.DB, ev webhooks.Event, subscriptionID string) error {
+	err := tx.WithContext(ctx).Exec(`
+		UPDATE subscriptions SET trial_will_end_at = GREATEST(trial_will_end_at, CAST(? AS timestamptz))
+		WHERE subscription_id = ?`, ev.Created.UTC(), subscriptionID).Error
+	if err != nil {
+		return fmt.Errorf("record trial_will_end of %s: %w", subscriptionID, err)
+	}
+	cur, err := s.loadSubscriptionTx(ctx, tx, subscriptionID)
+	if err != nil {
+		return err
+	}
+	if cur.Status != StatusTrialing {
+		s.log.InfoContext(ctx, "trial ending notice skipped: subscription no longer trialing",
+			"event_id", ev.ID, "subscription_id", subscriptionID, "status", cur.Status)
+		return nil
+	}
+	return s.enqueueNotice(ctx, tx, noticeInput{
+		EventID:          ev.ID,
+		Kind:             NoticeTrialWillEnd,
+		SubscriptionID:   cur.SubscriptionID,
+		StripeCustomerID: cur.StripeCustomerID,
+		Livemode:         ev.Livemode,
+		TrialEnd:         cur.TrialEnd,
+	})
+}
+
+// handleInvoiceEvent applies invoice.payment_failed / invoice.payment_succeeded to the payment-hold
+// columns of the invoice's subscription.
+func (s *Service) handleInvoiceEvent(ctx context.Context, tx *gorm.DB, ev webhooks.Event) error {
+	inv, err := decodeInvoice(ev.Object)
+	if err != nil {
+		return permanent("%s %s: %w", ev.Type, ev.ID, err)
+	}
+	subscriptionID := inv.SubscriptionID()
+	if subscriptionID == "" {
+		// A one-off invoice: no subscription, nothing to hold.
+		s.events.WithLabelValues(ev.Type, "one_off").Inc()
+		s.log.DebugContext(ctx, "invoice without subscription ignored", "event_id", ev.ID, "invoice_id", inv.ID)
+		return nil
+	}
+	customerID := string(inv.Customer)
+	if customerID == "" {
+		return permanent("%s %s: invoice %s has no customer", ev.Type, ev.ID, inv.ID)
+	}
+
+	prior, err := s.lockSubscription(ctx, tx, subscriptionID, customerID, ev.Livemode)
+	if err != nil {
+		return err
+	}
+	if prior.StripeCustomerID != customerID {
+		return permanent("%s %s: subscription %s belongs to customer %s, invoice %s names %s",
+			ev.Type, ev.ID, subscriptionID, prior.StripeCustomerID, inv.ID, customerID)
+	}
+
+	failed := ev.Type == EventInvoicePaymentFailed
+	// A failure keeps the start of a hold still in force (a retry failing again); the first
+	// failure, or one after the hold was lifted, starts a new one.
+	var holdSince *time.Time
+	if failed {
+		created := ev.Created.UTC()
+		holdSince = &created
+		if prior.paymentHoldInForce() && prior.PaymentHoldSince != nil {
+			holdSince = prior.PaymentHoldSince
+		}
+	}
+	var nextAttempt *time.Time
+	if failed {
+		nextAttempt = inv.NextPaymentAttempt.Ptr()
+	}
+	res := tx.WithContext(ctx).Exec(`
+		UPDATE subscriptions SET
+		  payment_hold = @hold,
+		  payment_hold_since = @hold_since,
+		  latest_invoice_id = @invoice_id,
+		  attempt_count = @attempt_count,
+		  next_payment_attempt = @next_attempt,
+		  amount_due = @amount_due,
+		  currency = @currency,
+		  hosted_invoice_url = @hosted_invoice_url,
+		  inv_event_id = @event_id,
+		  inv_event_type = @event_type,
+		  inv_event_created = @created,
+		  inv_event_rank = @rank,
+		  updated_at = @now
+		WHERE subscription_id = @id
+		  AND (inv_event_created IS NULL
+		       OR (inv_event_created, inv_event_rank, inv_event_id COLLATE "C")
+		          < (CAST(@created AS timestamptz), CAST(@rank AS integer), CAST(@event_id AS text) COLLATE "C"))`,
+		map[string]any{
+			"id":                 subscriptionID,
+			"hold":               failed,
+			"hold_since":         holdSince,
+			"invoice_id":         inv.ID,
+			"attempt_count":      inv.AttemptCount,
+			"next_attempt":       nextAttempt,
+			"amount_due":         inv.AmountDue,
+			"currency":           inv.Currency,
+			"hosted_invoice_url": inv.HostedInvoiceURL,
+			"event_id":           ev.ID,
+			"event_type":         ev.Type,
+			"created":            ev.Created.UTC(),
+			"rank":               invEventRank(ev.Type),
+			"now":                s.now(),
+		})
+	if res.Error != nil {
+		return fmt.Errorf("apply %s %s to subscription %s: %w", ev.Type, ev.ID, subscriptionID, res.Error)
+	}
+	applied := res.RowsAffected == 1
+	outcome := "applied"
+	if !applied {
+		outcome = "stale"
+	}
+	s.events.WithLabelValues(ev.Type, outcome).Inc()
+	s.log.LogAttrs(ctx, slog.LevelInfo, "invoice event",
+		slog.String("event_id", ev.ID), slog.String("type", ev.Type),
+		slog.String("subscription_id", subscriptionID), slog.String("invoice_id", inv.ID),
+		slog.String("outcome", outcome))
+
+	// Only a failure that is the newest word on the subscription's payments is worth a mail: a
+	// stale one (already paid, or superseded by a later attempt) would only confuse.
+	if !failed || !applied || IsTerminal(prior.Status) {
+		return nil
+	}
+	in := noticeInput{
+		EventID:            ev.ID,
+		Kind:               NoticePaymentFailed,
+		SubscriptionID:     subscriptionID,
+		StripeCustomerID:   customerID,
+		Livemode:           ev.Livemode,
+		InvoiceID:          inv.ID,
+		AmountDue:          inv.AmountDue,
+		HostedInvoiceURL:   deref(inv.HostedInvoiceURL),
+		NextPaymentAttempt: nextAttempt,
+	}
+	if inv.Currency != nil {
+		in.Currency = *inv.Currency
+	}
+	if inv.AttemptCount != nil {
+		in.AttemptCount = *inv.AttemptCount
+	}
+	if inv.CustomerEmail != nil {
+		in.FallbackEmail = *inv.CustomerEmail
+	}
+	return s.enqueueNotice(ctx, tx, in)
+}
+
+func nullString(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+func deref(p *string) string {
+	if p == nil {
+		return ""
+	}
+	return *p
+}

@@ -1,0 +1,246 @@
+package billing
+
+import (
+	"cmp"
+	"slices"
+	"time"
+)
+
+// Stripe subscription statuses. Status is stored as Stripe's text; a status not listed here (a
+// future one) is kept as it comes, is never entitled and never on hold.
+const (
+	StatusIncomplete        = "incomplete"
+	StatusIncompleteExpired = "incomplete_expired"
+	StatusTrialing          = "trialing"
+	StatusActive            = "active"
+	StatusPastDue           = "past_due"
+	StatusCanceled          = "canceled"
+	StatusUnpaid            = "unpaid"
+	StatusPaused            = "paused"
+
+	// StatusNone is the entitlement status of a known user without any subscription.
+	StatusNone = "none"
+)
+
+// Hold reasons.
+const (
+	HoldPaymentFailed = "payment_failed"
+	HoldPastDue       = "past_due"
+	HoldUnpaid        = "unpaid"
+)
+
+// IsTerminal reports whether a status is final: Stripe never moves a subscription out of it, so
+// no event, older or newer, may either.
+func IsTerminal(status string) bool {
+	return status == StatusCanceled || status == StatusIncompleteExpired
+}
+
+// statusTieRank orders statuses along Stripe's lifecycle. It breaks ties between subscription
+// events created in the same second (Stripe's clock has one-second precision): the later stage
+// of the lifecycle wins, e.g. incomplete→active at creation or active→past_due at renewal, and
+// terminal states beat everything. Unknown statuses rank lowest.
+func statusTieRank(status string) int {
+	switch status {
+	case StatusIncomplete:
+		return 1
+	case StatusTrialing:
+		return 2
+	case StatusActive:
+		return 3
+	case StatusPastDue:
+		return 4
+	case StatusUnpaid:
+		return 5
+	case StatusPaused:
+		return 6
+	case StatusCanceled, StatusIncompleteExpired:
+		return 9
+	}
+	return 0
+}
+
+// Subscription is one subscription as stored locally (both column groups).
+type Subscription struct {
+	SubscriptionID     string     `gorm:"column:subscription_id"`
+	StripeCustomerID   string     `gorm:"column:stripe_customer_id"`
+	Livemode           bool       `gorm:"column:livemode"`
+	Status             string     `gorm:"column:status"`
+	PriceID            *string    `gorm:"column:price_id"`
+	CurrentPeriodStart *time.Time `gorm:"column:current_period_start"`
+	CurrentPeriodEnd   *time.Time `gorm:"column:current_period_end"`
+	CancelAtPeriodEnd  bool       `gorm:"column:cancel_at_period_end"`
+	CancelAt           *time.Time `gorm:"column:cancel_at"`
+	CanceledAt         *time.Time `gorm:"column:canceled_at"`
+	EndedAt            *time.Time `gorm:"column:ended_at"`
+	TrialStart         *time.Time `gorm:"column:trial_start"`
+	TrialEnd           *time.Time `gorm:"column:trial_end"`
+	StatusSince        *time.Time `gorm:"column:status_since"`
+	SubEventID         *string    `gorm:"column:sub_event_id"`
+	SubEventCreated    *time.Time `gorm:"column:sub_event_created"`
+	TrialWillEndAt     *time.Time `gorm:"column:trial_will_end_at"`
+
+	PaymentHold        bool       `gorm:"column:payment_hold"`
+	PaymentHoldSince   *time.Time `gorm:"column:payment_hold_since"`
+	LatestInvoiceID    *string    `gorm:"column:latest_invoice_id"`
+	AttemptCount       *int64     `gorm:"column:attempt_count"`
+	NextPaymentAttempt *time.Time `gorm:"column:next_payment_attempt"`
+	AmountDue          *int64     `gorm:"column:amount_due"`
+	Currency           *string    `gorm:"column:currency"`
+	HostedInvoiceURL   *string    `gorm:"column:hosted_invoice_url"`
+	InvEventCreated    *time.Time `gorm:"column:inv_event_created"`
+
+	// UserID is joined from customers at read time; nil while the customer is not linked.
+	UserID *string `gorm:"column:user_id"`
+}
+
+// paymentHoldInForce reports whether the invoice-driven hold still holds. A payment hold is lifted
+// by a newer invoice.payment_succeeded (written by the invoice guard), and also, at read time, by a
+// subscription snapshot that is strictly newer than the last invoice event and says the
+// subscription is in good standing again (active/trialing): Stripe does that when the failed
+// invoice is voided or paid out of band, cases that send no payment_succeeded. Computing it here
+// keeps subscription events from ever writing the hold columns.
+func (s *Subscription) paymentHoldInForce() bool {
+	if !s.PaymentHold {
+		return false
+	}
+	if (s.Status == StatusActive || s.Status == StatusTrialing) &&
+		s.SubEventCreated != nil && s.InvEventCreated != nil && s.SubEventCreated.After(*s.InvEventCreated) {
+		return false
+	}
+	return true
+}
+
+// Hold is the subscription's hold now: its reason and since when, ok false when none. A terminal
+// subscription is never on hold (nothing is left to pay for). Precedence of reasons when several
+// apply: unpaid (Stripe gave up retrying) > payment_failed (carries the invoice details) > past_due.
+// Since is the earliest start among the applicable causes.
+func (s *Subscription) Hold() (reason string, since *time.Time, ok bool) {
+	if IsTerminal(s.Status) {
+		return "", nil, false
+	}
+	payment := s.paymentHoldInForce()
+	statusHold := s.Status == StatusPastDue || s.Status == StatusUnpaid
+	switch {
+	case s.Status == StatusUnpaid:
+		reason = HoldUnpaid
+	case payment:
+		reason = HoldPaymentFailed
+	case statusHold:
+		reason = HoldPastDue
+	default:
+		return "", nil, false
+	}
+	if payment {
+		since = s.PaymentHoldSince
+	}
+	if statusHold && s.StatusSince != nil && (since == nil || s.StatusSince.Before(*since)) {
+		since = s.StatusSince
+	}
+	return reason, since, true
+}
+
+// Policy is the entitlement policy: the one place that says who gets access.
+type Policy struct {
+	// PastDueEntitled keeps access while Stripe retries a failed payment (policy.past_due_entitled).
+	PastDueEntitled bool
+}
+
+// Entitled reports whether one subscription grants access at now:
+//   - trialing and active: yes;
+//   - past_due: yes unless PastDueEntitled is off;
+//   - unpaid, canceled, incomplete, incomplete_expired, paused, and any unknown status: no;
+//   - cancel_at_period_end: as above until the current period ends, then no, even if the
+//     cancellation event has not arrived yet.
+func (p Policy) Entitled(s *Subscription, now time.Time) bool {
+	var ok bool
+	switch s.Status {
+	case StatusTrialing, StatusActive:
+		ok = true
+	case StatusPastDue:
+		ok = p.PastDueEntitled
+	}
+	if ok && s.CancelAtPeriodEnd && s.CurrentPeriodEnd != nil && !now.Before(*s.CurrentPeriodEnd) {
+		ok = false
+	}
+	return ok
+}
+
+// statusPreference orders statuses for picking the subscription to report when none (or
+// several) are entitled: the one in the best standing first.
+func statusPreference(status string) int {
+	switch status {
+	case StatusActive:
+		return 0
+	case StatusTrialing:
+		return 1
+	case StatusPastDue:
+		return 2
+	case StatusPaused:
+		return 3
+	case StatusUnpaid:
+		return 4
+	case StatusIncomplete:
+		return 5
+	case StatusCanceled:
+		return 6
+	case StatusIncompleteExpired:
+		return 7
+	}
+	return 8
+}
+
+// Best returns the subscription an entitlement reports: entitled ones first, then by status
+// preference, then the latest current period end, then the latest status change, then by id
+// (so the answer is deterministic). Nil when subs is empty.
+func (p Policy) Best(subs []Subscription, now time.Time) *Subscription {
+	if len(subs) == 0 {
+		return nil
+	}
+	sorted := slices.Clone(subs)
+	slices.SortStableFunc(sorted, func(a, b Subscription) int {
+		ea, eb := p.Entitled(&a, now), p.Entitled(&b, now)
+		if ea != eb {
+			if ea {
+				return -1
+			}
+			return 1
+		}
+		if c := cmp.Compare(statusPreference(a.Status), statusPreference(b.Status)); c != 0 {
+			return c
+		}
+		if c := compareTimeDesc(a.CurrentPeriodEnd, b.CurrentPeriodEnd); c != 0 {
+			return c
+		}
+		if c := compareTimeDesc(a.StatusSince, b.StatusSince); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.SubscriptionID, b.SubscriptionID)
+	})
+	return &sorted[0]
+}
+
+// compareTimeDesc orders later times first and nil last.
+func compareTimeDesc(a, b *time.Time) int {
+	switch {
+	case a == nil && b == nil:
+		return 0
+	case a == nil:
+		return 1
+	case b == nil:
+		return -1
+	}
+	return b.Compare(*a)
+}
+
+// compareTimeAsc orders earlier times first and nil last.
+func compareTimeAsc(a, b *time.Time) int {
+	switch {
+	case a == nil && b == nil:
+		return 0
+	case a == nil:
+		return 1
+	case b == nil:
+		return -1
+	}
+	return a.Compare(*b)
+}

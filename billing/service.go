@@ -1,0 +1,143 @@
+// Package billing keeps the local mirror of Stripe subscriptions and everything derived from
+// it: the subscription state machine driven by webhook events, payment holds, the entitlement
+// policy and its API, the admin holds page, and the customer notices (trial ending, payment
+// failed) sent by a River job.
+package billing
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"gorm.io/gorm"
+
+	"billing/internal/jobs"
+	"billing/webhooks"
+)
+
+// The six event types the service handles.
+const (
+	EventSubscriptionCreated      = "customer.subscription.created"
+	EventSubscriptionUpdated      = "customer.subscription.updated"
+	EventSubscriptionDeleted      = "customer.subscription.deleted"
+	EventSubscriptionTrialWillEnd = "customer.subscription.trial_will_end"
+	EventInvoicePaymentFailed     = "invoice.payment_failed"
+	EventInvoicePaymentSucceeded  = "invoice.payment_succeeded"
+)
+
+// DeadLetterView is a dead-lettered webhook event as the admin page shows it.
+// Its fields are those of webhooks.DeadLetter in the same order, so main can convert one into
+// the other with a plain conversion: billing.DeadLetterView(d).
+type DeadLetterView struct {
+	EventID   string
+	Type      string
+	Livemode  bool
+	Attempts  int
+	LastError string
+	DeadAt    time.Time
+}
+
+// DeadLetterSource lists dead-lettered events, newest first (the webhooks inbox, adapted by main).
+type DeadLetterSource interface {
+	DeadLetters(ctx context.Context, limit int) ([]DeadLetterView, error)
+}
+
+// Deps are what the service needs from main.
+type Deps struct {
+	DB     *gorm.DB
+	Jobs   jobs.Inserter
+	Logger *slog.Logger
+	// Now is the clock of entitlement decisions (cancel at period end); time.Now when nil.
+	Now             func() time.Time
+	PastDueEntitled bool
+	// DeadLetters feeds the admin page; the section says "not available" when nil.
+	DeadLetters DeadLetterSource
+	// Registerer receives the service's metrics; optional.
+	Registerer prometheus.Registerer
+}
+
+// Service is the billing domain: event handlers, entitlement reads and the admin views.
+type Service struct {
+	db          *gorm.DB
+	jobs        jobs.Inserter
+	log         *slog.Logger
+	now         func() time.Time
+	policy      Policy
+	deadLetters DeadLetterSource
+	pages       *pages
+
+	events  *prometheus.CounterVec
+	notices *prometheus.CounterVec
+}
+
+// New builds the service. It panics on a wiring bug (no database, templates that do not parse).
+func New(d Deps) *Service {
+	if d.DB == nil {
+		panic("billing: Deps.DB is nil")
+	}
+	if d.Logger == nil {
+		d.Logger = slog.New(slog.DiscardHandler)
+	}
+	if d.Now == nil {
+		d.Now = time.Now
+	}
+	s := &Service{
+		db:          d.DB,
+		jobs:        d.Jobs,
+		log:         d.Logger.With("component", "billing"),
+		now:         d.Now,
+		policy:      Policy{PastDueEntitled: d.PastDueEntitled},
+		deadLetters: d.DeadLetters,
+		pages:       mustParsePages(),
+		events: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "billing_subscription_events_total",
+			Help: "Subscription and invoice events handled, by type and outcome (applied, stale, terminal, one_off). Counted per attempt: a rolled-back attempt counts too.",
+		}, []string{"type", "outcome"}),
+		notices: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "billing_notices_enqueued_total",
+			Help: "Customer notices enqueued, by kind. Counted per attempt: a rolled-back attempt counts too.",
+		}, []string{"kind"}),
+	}
+	if d.Registerer != nil {
+		d.Registerer.MustRegister(s.events, s.notices)
+	}
+	return s
+}
+
+// Register registers the handlers of the six event types.
+func (s *Service) Register(reg *webhooks.Registry) {
+	subs := webhooks.HandlerFunc(s.handleSubscriptionEvent)
+	invoices := webhooks.HandlerFunc(s.handleInvoiceEvent)
+	reg.Register(EventSubscriptionCreated, subs)
+	reg.Register(EventSubscriptionUpdated, subs)
+	reg.Register(EventSubscriptionDeleted, subs)
+	reg.Register(EventSubscriptionTrialWillEnd, subs)
+	reg.Register(EventInvoicePaymentFailed, invoices)
+	reg.Register(EventInvoicePaymentSucceeded, invoices)
+}
+
+// CustomerSubscriptionStatus returns the local status of a subscription of a Stripe customer;
+// found is false when the subscription is unknown or belongs to another customer.
+func (s *Service) CustomerSubscriptionStatus(ctx context.Context, stripeCustomerID, subscriptionID string) (status string, found bool, err error) {
+	var rows []string
+	err = s.db.WithContext(ctx).Raw(
+		`SELECT status FROM subscriptions WHERE subscription_id = ? AND stripe_customer_id = ?`,
+		subscriptionID, stripeCustomerID).Scan(&rows).Error
+	if err != nil {
+		return "", false, fmt.Errorf("load subscription %s: %w", subscriptionID, err)
+	}
+	if len(rows) == 0 {
+		return "", false, nil
+	}
+	return rows[0], true, nil
+}
+
+// permanent marks a malformed event: retrying cannot fix it.
+func permanent(format string, args ...any) error {
+	return webhooks.Permanent(fmt.Errorf(format, args...))
+}
+
+var errNoInserter = errors.New("billing: no job inserter configured")

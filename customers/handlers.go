@@ -1,0 +1,236 @@
+package customers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/labstack/echo/v4"
+	"github.com/stripe/stripe-go/v79"
+	"github.com/stripe/stripe-go/v79/client"
+	"gorm.io/gorm"
+
+	"billing/internal/apierr"
+	"billing/internal/database"
+	"billing/internal/httpserver"
+)
+
+// keyWindow is how long we trust Stripe to still remember an idempotency key. Stripe keeps keys
+// for at least 24 hours after their first use; the link row is written before that first use, so
+// its age bounds the key's age from above, and the hour of margin covers clock skew and the
+// duration of the call itself.
+const keyWindow = 23 * time.Hour
+
+// Deps are what the customers endpoint needs from main.
+type Deps struct {
+	DB       *gorm.DB
+	Stripe   *client.API
+	Livemode bool
+	Logger   *slog.Logger
+	Now      func() time.Time
+}
+
+// Handlers serves PUT /v1/customers/{user_id}.
+type Handlers struct {
+	db       *gorm.DB
+	stripe   *client.API
+	livemode bool
+	log      *slog.Logger
+	now      func() time.Time
+}
+
+// NewHandlers returns the customers endpoint. Logger and Now default to a discarding logger and
+// time.Now.
+func NewHandlers(d Deps) *Handlers {
+	h := &Handlers{db: d.DB, stripe: d.Stripe, livemode: d.Livemode, log: d.Logger, now: d.Now}
+	if h.log == nil {
+		h.log = slog.New(slog.DiscardHandler)
+	}
+	if h.now == nil {
+		h.now = time.Now
+	}
+	h.log = h.log.With("component", "customers")
+	return h
+}
+
+// Mount adds the routes to v1, the /v1 group behind the app backend's authentication.
+func (h *Handlers) Mount(v1 *echo.Group) {
+	v1.PUT("/customers/:user_id", h.put)
+}
+
+type putRequest struct {
+	Email string `json:"email"`
+	Name  string `json:"name"`
+}
+
+type customerResponse struct {
+	UserID           string `json:"user_id"`
+	StripeCustomerID string `json:"stripe_customer_id"`
+	Livemode         bool   `json:"livemode"`
+}
+
+func (h *Handlers) put(c echo.Context) error {
+	userID := c.Param("user_id")
+	if err := CheckUserID(userID); err != nil {
+		return err
+	}
+	var req putRequest
+	if err := httpserver.DecodeJSON(c, &req, false); err != nil {
+		return err
+	}
+	if err := checkEmail(req.Email); err != nil {
+		return err
+	}
+	if err := checkName(req.Name); err != nil {
+		return err
+	}
+	// Once the link is being made, finish recording it even if the client goes away: Stripe may
+	// already have created the customer.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request().Context()), 2*time.Minute)
+	defer cancel()
+	cust, created, err := h.Ensure(ctx, userID, req.Email, req.Name)
+	if err != nil {
+		return err
+	}
+	status := http.StatusOK
+	if created {
+		status = http.StatusCreated
+	}
+	return c.JSON(status, customerResponse{UserID: cust.UserID, StripeCustomerID: cust.StripeID(), Livemode: cust.Livemode})
+}
+
+// Ensure links userID to a Stripe customer, creating it on first use, and brings email and name
+// up to date locally and on Stripe. created reports whether this call made the link. Errors are
+// *apierr.Error values.
+//
+// The row is inserted (committed) before Stripe is called, and the Stripe customer is created
+// with the first request's email and name under the key customer-{user_id}: a retry after a crash
+// sends the very same parameters with the same key, so Stripe answers with the customer it
+// already made. Concurrent calls for one user queue on the row lock, held across the Stripe call
+// (it is per user, and the call is short).
+func (h *Handlers) Ensure(ctx context.Context, userID, email, name string) (*Customer, bool, error) {
+	now := h.now().UTC()
+	err := h.db.WithContext(ctx).Exec(`
+		INSERT INTO customers (user_id, email, name, livemode, created_at, updated_at)
+		VALUES (?, ?, ?, ?, ?, ?)
+		ON CONFLICT (user_id) DO NOTHING`,
+		userID, email, name, h.livemode, now, now).Error
+	if err != nil {
+		return nil, false, dbError(err, "insert customer link")
+	}
+
+	var (
+		cust      Customer
+		created   bool
+		updateErr error
+	)
+	err = h.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		res := tx.Raw(`SELECT * FROM customers WHERE user_id = ? FOR UPDATE`, userID).Scan(&cust)
+		if res.Error != nil {
+			return dbError(res.Error, "lock customer link")
+		}
+		if res.RowsAffected == 0 {
+			return apierr.Internal(fmt.Errorf("customer link of user %q vanished after insert", userID))
+		}
+		if cust.StripeCustomerID == nil {
+			id, err := h.findOrCreate(ctx, &cust)
+			if err != nil {
+				return err
+			}
+			if err := tx.Exec(`UPDATE customers SET stripe_customer_id = ?, updated_at = ? WHERE user_id = ?`,
+				id, h.now().UTC(), userID).Error; err != nil {
+				return dbError(err, "store Stripe customer id")
+			}
+			cust.StripeCustomerID = &id
+			created = true
+			h.log.InfoContext(ctx, "stripe customer linked", "user_id", userID, "stripe_customer_id", id)
+		}
+		if cust.Email != email || cust.Name != name {
+			// Stripe first: if the local update then fails, the next PUT sees the difference
+			// again and repeats the (idempotent) update.
+			params := &stripe.CustomerParams{Email: stripe.String(email), Name: stripe.String(name)}
+			params.Context = ctx
+			if _, err := h.stripe.Customers.Update(cust.StripeID(), params); err != nil {
+				// Commit a link made above all the same: it is the expensive part to redo.
+				updateErr = stripeFailure(err, "update the customer")
+				return nil
+			}
+			if err := tx.Exec(`UPDATE customers SET email = ?, name = ?, updated_at = ? WHERE user_id = ?`,
+				email, name, h.now().UTC(), userID).Error; err != nil {
+				return dbError(err, "update customer")
+			}
+			cust.Email, cust.Name = email, name
+		}
+		return nil
+	})
+	if err == nil {
+		err = updateErr
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	return &cust, created, nil
+}
+
+// findOrCreate returns the Stripe customer of a link row that has none yet.
+func (h *Handlers) findOrCreate(ctx context.Context, cust *Customer) (string, error) {
+	if h.now().Sub(cust.CreatedAt) >= keyWindow {
+		// Stripe may have forgotten the key of an attempt made more than a day ago, so a create
+		// could make a second customer: look for the one such an attempt would have made. Search
+		// lags writes by up to a minute, but an attempt made within that minute used the same
+		// key, which Stripe still remembers.
+		params := &stripe.CustomerSearchParams{SearchParams: stripe.SearchParams{
+			Context: ctx,
+			Query:   fmt.Sprintf("metadata['user_id']:'%s'", cust.UserID),
+		}}
+		it := h.stripe.Customers.Search(params)
+		for it.Next() {
+			if sc := it.Customer(); sc.Metadata["user_id"] == cust.UserID && !sc.Deleted {
+				h.log.InfoContext(ctx, "stripe customer found by search", "user_id", cust.UserID, "stripe_customer_id", sc.ID)
+				return sc.ID, nil
+			}
+		}
+		if err := it.Err(); err != nil {
+			return "", stripeFailure(err, "search for the customer")
+		}
+	}
+	params := &stripe.CustomerParams{
+		Email:    stripe.String(cust.Email),
+		Metadata: map[string]string{"user_id": cust.UserID},
+	}
+	if cust.Name != "" {
+		params.Name = stripe.String(cust.Name)
+	}
+	params.Context = ctx
+	params.SetIdempotencyKey("customer-" + cust.UserID)
+	sc, err := h.stripe.Customers.New(params)
+	if err != nil {
+		return "", stripeFailure(err, "create the customer")
+	}
+	return sc.ID, nil
+}
+
+func dbError(err error, what string) error {
+	if err == nil {
+		return nil
+	}
+	if database.IsUnavailable(err) {
+		return apierr.Wrap(fmt.Errorf("%s: %w", what, err), apierr.CodeDatabaseDown, "database unavailable")
+	}
+	return apierr.Internal(fmt.Errorf("%s: %w", what, err))
+}
+
+// stripeFailure maps a failed Stripe call: outages (network, 5xx, 429, 409 key-in-use) are a 503
+// to retry with the same request; anything else Stripe refused is a 502.
+func stripeFailure(err error, what string) error {
+	var se *stripe.Error
+	if errors.As(err, &se) && se.HTTPStatusCode > 0 && se.HTTPStatusCode < 500 && se.HTTPStatusCode != http.StatusTooManyRequests &&
+		se.HTTPStatusCode != http.StatusConflict {
+		return apierr.Wrap(fmt.Errorf("%s: %w", what, err), apierr.CodeStripeError, "Stripe refused to %s", what)
+	}
+	return apierr.Wrap(fmt.Errorf("%s: %w", what, err), apierr.CodeStripeUnavailable,
+		"Stripe could not be reached to %s; retry the same request", what)
+}

@@ -1,0 +1,503 @@
+// Package stripetest is a test double at the HTTP boundary to Stripe: a proxy in front of
+// stripe-mock that records every request and adds the parts of Stripe that a stateless mock
+// lacks and that our idempotency guarantees depend on:
+//
+//   - idempotency keys: the same key with the same parameters replays the stored answer (header
+//     Idempotent-Replayed: true) without executing again; the same key with other parameters is
+//     a 400 idempotency_error; a key in use by a request still in flight is a 409;
+//   - distinct ids for created objects, and metadata reflected into them;
+//   - a confirmed PaymentIntent that succeeds (stripe-mock leaves it requires_payment_method);
+//   - search (customers, payment_intents, by metadata) and the refunds list by payment_intent,
+//     answered from the objects created through the proxy;
+//   - faults: 500s and dropped connections before the request reaches "Stripe", and dropped
+//     connections after it executed (the answer is lost, the key remembered);
+//   - canned answers (card errors) and edits of stripe-mock's answers (requires_action).
+//
+// Everything a test sets up applies to "the next n requests" of a method and path, in order.
+package stripetest
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// Fault is a failure the proxy injects instead of or after executing a request.
+type Fault int
+
+const (
+	FaultNone Fault = iota
+	// Fault500 answers 500 api_error; the request never reaches Stripe.
+	Fault500
+	// FaultDrop closes the connection without an answer; the request never reaches Stripe.
+	FaultDrop
+	// FaultDropAfter executes the request (the object exists, the key is stored) and then closes
+	// the connection: the caller never learns the answer.
+	FaultDropAfter
+)
+
+// Request is one request the proxy received.
+type Request struct {
+	Method         string
+	Path           string
+	Query          url.Values
+	Form           url.Values
+	IdempotencyKey string
+	StripeVersion  string
+	// Executed: "Stripe" acted on it (not faulted before, not replayed, not refused by the key
+	// layer). Replayed: answered from the stored answer of its key.
+	Executed bool
+	Replayed bool
+	Fault    Fault
+	// Status is the HTTP status answered (0 for a dropped connection).
+	Status int
+}
+
+// Answer is a canned response.
+type Answer struct {
+	Status int
+	Body   any
+}
+
+type rule struct {
+	method, path string
+	remaining    int // < 0: forever
+	fault        Fault
+	respond      func(Request) Answer
+	mutate       func(Request, map[string]any)
+	gate         *gate
+}
+
+type gate struct {
+	arrived chan struct{}
+	release chan struct{}
+}
+
+type keyEntry struct {
+	fingerprint string
+	done        bool
+	status      int
+	body        []byte
+}
+
+// Proxy is the test double. Its zero value is not usable; call New.
+type Proxy struct {
+	// URL is the base URL to give the Stripe client.
+	URL string
+
+	upstream string
+	client   *http.Client
+
+	mu      sync.Mutex
+	reqs    []Request
+	keys    map[string]*keyEntry
+	rules   []*rule
+	seq     int
+	objects map[string][]map[string]any // created objects by collection path
+}
+
+// New starts a proxy in front of upstreamURL (stripe-mock) and stops it when the test ends.
+func New(t testing.TB, upstreamURL string) *Proxy {
+	t.Helper()
+	p := &Proxy{
+		upstream: strings.TrimRight(upstreamURL, "/"),
+		client:   &http.Client{},
+		keys:     map[string]*keyEntry{},
+		objects:  map[string][]map[string]any{},
+	}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(p.serve))
+	// One connection per request: Go's transport silently resends a request that carries an
+	// Idempotency-Key when a reused connection drops, which would make injected faults
+	// disappear in a way that depends on connection reuse.
+	srv.Config.SetKeepAlivesEnabled(false)
+	srv.Start()
+	t.Cleanup(srv.Close)
+	p.URL = srv.URL
+	return p
+}
+
+// collections whose POST creates an object (the only ones the service creates).
+var collections = map[string]bool{
+	"/v1/customers": true, "/v1/payment_intents": true, "/v1/refunds": true,
+	"/v1/billing_portal/sessions": true,
+}
+
+// InjectFault makes the next times requests to method and path fail with f.
+func (p *Proxy) InjectFault(method, path string, f Fault, times int) {
+	p.addRule(&rule{method: method, path: path, remaining: times, fault: f})
+}
+
+// Respond replaces Stripe's answer to the next times requests to method and path (times < 0:
+// all). The answer is stored under the request's idempotency key like a real one.
+func (p *Proxy) Respond(method, path string, times int, fn func(Request) Answer) {
+	p.addRule(&rule{method: method, path: path, remaining: times, respond: fn})
+}
+
+// Mutate edits the JSON object that stripe-mock answers to the next times requests to method
+// and path (times < 0: all), before it is stored and sent.
+func (p *Proxy) Mutate(method, path string, times int, fn func(Request, map[string]any)) {
+	p.addRule(&rule{method: method, path: path, remaining: times, mutate: fn})
+}
+
+// CardError makes the next times creates at path answer 402 card_error with code and
+// declineCode; for /v1/payment_intents the error carries the failed PaymentIntent, as Stripe's does.
+func (p *Proxy) CardError(path, code, declineCode string, times int) {
+	p.Respond(http.MethodPost, path, times, func(r Request) Answer {
+		e := map[string]any{
+			"type": "card_error", "code": code, "message": "Your card was declined.",
+		}
+		if declineCode != "" {
+			e["decline_code"] = declineCode
+		}
+		if path == "/v1/payment_intents" {
+			pi := map[string]any{
+				"id": p.newID("pi_"), "object": "payment_intent", "status": "requires_payment_method",
+				"currency": r.Form.Get("currency"), "metadata": metadataOf(r.Form),
+			}
+			if n, err := strconv.ParseInt(r.Form.Get("amount"), 10, 64); err == nil {
+				pi["amount"] = n
+			}
+			if code == "authentication_required" {
+				pi["status"] = "requires_action"
+			}
+			e["payment_intent"] = pi
+		}
+		return Answer{Status: http.StatusPaymentRequired, Body: map[string]any{"error": e}}
+	})
+}
+
+// Gate holds the next request to method and path after it is recorded and before it is
+// executed. arrived is closed when it is held; it goes on when release is called.
+func (p *Proxy) Gate(method, path string) (arrived <-chan struct{}, release func()) {
+	g := &gate{arrived: make(chan struct{}), release: make(chan struct{})}
+	p.addRule(&rule{method: method, path: path, remaining: 1, gate: g})
+	var once sync.Once
+	return g.arrived, func() { once.Do(func() { close(g.release) }) }
+}
+
+// ForgetKeys drops every stored idempotency key, as Stripe does after 24 hours.
+func (p *Proxy) ForgetKeys() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.keys = map[string]*keyEntry{}
+}
+
+// Requests returns a copy of every request received so far, in arrival order.
+func (p *Proxy) Requests() []Request {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]Request(nil), p.reqs...)
+}
+
+// Filter returns the recorded requests to method and path.
+func (p *Proxy) Filter(method, path string) []Request {
+	var out []Request
+	for _, r := range p.Requests() {
+		if r.Method == method && r.Path == path {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// Executed counts the requests to method and path that Stripe acted on.
+func (p *Proxy) Executed(method, path string) int {
+	n := 0
+	for _, r := range p.Filter(method, path) {
+		if r.Executed {
+			n++
+		}
+	}
+	return n
+}
+
+func (p *Proxy) addRule(r *rule) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.rules = append(p.rules, r)
+}
+
+// take returns the first live rule of a kind for the request and uses one of its turns.
+func (p *Proxy) take(method, path string, kind func(*rule) bool) *rule {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, r := range p.rules {
+		if r.remaining != 0 && r.method == method && r.path == path && kind(r) {
+			if r.remaining > 0 {
+				r.remaining--
+			}
+			return r
+		}
+	}
+	return nil
+}
+
+func (p *Proxy) newID(prefix string) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.seq++
+	return fmt.Sprintf("%sproxy%06d", prefix, p.seq)
+}
+
+func (p *Proxy) record(r Request) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.reqs = append(p.reqs, r)
+}
+
+func (p *Proxy) serve(w http.ResponseWriter, hr *http.Request) {
+	body, _ := io.ReadAll(hr.Body)
+	form, _ := url.ParseQuery(string(body))
+	req := Request{
+		Method: hr.Method, Path: hr.URL.Path, Query: hr.URL.Query(), Form: form,
+		IdempotencyKey: hr.Header.Get("Idempotency-Key"), StripeVersion: hr.Header.Get("Stripe-Version"),
+	}
+	if g := p.take(req.Method, req.Path, func(r *rule) bool { return r.gate != nil }); g != nil {
+		close(g.gate.arrived)
+		<-g.gate.release
+	}
+
+	// Faults in front of Stripe.
+	if f := p.take(req.Method, req.Path, func(r *rule) bool { return r.fault != FaultNone }); f != nil {
+		req.Fault = f.fault
+		switch f.fault {
+		case Fault500:
+			req.Status = http.StatusInternalServerError
+			p.record(req)
+			writeJSON(w, http.StatusInternalServerError, map[string]any{"error": map[string]any{
+				"type": "api_error", "message": "injected internal error"}})
+			return
+		case FaultDrop:
+			p.record(req)
+			drop(w)
+			return
+		}
+	}
+
+	// Stripe's idempotency layer.
+	fp := fingerprint(req.Method, req.Path, body)
+	if req.IdempotencyKey != "" {
+		p.mu.Lock()
+		e, ok := p.keys[req.IdempotencyKey]
+		switch {
+		case ok && e.fingerprint != fp:
+			p.mu.Unlock()
+			req.Status = http.StatusBadRequest
+			p.record(req)
+			writeJSON(w, http.StatusBadRequest, map[string]any{"error": map[string]any{
+				"type":    "idempotency_error",
+				"message": "Keys for idempotent requests can only be used with the same parameters they were first used with.",
+			}})
+			return
+		case ok && !e.done:
+			p.mu.Unlock()
+			req.Status = http.StatusConflict
+			p.record(req)
+			writeJSON(w, http.StatusConflict, map[string]any{"error": map[string]any{
+				"type": "idempotency_error", "code": "idempotency_key_in_use",
+				"message": "There is currently another in-progress request using this Idempotent Key.",
+			}})
+			return
+		case ok:
+			p.mu.Unlock()
+			req.Replayed, req.Status = true, e.status
+			p.record(req)
+			if req.Fault == FaultDropAfter {
+				drop(w)
+				return
+			}
+			w.Header().Set("Idempotent-Replayed", "true")
+			writeRaw(w, e.status, e.body)
+			return
+		}
+		p.keys[req.IdempotencyKey] = &keyEntry{fingerprint: fp}
+		p.mu.Unlock()
+	}
+
+	status, out := p.execute(req, hr, body)
+	req.Executed, req.Status = true, status
+	if req.IdempotencyKey != "" {
+		p.mu.Lock()
+		if e := p.keys[req.IdempotencyKey]; e != nil {
+			e.done, e.status, e.body = true, status, out
+		}
+		p.mu.Unlock()
+	}
+	p.record(req)
+	if req.Fault == FaultDropAfter {
+		drop(w)
+		return
+	}
+	writeRaw(w, status, out)
+}
+
+var searchQuery = regexp.MustCompile(`^metadata\['([^']+)'\]:'([^']*)'$`)
+
+// execute is "Stripe": canned answers, local search and lists, else stripe-mock plus the edits.
+func (p *Proxy) execute(req Request, hr *http.Request, body []byte) (int, []byte) {
+	if r := p.take(req.Method, req.Path, func(r *rule) bool { return r.respond != nil }); r != nil {
+		a := r.respond(req)
+		b, _ := json.Marshal(a.Body)
+		return a.Status, b
+	}
+	if req.Method == http.MethodGet {
+		if coll, ok := strings.CutSuffix(req.Path, "/search"); ok && collections[coll] {
+			return p.search(coll, req.Query.Get("query"))
+		}
+		if req.Path == "/v1/refunds" && req.Query.Get("payment_intent") != "" {
+			return p.list("/v1/refunds", "payment_intent", req.Query.Get("payment_intent"))
+		}
+	}
+
+	up, err := http.NewRequest(req.Method, p.upstream+hr.URL.RequestURI(), bytes.NewReader(body))
+	if err != nil {
+		return http.StatusInternalServerError, []byte(`{"error":{"type":"api_error","message":"proxy: bad request"}}`)
+	}
+	for _, h := range []string{"Authorization", "Content-Type", "Stripe-Version", "Idempotency-Key"} {
+		if v := hr.Header.Get(h); v != "" {
+			up.Header.Set(h, v)
+		}
+	}
+	resp, err := p.client.Do(up)
+	if err != nil {
+		return http.StatusBadGateway, []byte(fmt.Sprintf(`{"error":{"type":"api_error","message":%q}}`, err.Error()))
+	}
+	defer resp.Body.Close()
+	out, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode >= 300 {
+		return resp.StatusCode, out
+	}
+	var obj map[string]any
+	if err := json.Unmarshal(out, &obj); err != nil {
+		return resp.StatusCode, out
+	}
+	create := req.Method == http.MethodPost && collections[req.Path]
+	if create {
+		prefix := "obj_"
+		if id, _ := obj["id"].(string); strings.Contains(id, "_") {
+			prefix = id[:strings.Index(id, "_")+1]
+		}
+		obj["id"] = p.newID(prefix)
+		if md := metadataOf(req.Form); len(md) > 0 {
+			obj["metadata"] = md
+		}
+		if req.Path == "/v1/payment_intents" && req.Form.Get("confirm") == "true" {
+			// A confirmed PaymentIntent on a working card succeeds.
+			obj["status"] = "succeeded"
+			obj["last_payment_error"] = nil
+			obj["next_action"] = nil
+			if pm := req.Form.Get("payment_method"); pm != "" {
+				obj["payment_method"] = pm
+			}
+		}
+	}
+	if r := p.take(req.Method, req.Path, func(r *rule) bool { return r.mutate != nil }); r != nil {
+		r.mutate(req, obj)
+	}
+	if create {
+		p.mu.Lock()
+		p.objects[req.Path] = append(p.objects[req.Path], obj)
+		p.mu.Unlock()
+	}
+	b, _ := json.Marshal(obj)
+	return resp.StatusCode, b
+}
+
+func (p *Proxy) search(coll, query string) (int, []byte) {
+	m := searchQuery.FindStringSubmatch(query)
+	if m == nil {
+		return http.StatusBadRequest, []byte(`{"error":{"type":"invalid_request_error","message":"proxy: unsupported search query"}}`)
+	}
+	data := p.matching(coll, func(o map[string]any) bool {
+		md, _ := o["metadata"].(map[string]any)
+		return md[m[1]] == m[2]
+	})
+	b, _ := json.Marshal(map[string]any{
+		"object": "search_result", "data": data, "has_more": false, "next_page": nil, "url": coll + "/search",
+	})
+	return http.StatusOK, b
+}
+
+func (p *Proxy) list(coll, field, value string) (int, []byte) {
+	data := p.matching(coll, func(o map[string]any) bool { return o[field] == value })
+	b, _ := json.Marshal(map[string]any{"object": "list", "data": data, "has_more": false, "url": coll})
+	return http.StatusOK, b
+}
+
+func (p *Proxy) matching(coll string, keep func(map[string]any) bool) []map[string]any {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	data := []map[string]any{}
+	for _, o := range p.objects[coll] {
+		if keep(o) {
+			data = append(data, o)
+		}
+	}
+	return data
+}
+
+// Objects returns the objects created through the proxy at a collection path.
+func (p *Proxy) Objects(coll string) []map[string]any {
+	return p.matching(coll, func(map[string]any) bool { return true })
+}
+
+func metadataOf(form url.Values) map[string]any {
+	md := map[string]any{}
+	for k, v := range form {
+		if name, ok := strings.CutPrefix(k, "metadata["); ok && strings.HasSuffix(name, "]") && len(v) > 0 {
+			md[strings.TrimSuffix(name, "]")] = v[0]
+		}
+	}
+	return md
+}
+
+// fingerprint identifies "the same parameters" for the key layer: method, path and the form,
+// order-insensitive.
+func fingerprint(method, path string, body []byte) string {
+	form, _ := url.ParseQuery(string(body))
+	keys := make([]string, 0, len(form))
+	for k := range form {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var b strings.Builder
+	b.WriteString(method + " " + path + "?")
+	for _, k := range keys {
+		for _, v := range form[k] {
+			b.WriteString(url.QueryEscape(k) + "=" + url.QueryEscape(v) + "&")
+		}
+	}
+	return b.String()
+}
+
+func drop(w http.ResponseWriter) {
+	if hj, ok := w.(http.Hijacker); ok {
+		if conn, _, err := hj.Hijack(); err == nil {
+			conn.Close()
+			return
+		}
+	}
+	panic(http.ErrAbortHandler)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, _ := json.Marshal(v)
+	writeRaw(w, status, b)
+}
+
+func writeRaw(w http.ResponseWriter, status int, b []byte) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Request-Id", "req_proxy")
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+}

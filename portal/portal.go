@@ -1,0 +1,200 @@
+// Package portal opens Stripe Customer Portal sessions: POST /v1/customers/{user_id}/portal-sessions
+// and the cancellation redirect POST /v1/customers/{user_id}/subscriptions/{subscription_id}/cancel.
+//
+// The service never cancels a subscription itself: the redirect sends the customer to Stripe's own
+// cancellation flow, and the outcome comes back as webhook events.
+package portal
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+
+	"github.com/labstack/echo/v4"
+	"github.com/stripe/stripe-go/v79"
+	"github.com/stripe/stripe-go/v79/client"
+	"gorm.io/gorm"
+
+	"billing/customers"
+	"billing/internal/apierr"
+	"billing/internal/database"
+	"billing/internal/httpserver"
+)
+
+// SubscriptionLookup reads the local mirror of subscriptions; billing implements it.
+type SubscriptionLookup interface {
+	// CustomerSubscriptionStatus returns the status of subscriptionID when it belongs to stripeCustomerID; found=false otherwise.
+	CustomerSubscriptionStatus(ctx context.Context, stripeCustomerID, subscriptionID string) (status string, found bool, err error)
+}
+
+// Deps are what the portal endpoints need from main.
+type Deps struct {
+	DB            *gorm.DB
+	Stripe        *client.API
+	Subscriptions SubscriptionLookup
+	// DefaultReturnURL is config portal.return_url: where Stripe sends the customer back.
+	DefaultReturnURL string
+	Logger           *slog.Logger
+}
+
+// Service serves the portal endpoints.
+type Service struct {
+	db        *gorm.DB
+	stripe    *client.API
+	subs      SubscriptionLookup
+	returnURL string
+	log       *slog.Logger
+}
+
+// New returns the portal service. Logger defaults to a discarding logger.
+func New(d Deps) *Service {
+	s := &Service{db: d.DB, stripe: d.Stripe, subs: d.Subscriptions, returnURL: d.DefaultReturnURL, log: d.Logger}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	s.log = s.log.With("component", "portal")
+	return s
+}
+
+// Mount adds the routes to v1, the /v1 group behind the app backend's authentication.
+func (s *Service) Mount(v1 *echo.Group) {
+	v1.POST("/customers/:user_id/portal-sessions", s.postSession)
+	v1.POST("/customers/:user_id/subscriptions/:subscription_id/cancel", s.postCancel)
+}
+
+type sessionRequest struct {
+	ReturnURL *string `json:"return_url"`
+}
+
+type sessionResponse struct {
+	URL string `json:"url"`
+}
+
+func (s *Service) postSession(c echo.Context) error {
+	userID := c.Param("user_id")
+	if err := customers.CheckUserID(userID); err != nil {
+		return err
+	}
+	var req sessionRequest
+	if err := httpserver.DecodeJSON(c, &req, true); err != nil {
+		return err
+	}
+	returnURL := s.returnURL
+	if req.ReturnURL != nil {
+		if err := checkReturnURL(*req.ReturnURL); err != nil {
+			return err
+		}
+		returnURL = *req.ReturnURL
+	}
+	ctx := c.Request().Context()
+	cust, err := s.customer(ctx, userID)
+	if err != nil {
+		return err
+	}
+	params := &stripe.BillingPortalSessionParams{Customer: stripe.String(cust.StripeID())}
+	if returnURL != "" {
+		params.ReturnURL = stripe.String(returnURL)
+	}
+	// No idempotency key of ours: a second session is harmless (it expires unused), and a
+	// fixed key would hand a repeat an already-used session URL. stripe-go still sends one
+	// random key per call, so its own retries of this call do not open two.
+	params.Context = ctx
+	sess, err := s.stripe.BillingPortalSessions.New(params)
+	if err != nil {
+		return stripeFailure(err, "open a portal session")
+	}
+	s.log.InfoContext(ctx, "portal session opened", "user_id", userID, "stripe_customer_id", cust.StripeID())
+	return c.JSON(http.StatusCreated, sessionResponse{URL: sess.URL})
+}
+
+func (s *Service) postCancel(c echo.Context) error {
+	userID, subID := c.Param("user_id"), c.Param("subscription_id")
+	if err := customers.CheckUserID(userID); err != nil {
+		return err
+	}
+	if !customers.ValidID(subID) {
+		return apierr.New(apierr.CodeInvalidSubscriptionID, "subscription_id must be 1 to 100 characters of A-Z, a-z, 0-9, _ and -")
+	}
+	ctx := c.Request().Context()
+	cust, err := s.customer(ctx, userID)
+	if err != nil {
+		return err
+	}
+	status, found, err := s.subs.CustomerSubscriptionStatus(ctx, cust.StripeID(), subID)
+	if err != nil {
+		return dbError(err, "look up subscription")
+	}
+	if !found {
+		// The same answer whether the subscription does not exist or is someone else's.
+		return apierr.New(apierr.CodeNotFound, "user %s has no subscription %s", userID, subID).With("subscription_id", subID)
+	}
+	if status == string(stripe.SubscriptionStatusCanceled) || status == string(stripe.SubscriptionStatusIncompleteExpired) {
+		return apierr.New(apierr.CodeAlreadyCanceled, "subscription %s is already %s", subID, status).
+			With("subscription_id", subID).With("status", status)
+	}
+	flow := &stripe.BillingPortalSessionFlowDataParams{
+		Type: stripe.String("subscription_cancel"),
+		SubscriptionCancel: &stripe.BillingPortalSessionFlowDataSubscriptionCancelParams{
+			Subscription: stripe.String(subID),
+		},
+	}
+	params := &stripe.BillingPortalSessionParams{Customer: stripe.String(cust.StripeID()), FlowData: flow}
+	if s.returnURL != "" {
+		params.ReturnURL = stripe.String(s.returnURL)
+		flow.AfterCompletion = &stripe.BillingPortalSessionFlowDataAfterCompletionParams{
+			Type:     stripe.String("redirect"),
+			Redirect: &stripe.BillingPortalSessionFlowDataAfterCompletionRedirectParams{ReturnURL: stripe.String(s.returnURL)},
+		}
+	}
+	// Without a configured return URL the portal shows its own confirmation page after the flow
+	// (Stripe requires a URL for the redirect).
+	params.Context = ctx
+	sess, err := s.stripe.BillingPortalSessions.New(params)
+	if err != nil {
+		return stripeFailure(err, "open the cancellation flow")
+	}
+	s.log.InfoContext(ctx, "cancellation flow opened", "user_id", userID, "subscription_id", subID)
+	return c.Redirect(http.StatusSeeOther, sess.URL)
+}
+
+func (s *Service) customer(ctx context.Context, userID string) (*customers.Customer, error) {
+	cust, err := customers.Get(ctx, s.db, userID)
+	if errors.Is(err, customers.ErrNotFound) {
+		return nil, apierr.New(apierr.CodeNoCustomer, "user %s has no Stripe customer", userID)
+	}
+	if err != nil {
+		return nil, dbError(err, "load customer")
+	}
+	return cust, nil
+}
+
+func checkReturnURL(raw string) error {
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || len(raw) > 2048 {
+		return apierr.New(apierr.CodeInvalidURL, "return_url must be an absolute http or https URL")
+	}
+	return nil
+}
+
+func dbError(err error, what string) error {
+	if err == nil {
+		return nil
+	}
+	if database.IsUnavailable(err) {
+		return apierr.Wrap(fmt.Errorf("%s: %w", what, err), apierr.CodeDatabaseDown, "database unavailable")
+	}
+	return apierr.Internal(fmt.Errorf("%s: %w", what, err))
+}
+
+// stripeFailure maps a failed Stripe call: outages are a 503 to retry; refusals a 502.
+func stripeFailure(err error, what string) error {
+	var se *stripe.Error
+	if errors.As(err, &se) && se.HTTPStatusCode > 0 && se.HTTPStatusCode < 500 &&
+		se.HTTPStatusCode != http.StatusTooManyRequests && se.HTTPStatusCode != http.StatusConflict {
+		return apierr.Wrap(fmt.Errorf("%s: %w", what, err), apierr.CodeStripeError, "Stripe refused to %s", what)
+	}
+	return apierr.Wrap(fmt.Errorf("%s: %w", what, err), apierr.CodeStripeUnavailable, "Stripe could not be reached to %s", what)
+}
