@@ -57,6 +57,9 @@ type Config struct {
 	Worker struct {
 		MaxAttempts int
 		RetryDelay  time.Duration
+		// RescueAfter is how long a job may stay running (its process died) before another
+		// worker runs it again.
+		RescueAfter time.Duration
 	}
 	Policy struct {
 		PastDueEntitled bool
@@ -106,6 +109,7 @@ var defaults = map[string]string{
 	"portal.return_url":           "",
 	"worker.max_attempts":         "3",
 	"worker.retry_delay":          "30s",
+	"worker.rescue_after":         "1m",
 	"policy.past_due_entitled":    "true",
 	"mail.smtp_url":               "",
 	"mail.from":                   "",
@@ -152,6 +156,7 @@ func Load(path string) (*Config, error) {
 	c.Portal.ReturnURL = l.str("portal.return_url")
 	c.Worker.MaxAttempts = l.integer("worker.max_attempts")
 	c.Worker.RetryDelay = l.duration("worker.retry_delay")
+	c.Worker.RescueAfter = l.duration("worker.rescue_after")
 	c.Policy.PastDueEntitled = l.boolean("policy.past_due_entitled")
 	c.Mail.SMTPURL = l.secret("mail.smtp_url")
 	c.Mail.From = l.str("mail.from")
@@ -382,6 +387,9 @@ func (c *Config) validate() *Error {
 	if c.Worker.RetryDelay <= 0 {
 		return errorf("worker.retry_delay", "must be > 0, got %s", c.Worker.RetryDelay)
 	}
+	if c.Worker.RescueAfter < time.Second {
+		return errorf("worker.rescue_after", "must be at least 1s, got %s", c.Worker.RescueAfter)
+	}
 
 	if c.Mail.SMTPURL != "" {
 		// url.Parse errors quote the input, which may hold a password: use
@@ -470,6 +478,7 @@ func (c *Config) LogValue() slog.Value {
 		slog.Group("worker",
 			slog.Int("max_attempts", c.Worker.MaxAttempts),
 			slog.String("retry_delay", c.Worker.RetryDelay.String()),
+			slog.String("rescue_after", c.Worker.RescueAfter.String()),
 		),
 		slog.Group("policy", slog.Bool("past_due_entitled", c.Policy.PastDueEntitled)),
 		slog.Group("mail",

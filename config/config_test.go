@@ -72,6 +72,7 @@ func TestLoadDefaults(t *testing.T) {
 	want.Stripe.WebhookTolerance = 5 * time.Minute
 	want.Worker.MaxAttempts = 3
 	want.Worker.RetryDelay = 30 * time.Second
+	want.Worker.RescueAfter = time.Minute
 	want.Policy.PastDueEntitled = true
 	want.Log.Level = "info"
 	want.Log.Format = "json"
@@ -134,6 +135,7 @@ func TestLoadYAML(t *testing.T) {
 		want.Portal.ReturnURL = "https://example.com/account"
 		want.Worker.MaxAttempts = 7
 		want.Worker.RetryDelay = 10 * time.Millisecond
+		want.Worker.RescueAfter = time.Minute
 		want.Policy.PastDueEntitled = false
 		want.Mail.SMTPURL = "smtps://user:pw@mail.example.com:465"
 		want.Mail.From = "billing@example.com"
@@ -468,6 +470,7 @@ func validConfig() *Config {
 	c.Stripe.WebhookTolerance = 5 * time.Minute
 	c.Worker.MaxAttempts = 3
 	c.Worker.RetryDelay = 30 * time.Second
+	c.Worker.RescueAfter = time.Minute
 	c.Log.Level = "info"
 	c.Log.Format = "json"
 	return c
@@ -495,6 +498,7 @@ func TestValidate(t *testing.T) {
 		{"blank admin token", func(c *Config) { c.Auth.AdminTokens = []string{" "} }, "auth.admin_tokens"},
 		{"zero tolerance", func(c *Config) { c.Stripe.WebhookTolerance = 0 }, "stripe.webhook_tolerance"},
 		{"zero retry delay", func(c *Config) { c.Worker.RetryDelay = 0 }, "worker.retry_delay"},
+		{"rescue too soon", func(c *Config) { c.Worker.RescueAfter = time.Millisecond }, "worker.rescue_after"},
 		{"negative attempts", func(c *Config) { c.Worker.MaxAttempts = -1 }, "worker.max_attempts"},
 		{"smtp without host", func(c *Config) { c.Mail.SMTPURL = "smtp://"; c.Mail.From = "a@b.c" }, "mail.smtp_url"},
 		{"empty addr", func(c *Config) { c.HTTP.Addr = "" }, "http.addr"},

@@ -38,9 +38,6 @@ type Options struct {
 	Logger *slog.Logger
 	// Now is the clock of every component; nil means time.Now.
 	Now func() time.Time
-	// RescueStuckJobsAfter is how long a job may stay running (its worker died) before River runs
-	// it again; zero means one minute.
-	RescueStuckJobsAfter time.Duration
 	// FetchPollInterval is how often idle workers look for new jobs; zero means 50ms.
 	FetchPollInterval time.Duration
 }
@@ -111,7 +108,7 @@ func New(opts Options) (*App, error) {
 	stripe := stripeclient.New(cfg.Stripe.APIURL, cfg.Stripe.SecretKey, logger)
 	livemode := cfg.Stripe.Mode == "live"
 
-	rescue := opts.RescueStuckJobsAfter
+	rescue := cfg.Worker.RescueAfter
 	if rescue <= 0 {
 		rescue = time.Minute
 	}
