@@ -24,15 +24,15 @@ export BILLING_STRIPE_SECRET_KEY=${BILLING_STRIPE_SECRET_KEY:-sk_test_123}
 export BILLING_STRIPE_API_URL=http://127.0.0.1:${STRIPE_MOCK_PORT}
 export BILLING_HTTP_ADDR=${BILLING_HTTP_ADDR:-:8080}
 export BILLING_LOG_FORMAT=${BILLING_LOG_FORMAT:-text}
-export BILLING_PORTAL_RETURN_URL=${BILLING_PORTAL_RETURN_URL:-http://localhost:8080/}
 unset BILLING_DATABASE_URL
+port=${BILLING_HTTP_ADDR##*:}
+export BILLING_PORTAL_RETURN_URL=${BILLING_PORTAL_RETURN_URL:-http://localhost:${port}/}
 
 go build -o bin/stripe-mock github.com/stripe/stripe-mock
 bin/stripe-mock -http-port "$STRIPE_MOCK_PORT" -https-port $((STRIPE_MOCK_PORT + 1)) >.data/stripe-mock.log 2>&1 &
 mock_pid=$!
 trap 'kill $mock_pid 2>/dev/null || true' EXIT
 
-port=${BILLING_HTTP_ADDR##*:}
 cat <<MSG
 
 billing (test mode, offline)
@@ -44,7 +44,7 @@ billing (test mode, offline)
 
 Try:
   curl -s localhost:${port}/readyz
-  bin/billing trigger customer.subscription.created --url http://localhost:${port}/webhooks/stripe
+  bin/billing trigger customer.subscription.created --url http://localhost:${port}/webhooks/stripe --secret ${BILLING_STRIPE_WEBHOOK_SECRETS_TEST}
   curl -s -H 'Authorization: Bearer ${BILLING_AUTH_ADMIN_TOKENS}' localhost:${port}/admin/events
   curl -s -X PUT -H 'Authorization: Bearer ${BILLING_AUTH_API_TOKENS}' -d '{"email":"a@example.com","name":"A"}' localhost:${port}/v1/customers/user_1
   open http://localhost:${port}/admin  (user: admin, password: the admin token)

@@ -5,6 +5,8 @@ package auth
 import (
 	"crypto/sha256"
 	"crypto/subtle"
+	"net/http"
+	"net/url"
 	"strings"
 
 	"github.com/labstack/echo/v4"
@@ -67,6 +69,22 @@ func (t *Tokens) RoleOf(token string) Role {
 	return RoleNone
 }
 
+// crossSite reports whether a browser says the request comes from another site.
+func crossSite(r *http.Request) bool {
+	switch r.Header.Get("Sec-Fetch-Site") {
+	case "", "same-origin", "none":
+	default:
+		return true
+	}
+	if origin := r.Header.Get("Origin"); origin != "" {
+		u, err := url.Parse(origin)
+		if err != nil || u.Host != r.Host {
+			return true
+		}
+	}
+	return false
+}
+
 func bearer(c echo.Context) string {
 	h := c.Request().Header.Get(echo.HeaderAuthorization)
 	if len(h) > 7 && strings.EqualFold(h[:7], "bearer ") {
@@ -83,6 +101,11 @@ func (t *Tokens) Require(want Role, allowBasic bool) echo.MiddlewareFunc {
 			token := bearer(c)
 			if token == "" && allowBasic {
 				if _, pw, ok := c.Request().BasicAuth(); ok {
+					// A browser re-sends Basic credentials on any request to this host, including
+					// one forged by another site's form: refuse cross-site writes.
+					if c.Request().Method != http.MethodGet && c.Request().Method != http.MethodHead && crossSite(c.Request()) {
+						return apierr.New(apierr.CodeForbidden, "cross-site request refused")
+					}
 					token = pw
 				}
 			}

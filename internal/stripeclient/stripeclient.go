@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/stripe/stripe-go/v79"
@@ -35,10 +36,19 @@ func New(apiURL, secretKey string, logger *slog.Logger) *client.API {
 	return sc
 }
 
-// leveled adapts slog to stripe-go's logger. stripe-go logs request paths and errors, never keys.
+// leveled adapts slog to stripe-go's logger. stripe-go's messages may embed a whole response body
+// (a PaymentIntent's client_secret, a customer's email), so only the text before the first JSON
+// brace is kept: the callers log the error codes that matter.
 type leveled struct{ l *slog.Logger }
 
 func (l leveled) Debugf(format string, v ...any) {}
 func (l leveled) Infof(format string, v ...any)  {}
-func (l leveled) Warnf(format string, v ...any)  { l.l.Warn(fmt.Sprintf(format, v...)) }
-func (l leveled) Errorf(format string, v ...any) { l.l.Error(fmt.Sprintf(format, v...)) }
+func (l leveled) Warnf(format string, v ...any)  { l.l.Warn(redact(fmt.Sprintf(format, v...))) }
+func (l leveled) Errorf(format string, v ...any) { l.l.Warn(redact(fmt.Sprintf(format, v...))) }
+
+func redact(msg string) string {
+	if i := strings.IndexByte(msg, '{'); i >= 0 {
+		return strings.TrimSpace(msg[:i]) + " (body omitted)"
+	}
+	return msg
+}
