@@ -22,15 +22,23 @@ test:
 vet:
 	$(GO) vet $(PKGS)
 
-# Benchmarks against PostgreSQL's own ceiling; not part of `make test`.
+# Benchmarks against PostgreSQL's own ceiling (pgbench on the same durable cluster, same run);
+# not part of `make test`. Results and how to read them: docs/benchmarks.md.
 bench: build
 	$(GO) test -count=1 -run '^$$' -bench . -benchtime 1x -timeout 30m ./test/
 
-# Longer fuzzing runs of the webhook edge (the seed corpus runs in `make test`).
+# Longer fuzzing runs of the webhook edge and of event decoding (their seed corpora run in
+# `make test`). `go test -fuzz` takes one target per package per run, hence one line each.
+# FuzzHandleEvent runs handlers on a PostgreSQL of its own (started per fuzz worker). New
+# interesting inputs are minimized for at most FUZZMINIMIZETIME, so short runs keep fuzzing.
 FUZZTIME ?= 60s
+FUZZMINIMIZETIME ?= 10s
+FUZZFLAGS = -run '^$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME)
 fuzz:
-	$(GO) test -run '^$$' -fuzz FuzzVerifySignature -fuzztime $(FUZZTIME) ./webhooks/
-	$(GO) test -run '^$$' -fuzz FuzzDecodeEnvelope -fuzztime $(FUZZTIME) ./webhooks/
+	$(GO) test $(FUZZFLAGS) -fuzz '^FuzzVerifySignature$$' ./webhooks/
+	$(GO) test $(FUZZFLAGS) -fuzz '^FuzzDecodeEnvelope$$' ./webhooks/
+	$(GO) test $(FUZZFLAGS) -fuzz '^FuzzDecodeObject$$' ./billing/
+	$(GO) test $(FUZZFLAGS) -fuzz '^FuzzHandleEvent$$' ./billing/
 
 clean:
 	rm -rf bin

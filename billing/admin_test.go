@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 
@@ -239,5 +240,32 @@ func TestAdminPageEmptyAndDegraded(t *testing.T) {
 	})
 	if !found["dead-letters-error"] {
 		t.Errorf("no error marker: %v", found)
+	}
+}
+
+// GET /admin/holds entries carry exactly the fields of INTERFACE §3, nulls included.
+func TestAdminHoldsJSONFields(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.mustHandle(t, created("e1", 1, s1), failed("f1", 2, invObj{ID: "in_1", Customer: "cus_1", Subscription: "sub_1",
+		Currency: "usd", AmountDue: 100, AttemptCount: 1}))
+	var b struct {
+		Holds []map[string]any `json:"holds"`
+	}
+	code, body := e.get(t, "/admin/holds", &b)
+	if code != http.StatusOK || len(b.Holds) != 1 {
+		t.Fatalf("GET /admin/holds: %d %s", code, body)
+	}
+	want := []string{"amount_due", "attempt_count", "currency", "hold_reason", "hosted_invoice_url", "livemode",
+		"next_payment_attempt", "on_hold_since", "status", "stripe_customer_id", "subscription_id", "user_id"}
+	got := make([]string, 0, len(b.Holds[0]))
+	for k := range b.Holds[0] {
+		got = append(got, k)
+	}
+	if !slices.Equal(sortedCopy(got), want) {
+		t.Errorf("fields %v, want %v", sortedCopy(got), want)
+	}
+	if b.Holds[0]["user_id"] != nil || b.Holds[0]["next_payment_attempt"] != nil || b.Holds[0]["amount_due"] != float64(100) {
+		t.Errorf("entry %s", body)
 	}
 }

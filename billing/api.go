@@ -3,6 +3,7 @@ package billing
 import (
 	"bytes"
 	"context"
+	"errors"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -12,6 +13,7 @@ import (
 
 	"billing/customers"
 	"billing/internal/apierr"
+	"billing/internal/database"
 )
 
 // MountAPI adds, on the /v1 group (app-token auth applied by main):
@@ -50,7 +52,7 @@ func (s *Service) getCustomer(c echo.Context) error {
 	}
 	v, err := s.Customer(c.Request().Context(), userID)
 	if err != nil {
-		return s.readError(err, userID)
+		return readError(err, userID)
 	}
 	return c.JSON(http.StatusOK, v)
 }
@@ -62,22 +64,23 @@ func (s *Service) getEntitlement(c echo.Context) error {
 	}
 	e, err := s.Entitlement(c.Request().Context(), userID)
 	if err != nil {
-		return s.readError(err, userID)
+		return readError(err, userID)
 	}
 	return c.JSON(http.StatusOK, e)
 }
 
-func (s *Service) readError(err error, userID string) error {
-	if isUnknownUser(err) {
+// readError answers a failed read: 404 for an unknown user, 503 when the database is down.
+func readError(err error, userID string) error {
+	if errors.Is(err, customers.ErrNotFound) {
 		return apierr.New(apierr.CodeNotFound, "no customer for user %q", userID)
 	}
-	return apierr.Internal(err)
+	return database.APIError(err, "load customer "+userID)
 }
 
 func (s *Service) getHolds(c echo.Context) error {
 	holds, err := s.Holds(c.Request().Context())
 	if err != nil {
-		return apierr.Internal(err)
+		return database.APIError(err, "list holds")
 	}
 	return c.JSON(http.StatusOK, map[string]any{"holds": holds})
 }
@@ -121,7 +124,7 @@ func (s *Service) getAdminPage(c echo.Context) error {
 	ctx := c.Request().Context()
 	view, err := s.adminPage(ctx)
 	if err != nil {
-		return apierr.Internal(err)
+		return database.APIError(err, "build admin page")
 	}
 	var buf bytes.Buffer
 	if err := s.pages.admin.ExecuteTemplate(&buf, "admin", view); err != nil {

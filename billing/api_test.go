@@ -2,10 +2,17 @@ package billing
 
 import (
 	"encoding/json"
+	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/labstack/echo/v4"
+
+	"billing/internal/apitest"
+	"billing/internal/httpserver"
 )
 
 func TestEntitlementUnknownUser(t *testing.T) {
@@ -174,6 +181,23 @@ func TestEntitlementSeveralSubscriptions(t *testing.T) {
 		wantHold := s.SubscriptionID == "sub_b"
 		if s.OnHold != wantHold || (wantHold && (ptrInt(s.AmountDue) != "100" || ptrInt(s.AttemptCount) != "1")) {
 			t.Errorf("%s: on_hold %v amount %s attempts %s", s.SubscriptionID, s.OnHold, ptrInt(s.AmountDue), ptrInt(s.AttemptCount))
+		}
+	}
+}
+
+// The database being down is an outage the caller should retry (503), not a 500.
+func TestReadsAnswer503WhenTheDatabaseIsDown(t *testing.T) {
+	t.Parallel()
+	svc := New(Deps{DB: apitest.UnreachableDB(t)})
+	e := echo.New()
+	e.HTTPErrorHandler = httpserver.ErrorHandler(slog.New(slog.DiscardHandler))
+	svc.MountAPI(e.Group("/v1"))
+	svc.MountAdmin(e.Group("/admin"))
+	for _, path := range []string{"/v1/customers/u1", "/v1/customers/u1/entitlement", "/admin/holds", "/admin"} {
+		rec := httptest.NewRecorder()
+		e.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+		if rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), `"database_unavailable"`) {
+			t.Errorf("GET %s = %d %s, want 503 database_unavailable", path, rec.Code, rec.Body)
 		}
 	}
 }

@@ -71,9 +71,20 @@ func (u *unixTime) UnmarshalJSON(b []byte) error {
 	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
 		return fmt.Errorf("timestamp is not a number: %.40s", b)
 	}
+	if f < minUnixTime || f > maxUnixTime {
+		return fmt.Errorf("timestamp out of range: %.40s", b)
+	}
 	*u = unixTime{Time: time.Unix(int64(f), 0).UTC(), Valid: true}
 	return nil
 }
+
+// A timestamp must lie in the years 1 to 9999: what both PostgreSQL and JSON (the notice jobs'
+// arguments) represent. Beyond, pgx would silently wrap the value or the database refuse it, and
+// a retry cannot fix either.
+const (
+	minUnixTime = -62135596800 // 0001-01-01T00:00:00Z
+	maxUnixTime = 253402300799 // 9999-12-31T23:59:59Z
+)
 
 // Ptr returns the time or nil, for nullable columns.
 func (u unixTime) Ptr() *time.Time {
@@ -214,6 +225,10 @@ func decodeInvoice(raw json.RawMessage) (*invoiceObject, error) {
 	}
 	if i.ID == "" {
 		return nil, errors.New("invoice has no id")
+	}
+	if i.AttemptCount != nil && (*i.AttemptCount < math.MinInt32 || *i.AttemptCount > math.MaxInt32) {
+		// subscriptions.attempt_count is an integer column.
+		return nil, fmt.Errorf("invoice %s: attempt_count %d out of range", i.ID, *i.AttemptCount)
 	}
 	return &i, nil
 }

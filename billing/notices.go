@@ -183,9 +183,6 @@ func NewNoticeWorker(db *gorm.DB, mail MailConfig, logger *slog.Logger) *NoticeW
 	}
 }
 
-// Timeout bounds one delivery attempt (a hung mail server).
-func (w *NoticeWorker) Timeout(*river.Job[NoticeArgs]) time.Duration { return time.Minute }
-
 type noticeRow struct {
 	ID               int64   `gorm:"column:id"`
 	Recipient        string  `gorm:"column:recipient"`
@@ -193,12 +190,23 @@ type noticeRow struct {
 	Delivery         *string `gorm:"column:delivery"`
 }
 
-// Work renders and delivers the notice once: a notice already delivered (a job run again after a
-// crash between send and commit is the one case of a duplicate mail) is skipped.
+// Work renders and delivers the notice once. The notices row stays locked from the check to
+// the mark "delivered", which commit together: River runs a job again when it looks stuck
+// (worker.rescue_after), possibly while the first run is still talking to the mail server, and
+// that second run must wait and then find the notice delivered. The one duplicate left is a
+// crash (or failed commit) between the send and the commit: mail is at least once.
+//
+// The worker keeps the client's job timeout, which main bounds by worker.rescue_after: a longer
+// one of its own would let a slow send be rescued and run twice.
 func (w *NoticeWorker) Work(ctx context.Context, job *river.Job[NoticeArgs]) error {
-	a := job.Args
+	return w.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		return w.deliver(ctx, tx, job.Args)
+	})
+}
+
+func (w *NoticeWorker) deliver(ctx context.Context, tx *gorm.DB, a NoticeArgs) error {
 	var rows []noticeRow
-	err := w.db.WithContext(ctx).Raw(`SELECT id, recipient, stripe_customer_id, delivery FROM notices WHERE id = ?`, a.NoticeID).
+	err := tx.Raw(`SELECT id, recipient, stripe_customer_id, delivery FROM notices WHERE id = ? FOR UPDATE`, a.NoticeID).
 		Scan(&rows).Error
 	if err != nil {
 		return fmt.Errorf("load notice %d: %w", a.NoticeID, err)
@@ -214,14 +222,14 @@ func (w *NoticeWorker) Work(ctx context.Context, job *river.Job[NoticeArgs]) err
 	to := n.Recipient
 	if to == "" && n.StripeCustomerID != nil {
 		// The customer may have been linked since the event was processed.
-		if to, err = recipientFor(ctx, w.db, *n.StripeCustomerID); err != nil {
+		if to, err = recipientFor(ctx, tx, *n.StripeCustomerID); err != nil {
 			return err
 		}
 	}
 	if to == "" {
 		w.log.WarnContext(ctx, "notice has no recipient; not sent", "notice_id", n.ID, "kind", a.NoticeKind,
 			"event_id", a.EventID, "subscription_id", a.SubscriptionID)
-		return w.markDelivered(ctx, n.ID, "no_recipient", "", false)
+		return markDelivered(tx, n.ID, "no_recipient", "", false)
 	}
 
 	addr, err := mail.ParseAddress(to)
@@ -229,7 +237,7 @@ func (w *NoticeWorker) Work(ctx context.Context, job *river.Job[NoticeArgs]) err
 		// A bad address will not get better by retrying; the customer record has to change.
 		w.log.WarnContext(ctx, "notice recipient is not a valid address; not sent", "notice_id", n.ID,
 			"kind", a.NoticeKind, "event_id", a.EventID, "to", maskEmail(to))
-		return w.markDelivered(ctx, n.ID, "invalid_recipient", "", false)
+		return markDelivered(tx, n.ID, "invalid_recipient", "", false)
 	}
 	to = addr.Address
 
@@ -242,7 +250,7 @@ func (w *NoticeWorker) Work(ctx context.Context, job *river.Job[NoticeArgs]) err
 		w.log.InfoContext(ctx, "notice (mail not configured, logged instead of sent)",
 			"notice_id", n.ID, "kind", a.NoticeKind, "event_id", a.EventID, "to", maskEmail(to),
 			"subject", msg.Subject, "text", msg.Text)
-		return w.markDelivered(ctx, n.ID, "log", to, true)
+		return markDelivered(tx, n.ID, "log", to, true)
 	}
 	raw, err := buildMessage(w.mail.From, to, msg, time.Now(), fmt.Sprintf("notice-%d", n.ID))
 	if err != nil {
@@ -252,11 +260,11 @@ func (w *NoticeWorker) Work(ctx context.Context, job *river.Job[NoticeArgs]) err
 		return fmt.Errorf("send notice %d: %w", n.ID, err)
 	}
 	w.log.InfoContext(ctx, "notice sent", "notice_id", n.ID, "kind", a.NoticeKind, "event_id", a.EventID, "to", maskEmail(to))
-	return w.markDelivered(ctx, n.ID, "smtp", to, true)
+	return markDelivered(tx, n.ID, "smtp", to, true)
 }
 
-func (w *NoticeWorker) markDelivered(ctx context.Context, id int64, delivery, to string, sent bool) error {
-	err := w.db.WithContext(ctx).Exec(`
+func markDelivered(tx *gorm.DB, id int64, delivery, to string, sent bool) error {
+	err := tx.Exec(`
 		UPDATE notices SET delivery = ?, recipient = CASE WHEN ? <> '' THEN ? ELSE recipient END,
 		  sent_at = CASE WHEN ? THEN now() ELSE NULL END
 		WHERE id = ?`, delivery, to, to, sent, id).Error

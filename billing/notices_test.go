@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
@@ -348,4 +349,73 @@ func TestRenderNotices(t *testing.T) {
 	if _, err := p.renderNotice(NoticeArgs{NoticeKind: "nope"}); err == nil {
 		t.Error("unknown kind rendered")
 	}
+}
+
+// River runs a job again when it looks stuck (worker.rescue_after), possibly while the first run
+// is still talking to the mail server: the second run waits for the first and sends nothing.
+func TestNoticeWorkerConcurrentRunsSendOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.link(t, "u_t", "cus_t", "user@example.com")
+	e.mustHandle(t, trialEv("evt_t", 10, trialSub))
+
+	var mu sync.Mutex
+	sends := 0
+	firstSending, release := make(chan struct{}), make(chan struct{})
+	w := NewNoticeWorker(e.db, MailConfig{SMTPURL: "smtp://127.0.0.1:1", From: "billing@example.com"}, nil)
+	w.send = func(context.Context, MailConfig, string, []byte) error {
+		mu.Lock()
+		sends++
+		n := sends
+		mu.Unlock()
+		if n == 1 {
+			close(firstSending)
+			<-release
+		}
+		return nil
+	}
+	count := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return sends
+	}
+	args := e.jobArgs(t, "evt_t", NoticeTrialWillEnd)
+	errs := make(chan error, 2)
+	run := func() {
+		errs <- w.Work(context.Background(), &river.Job[NoticeArgs]{JobRow: &rivertype.JobRow{}, Args: args})
+	}
+	go run()
+	<-firstSending
+	go run()
+	// The second run either queues on the notice's row lock or (without it) sends a second mail.
+	deadline := time.Now().Add(30 * time.Second)
+	for count() < 2 && e.lockWaiters(t) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the second run neither waits nor sends")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	close(release)
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := count(); n != 1 {
+		t.Errorf("%d mails sent, want 1", n)
+	}
+	if d, _, ok := e.delivery(t, "evt_t"); d != "smtp" || !ok {
+		t.Errorf("delivery %q sent %v", d, ok)
+	}
+}
+
+// lockWaiters counts the backends of this test's database that wait on a lock.
+func (e *env) lockWaiters(t *testing.T) int {
+	t.Helper()
+	var n int
+	if err := e.db.Raw(`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).
+		Scan(&n).Error; err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

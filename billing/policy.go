@@ -208,10 +208,10 @@ func (p Policy) Best(subs []Subscription, now time.Time) *Subscription {
 		if c := cmp.Compare(statusPreference(a.Status), statusPreference(b.Status)); c != 0 {
 			return c
 		}
-		if c := compareTimeDesc(a.CurrentPeriodEnd, b.CurrentPeriodEnd); c != 0 {
+		if c := compareTime(a.CurrentPeriodEnd, b.CurrentPeriodEnd, true); c != 0 {
 			return c
 		}
-		if c := compareTimeDesc(a.StatusSince, b.StatusSince); c != 0 {
+		if c := compareTime(a.StatusSince, b.StatusSince, true); c != 0 {
 			return c
 		}
 		return cmp.Compare(a.SubscriptionID, b.SubscriptionID)
@@ -219,8 +219,8 @@ func (p Policy) Best(subs []Subscription, now time.Time) *Subscription {
 	return &sorted[0]
 }
 
-// compareTimeDesc orders later times first and nil last.
-func compareTimeDesc(a, b *time.Time) int {
+// compareTime orders nil last, and otherwise earlier times first, or later ones first when desc.
+func compareTime(a, b *time.Time, desc bool) int {
 	switch {
 	case a == nil && b == nil:
 		return 0
@@ -228,19 +228,8 @@ func compareTimeDesc(a, b *time.Time) int {
 		return 1
 	case b == nil:
 		return -1
-	}
-	return b.Compare(*a)
-}
-
-// compareTimeAsc orders earlier times first and nil last.
-func compareTimeAsc(a, b *time.Time) int {
-	switch {
-	case a == nil && b == nil:
-		return 0
-	case a == nil:
-		return 1
-	case b == nil:
-		return -1
+	case desc:
+		return b.Compare(*a)
 	}
 	return a.Compare(*b)
 }

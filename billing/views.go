@@ -3,7 +3,6 @@ package billing
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -30,12 +29,30 @@ type SubscriptionView struct {
 	OnHold             bool       `json:"on_hold"`
 	HoldReason         *string    `json:"hold_reason"`
 	OnHoldSince        *time.Time `json:"on_hold_since"`
-	// The failed invoice while a payment hold is in force, else null.
+	FailedInvoice
+}
+
+// FailedInvoice is the failed invoice of a payment hold in force, every field null otherwise.
+// Its fields appear inline in the JSON of the views that embed it.
+type FailedInvoice struct {
 	AttemptCount       *int64     `json:"attempt_count"`
 	NextPaymentAttempt *time.Time `json:"next_payment_attempt"`
 	AmountDue          *int64     `json:"amount_due"`
 	Currency           *string    `json:"currency"`
 	HostedInvoiceURL   *string    `json:"hosted_invoice_url"`
+}
+
+func (s *Subscription) failedInvoice() FailedInvoice {
+	if !s.paymentHoldInForce() {
+		return FailedInvoice{}
+	}
+	return FailedInvoice{
+		AttemptCount:       s.AttemptCount,
+		NextPaymentAttempt: utc(s.NextPaymentAttempt),
+		AmountDue:          s.AmountDue,
+		Currency:           s.Currency,
+		HostedInvoiceURL:   s.HostedInvoiceURL,
+	}
 }
 
 // Entitlement is GET /v1/customers/{user_id}/entitlement: whether the user gets access now, and
@@ -66,18 +83,14 @@ type CustomerView struct {
 
 // HoldView is one entry of GET /admin/holds.
 type HoldView struct {
-	SubscriptionID     string     `json:"subscription_id"`
-	StripeCustomerID   string     `json:"stripe_customer_id"`
-	UserID             *string    `json:"user_id"`
-	Status             string     `json:"status"`
-	HoldReason         string     `json:"hold_reason"`
-	OnHoldSince        *time.Time `json:"on_hold_since"`
-	AttemptCount       *int64     `json:"attempt_count"`
-	NextPaymentAttempt *time.Time `json:"next_payment_attempt"`
-	AmountDue          *int64     `json:"amount_due"`
-	Currency           *string    `json:"currency"`
-	HostedInvoiceURL   *string    `json:"hosted_invoice_url"`
-	Livemode           bool       `json:"livemode"`
+	SubscriptionID   string     `json:"subscription_id"`
+	StripeCustomerID string     `json:"stripe_customer_id"`
+	UserID           *string    `json:"user_id"`
+	Status           string     `json:"status"`
+	HoldReason       string     `json:"hold_reason"`
+	OnHoldSince      *time.Time `json:"on_hold_since"`
+	FailedInvoice
+	Livemode bool `json:"livemode"`
 }
 
 const subscriptionColumns = `s.*, c.user_id`
@@ -184,18 +197,12 @@ func (s *Service) subscriptionView(sub *Subscription, now time.Time) Subscriptio
 		EndedAt:            utc(sub.EndedAt),
 		TrialStart:         utc(sub.TrialStart),
 		TrialEnd:           utc(sub.TrialEnd),
+		FailedInvoice:      sub.failedInvoice(),
 	}
 	if reason, since, ok := sub.Hold(); ok {
 		v.OnHold = true
 		v.HoldReason = &reason
 		v.OnHoldSince = utc(since)
-	}
-	if sub.paymentHoldInForce() {
-		v.AttemptCount = sub.AttemptCount
-		v.NextPaymentAttempt = utc(sub.NextPaymentAttempt)
-		v.AmountDue = sub.AmountDue
-		v.Currency = sub.Currency
-		v.HostedInvoiceURL = sub.HostedInvoiceURL
 	}
 	return v
 }
@@ -220,26 +227,19 @@ func (s *Service) Holds(ctx context.Context) ([]HoldView, error) {
 		if !ok {
 			continue
 		}
-		h := HoldView{
+		holds = append(holds, HoldView{
 			SubscriptionID:   sub.SubscriptionID,
 			StripeCustomerID: sub.StripeCustomerID,
 			UserID:           sub.UserID,
 			Status:           sub.Status,
 			HoldReason:       reason,
 			OnHoldSince:      utc(since),
+			FailedInvoice:    sub.failedInvoice(),
 			Livemode:         sub.Livemode,
-		}
-		if sub.paymentHoldInForce() {
-			h.AttemptCount = sub.AttemptCount
-			h.NextPaymentAttempt = utc(sub.NextPaymentAttempt)
-			h.AmountDue = sub.AmountDue
-			h.Currency = sub.Currency
-			h.HostedInvoiceURL = sub.HostedInvoiceURL
-		}
-		holds = append(holds, h)
+		})
 	}
 	slices.SortFunc(holds, func(a, b HoldView) int {
-		if c := compareTimeAsc(a.OnHoldSince, b.OnHoldSince); c != 0 {
+		if c := compareTime(a.OnHoldSince, b.OnHoldSince, false); c != 0 {
 			return c
 		}
 		return cmp.Compare(a.SubscriptionID, b.SubscriptionID)
@@ -254,5 +254,3 @@ func utc(t *time.Time) *time.Time {
 	u := t.UTC()
 	return &u
 }
-
-func isUnknownUser(err error) bool { return errors.Is(err, customers.ErrNotFound) }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"billing/internal/apitest"
 	"billing/internal/stripetest"
 )
 
@@ -261,5 +262,47 @@ func TestLookupsSeeOnlyLinkedCustomers(t *testing.T) {
 	}
 	if _, err := ByStripeID(ctx, v.db, "cus_nope"); !errors.Is(err, ErrNotFound) {
 		t.Errorf("ByStripeID of unknown: %v", err)
+	}
+}
+
+// Stripe refusing the create outright (an address it does not take) must not pin the link to
+// the refused values: nothing exists under the key, so a corrected PUT creates the customer.
+func TestRefusedCreateCanBeCorrected(t *testing.T) {
+	t.Parallel()
+	v := newEnv(t, false)
+	v.proxy.Respond(http.MethodPost, customersPath, 1, func(stripetest.Request) stripetest.Answer {
+		return stripetest.Answer{Status: http.StatusBadRequest, Body: map[string]any{"error": map[string]any{
+			"type": "invalid_request_error", "code": "email_invalid", "param": "email", "message": "Invalid email address: a@bad.example",
+		}}}
+	})
+	expectError(t, v.put("u1", body{"email": "a@bad.example", "name": "A"}), http.StatusBadGateway, "stripe_error")
+	var rows int64
+	v.db.Raw(`SELECT count(*) FROM customers`).Scan(&rows)
+	if rows != 0 {
+		t.Fatalf("the refused link was kept (%d rows)", rows)
+	}
+	v.proxy.ForgetKeys() // Stripe keeps no answer for a request it refused before acting
+
+	rec := v.put("u1", body{"email": "a@good.example", "name": "A"})
+	expectStatus(t, rec, http.StatusCreated)
+	creates := v.proxy.Filter(http.MethodPost, customersPath)
+	if len(creates) != 2 || creates[1].Form.Get("email") != "a@good.example" || creates[1].IdempotencyKey != "customer-u1" {
+		t.Fatalf("creates %+v", creates)
+	}
+	if n := v.proxy.Executed(http.MethodPost, customersPath); n != 2 || len(v.proxy.Objects(customersPath)) != 1 {
+		t.Errorf("%d creates executed, %d customers made; want 2 and 1", n, len(v.proxy.Objects(customersPath)))
+	}
+	if row := v.row("u1"); row.Email != "a@good.example" || row.StripeCustomerID == nil {
+		t.Errorf("row %+v", row)
+	}
+}
+
+func TestPutAnswers503WhenTheDatabaseIsDown(t *testing.T) {
+	t.Parallel()
+	v := newEnv(t, false)
+	v.mount(apitest.UnreachableDB(t))
+	expectError(t, v.put("u1", body{"email": "a@example.com"}), http.StatusServiceUnavailable, "database_unavailable")
+	if n := len(v.proxy.Requests()); n != 0 {
+		t.Errorf("called Stripe %d times without a ledger of it", n)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"billing/internal/apierr"
 	"billing/internal/database"
 	"billing/internal/httpserver"
+	"billing/internal/stripeclient"
 )
 
 // keyWindow is how long we trust Stripe to still remember an idempotency key. Stripe keeps keys
@@ -109,8 +110,10 @@ func (h *Handlers) put(c echo.Context) error {
 // The row is inserted (committed) before Stripe is called, and the Stripe customer is created
 // with the first request's email and name under the key customer-{user_id}: a retry after a crash
 // sends the very same parameters with the same key, so Stripe answers with the customer it
-// already made. Concurrent calls for one user queue on the row lock, held across the Stripe call
-// (it is per user, and the call is short).
+// already made. A create that Stripe refuses outright leaves nothing under the key, so the
+// unfinished row is dropped and the next PUT starts over with its own values. Concurrent calls
+// for one user queue on the row lock, held across the Stripe call (it is per user, and the call
+// is short).
 func (h *Handlers) Ensure(ctx context.Context, userID, email, name string) (*Customer, bool, error) {
 	now := h.now().UTC()
 	err := h.db.WithContext(ctx).Exec(`
@@ -119,7 +122,7 @@ func (h *Handlers) Ensure(ctx context.Context, userID, email, name string) (*Cus
 		ON CONFLICT (user_id) DO NOTHING`,
 		userID, email, name, h.livemode, now, now).Error
 	if err != nil {
-		return nil, false, dbError(err, "insert customer link")
+		return nil, false, database.APIError(err, "insert customer link")
 	}
 
 	var (
@@ -130,19 +133,31 @@ func (h *Handlers) Ensure(ctx context.Context, userID, email, name string) (*Cus
 	err = h.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		res := tx.Raw(`SELECT * FROM customers WHERE user_id = ? FOR UPDATE`, userID).Scan(&cust)
 		if res.Error != nil {
-			return dbError(res.Error, "lock customer link")
+			return database.APIError(res.Error, "lock customer link")
 		}
 		if res.RowsAffected == 0 {
-			return apierr.Internal(fmt.Errorf("customer link of user %q vanished after insert", userID))
+			// Dropped by a concurrent request whose create Stripe refused, while we waited.
+			return apierr.New(apierr.CodeConflict, "the customer link of user %s changed meanwhile; repeat the request", userID)
 		}
 		if cust.StripeCustomerID == nil {
 			id, err := h.findOrCreate(ctx, &cust)
+			var refused createRefused
+			if errors.As(err, &refused) {
+				// Nothing exists under the key, so the unfinished link is dropped and the next
+				// PUT starts over with its own values. Kept, it would make every later PUT resend
+				// the refused ones, forever.
+				if err := tx.Exec(`DELETE FROM customers WHERE user_id = ? AND stripe_customer_id IS NULL`, userID).Error; err != nil {
+					return database.APIError(err, "drop refused customer link")
+				}
+				updateErr = refused.answer
+				return nil
+			}
 			if err != nil {
 				return err
 			}
 			if err := tx.Exec(`UPDATE customers SET stripe_customer_id = ?, updated_at = ? WHERE user_id = ?`,
 				id, h.now().UTC(), userID).Error; err != nil {
-				return dbError(err, "store Stripe customer id")
+				return database.APIError(err, "store Stripe customer id")
 			}
 			cust.StripeCustomerID = &id
 			created = true
@@ -155,22 +170,23 @@ func (h *Handlers) Ensure(ctx context.Context, userID, email, name string) (*Cus
 			params.Context = ctx
 			if _, err := h.stripe.Customers.Update(cust.StripeID(), params); err != nil {
 				// Commit a link made above all the same: it is the expensive part to redo.
-				updateErr = stripeFailure(err, "update the customer")
+				updateErr = stripeclient.APIError(err, "update the customer")
 				return nil
 			}
 			if err := tx.Exec(`UPDATE customers SET email = ?, name = ?, updated_at = ? WHERE user_id = ?`,
 				email, name, h.now().UTC(), userID).Error; err != nil {
-				return dbError(err, "update customer")
+				return database.APIError(err, "update customer")
 			}
 			cust.Email, cust.Name = email, name
 		}
 		return nil
 	})
-	if err == nil {
-		err = updateErr
-	}
 	if err != nil {
-		return nil, false, err
+		// Errors from inside are answers already; a failed BEGIN or COMMIT is not.
+		return nil, false, database.APIError(err, "link customer")
+	}
+	if updateErr != nil {
+		return nil, false, updateErr
 	}
 	return &cust, created, nil
 }
@@ -194,7 +210,7 @@ func (h *Handlers) findOrCreate(ctx context.Context, cust *Customer) (string, er
 			}
 		}
 		if err := it.Err(); err != nil {
-			return "", stripeFailure(err, "search for the customer")
+			return "", stripeclient.APIError(err, "search for the customer")
 		}
 	}
 	params := &stripe.CustomerParams{
@@ -208,29 +224,18 @@ func (h *Handlers) findOrCreate(ctx context.Context, cust *Customer) (string, er
 	params.SetIdempotencyKey("customer-" + cust.UserID)
 	sc, err := h.stripe.Customers.New(params)
 	if err != nil {
-		return "", stripeFailure(err, "create the customer")
+		answer := stripeclient.APIError(err, "create the customer")
+		if !stripeclient.Retryable(err) {
+			return "", createRefused{answer}
+		}
+		return "", answer
 	}
 	return sc.ID, nil
 }
 
-func dbError(err error, what string) error {
-	if err == nil {
-		return nil
-	}
-	if database.IsUnavailable(err) {
-		return apierr.Wrap(fmt.Errorf("%s: %w", what, err), apierr.CodeDatabaseDown, "database unavailable")
-	}
-	return apierr.Internal(fmt.Errorf("%s: %w", what, err))
-}
+// createRefused is Stripe refusing to create the customer (e.g. an address it does not take):
+// a final answer that leaves nothing under the idempotency key. answer is the client's answer.
+type createRefused struct{ answer error }
 
-// stripeFailure maps a failed Stripe call: outages (network, 5xx, 429, 409 key-in-use) are a 503
-// to retry with the same request; anything else Stripe refused is a 502.
-func stripeFailure(err error, what string) error {
-	var se *stripe.Error
-	if errors.As(err, &se) && se.HTTPStatusCode > 0 && se.HTTPStatusCode < 500 && se.HTTPStatusCode != http.StatusTooManyRequests &&
-		se.HTTPStatusCode != http.StatusConflict {
-		return apierr.Wrap(fmt.Errorf("%s: %w", what, err), apierr.CodeStripeError, "Stripe refused to %s", what)
-	}
-	return apierr.Wrap(fmt.Errorf("%s: %w", what, err), apierr.CodeStripeUnavailable,
-		"Stripe could not be reached to %s; retry the same request", what)
-}
+func (e createRefused) Error() string { return e.answer.Error() }
+func (e createRefused) Unwrap() error { return e.answer }

@@ -8,7 +8,6 @@ package portal
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -22,6 +21,7 @@ import (
 	"billing/internal/apierr"
 	"billing/internal/database"
 	"billing/internal/httpserver"
+	"billing/internal/stripeclient"
 )
 
 // SubscriptionLookup reads the local mirror of subscriptions; billing implements it.
@@ -104,7 +104,7 @@ func (s *Service) postSession(c echo.Context) error {
 	params.Context = ctx
 	sess, err := s.stripe.BillingPortalSessions.New(params)
 	if err != nil {
-		return stripeFailure(err, "open a portal session")
+		return stripeclient.APIError(err, "open a portal session")
 	}
 	s.log.InfoContext(ctx, "portal session opened", "user_id", userID, "stripe_customer_id", cust.StripeID())
 	return c.JSON(http.StatusCreated, sessionResponse{URL: sess.URL})
@@ -125,7 +125,7 @@ func (s *Service) postCancel(c echo.Context) error {
 	}
 	status, found, err := s.subs.CustomerSubscriptionStatus(ctx, cust.StripeID(), subID)
 	if err != nil {
-		return dbError(err, "look up subscription")
+		return database.APIError(err, "look up subscription")
 	}
 	if !found {
 		// The same answer whether the subscription does not exist or is someone else's.
@@ -154,7 +154,7 @@ func (s *Service) postCancel(c echo.Context) error {
 	params.Context = ctx
 	sess, err := s.stripe.BillingPortalSessions.New(params)
 	if err != nil {
-		return stripeFailure(err, "open the cancellation flow")
+		return stripeclient.APIError(err, "open the cancellation flow")
 	}
 	s.log.InfoContext(ctx, "cancellation flow opened", "user_id", userID, "subscription_id", subID)
 	return c.Redirect(http.StatusSeeOther, sess.URL)
@@ -166,7 +166,7 @@ func (s *Service) customer(ctx context.Context, userID string) (*customers.Custo
 		return nil, apierr.New(apierr.CodeNoCustomer, "user %s has no Stripe customer", userID)
 	}
 	if err != nil {
-		return nil, dbError(err, "load customer")
+		return nil, database.APIError(err, "load customer")
 	}
 	return cust, nil
 }
@@ -177,24 +177,4 @@ func checkReturnURL(raw string) error {
 		return apierr.New(apierr.CodeInvalidURL, "return_url must be an absolute http or https URL")
 	}
 	return nil
-}
-
-func dbError(err error, what string) error {
-	if err == nil {
-		return nil
-	}
-	if database.IsUnavailable(err) {
-		return apierr.Wrap(fmt.Errorf("%s: %w", what, err), apierr.CodeDatabaseDown, "database unavailable")
-	}
-	return apierr.Internal(fmt.Errorf("%s: %w", what, err))
-}
-
-// stripeFailure maps a failed Stripe call: outages are a 503 to retry; refusals a 502.
-func stripeFailure(err error, what string) error {
-	var se *stripe.Error
-	if errors.As(err, &se) && se.HTTPStatusCode > 0 && se.HTTPStatusCode < 500 &&
-		se.HTTPStatusCode != http.StatusTooManyRequests && se.HTTPStatusCode != http.StatusConflict {
-		return apierr.Wrap(fmt.Errorf("%s: %w", what, err), apierr.CodeStripeError, "Stripe refused to %s", what)
-	}
-	return apierr.Wrap(fmt.Errorf("%s: %w", what, err), apierr.CodeStripeUnavailable, "Stripe could not be reached to %s", what)
 }

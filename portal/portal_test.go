@@ -1,7 +1,6 @@
 package portal
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -16,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"gorm.io/gorm"
 
+	"billing/internal/apitest"
 	"billing/internal/auth"
 	"billing/internal/httpserver"
 	"billing/internal/stripeclient"
@@ -66,25 +66,7 @@ type env struct {
 func newEnv(t *testing.T, returnURL string, subs SubscriptionLookup) *env {
 	t.Helper()
 	db := testenv.DB(t)
-	proxy := stripetest.New(t, testenv.StripeMockURL(t))
-	logger := slog.New(slog.DiscardHandler)
-	if subs == nil {
-		subs = sqlSubscriptions{db}
-	}
-	svc := New(Deps{
-		DB:               db,
-		Stripe:           stripeclient.New(proxy.URL, "sk_test_portal", logger),
-		Subscriptions:    subs,
-		DefaultReturnURL: returnURL,
-		Logger:           logger,
-	})
-	e := httpserver.New(httpserver.Options{
-		Logger:   logger,
-		Registry: prometheus.NewRegistry(),
-		Ready:    func(context.Context) error { return nil },
-	})
-	svc.Mount(e.Group("/v1", auth.New([]string{appToken}, []string{adminToken}).Require(auth.RoleApp, false)))
-	v := &env{t: t, db: db, proxy: proxy, e: e}
+	v := newEnvOn(t, db, returnURL, subs)
 	v.exec(`INSERT INTO customers (user_id, stripe_customer_id, email) VALUES ('u1', 'cus_u1', 'u1@example.com'), ('u2', 'cus_u2', 'u2@example.com')`)
 	v.exec(`INSERT INTO customers (user_id, email) VALUES ('halfway', 'h@example.com')`)
 	for _, s := range []struct{ id, cus, status string }{
@@ -103,6 +85,30 @@ func newEnv(t *testing.T, returnURL string, subs SubscriptionLookup) *env {
 	return v
 }
 
+// newEnvOn serves the endpoints on db, which may be down.
+func newEnvOn(t *testing.T, db *gorm.DB, returnURL string, subs SubscriptionLookup) *env {
+	t.Helper()
+	proxy := stripetest.New(t, testenv.StripeMockURL(t))
+	logger := slog.New(slog.DiscardHandler)
+	if subs == nil {
+		subs = sqlSubscriptions{db}
+	}
+	svc := New(Deps{
+		DB:               db,
+		Stripe:           stripeclient.New(proxy.URL, "sk_test_portal", logger),
+		Subscriptions:    subs,
+		DefaultReturnURL: returnURL,
+		Logger:           logger,
+	})
+	e := httpserver.New(httpserver.Options{
+		Logger:   logger,
+		Registry: prometheus.NewRegistry(),
+		Ready:    func(context.Context) error { return nil },
+	})
+	svc.Mount(e.Group("/v1", auth.New([]string{appToken}, []string{adminToken}).Require(auth.RoleApp, false)))
+	return &env{t: t, db: db, proxy: proxy, e: e}
+}
+
 func (v *env) exec(sql string, args ...any) {
 	v.t.Helper()
 	if err := v.db.Exec(sql, args...).Error; err != nil {
@@ -112,39 +118,17 @@ func (v *env) exec(sql string, args ...any) {
 
 func (v *env) post(token, path, body string) *httptest.ResponseRecorder {
 	v.t.Helper()
-	req := httptest.NewRequest(http.MethodPost, path, bytes.NewReader([]byte(body)))
-	if body != "" {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	rec := httptest.NewRecorder()
-	v.e.ServeHTTP(rec, req)
-	return rec
+	return apitest.Do(v.t, v.e, token, http.MethodPost, path, body)
 }
 
 func cancelPath(user, sub string) string {
 	return "/v1/customers/" + user + "/subscriptions/" + sub + "/cancel"
 }
 
-func expectStatus(t *testing.T, rec *httptest.ResponseRecorder, want int) {
-	t.Helper()
-	if rec.Code != want {
-		t.Fatalf("status %d, want %d; body %s", rec.Code, want, rec.Body.String())
-	}
-}
-
-func expectError(t *testing.T, rec *httptest.ResponseRecorder, status int, code string) {
-	t.Helper()
-	expectStatus(t, rec, status)
-	var b struct {
-		Error map[string]any `json:"error"`
-	}
-	if err := json.Unmarshal(rec.Body.Bytes(), &b); err != nil || b.Error["code"] != code {
-		t.Fatalf("error %s, want code %s", rec.Body.String(), code)
-	}
-}
+var (
+	expectStatus = apitest.ExpectStatus
+	expectError  = apitest.ExpectError
+)
 
 func expectForm(t *testing.T, r stripetest.Request, want map[string]string) {
 	t.Helper()
@@ -303,5 +287,15 @@ func TestPortalSessions(t *testing.T) {
 	}
 	if n := len(v.proxy.Requests()); n != calls {
 		t.Errorf("refused requests called Stripe %d times", n-calls)
+	}
+}
+
+func TestAnswers503WhenTheDatabaseIsDown(t *testing.T) {
+	t.Parallel()
+	v := newEnvOn(t, apitest.UnreachableDB(t), defaultURL, nil)
+	expectError(t, v.post(appToken, "/v1/customers/u1/portal-sessions", ""), http.StatusServiceUnavailable, "database_unavailable")
+	expectError(t, v.post(appToken, cancelPath("u1", "sub_active"), ""), http.StatusServiceUnavailable, "database_unavailable")
+	if n := len(v.proxy.Requests()); n != 0 {
+		t.Errorf("called Stripe %d times", n)
 	}
 }

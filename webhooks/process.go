@@ -12,6 +12,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverdatabasesql"
 	"gorm.io/gorm"
 
+	"billing/internal/database"
 	"billing/internal/jobs"
 )
 
@@ -196,6 +197,12 @@ func (i *Inbox) recordFailure(ctx context.Context, job *river.Job[ProcessEventAr
 	}
 	id := job.Args.EventID
 	permanent := IsPermanent(cause)
+	if database.IsUnavailable(cause) {
+		// The database went away: not the event's fault, and nothing can be recorded now. River
+		// retries with backoff; an outage never dead-letters an event.
+		i.log.Warn("webhook event processing interrupted: database unavailable; will retry", "event_id", id, "error", cause)
+		return cause
+	}
 	if !permanent && attempts < i.cfg.MaxAttempts {
 		i.log.Warn("webhook event processing failed; will retry", "event_id", id, "type", ev.Type,
 			"attempt", attempts, "max_attempts", i.cfg.MaxAttempts, "error", cause)

@@ -61,9 +61,15 @@ func decodeEnvelope(body []byte) (envelope, error) {
 		return env, errors.New(`event has no "livemode"`)
 	case env.Data == nil || len(bytes.TrimSpace(env.Data.Object)) == 0:
 		return env, errors.New(`event has no "data.object"`)
+	case env.Created > maxCreated:
+		return env, errors.New(`event has no valid "created"`)
 	}
 	return env, nil
 }
+
+// maxCreated (9999-12-31T23:59:59Z) bounds an event's "created": beyond, pgx silently wraps the
+// timestamp or PostgreSQL refuses it (a 500 that Stripe would retry for days).
+const maxCreated = 253402300799
 
 func (e envelope) apiVersion() string {
 	if e.APIVersion == nil {

@@ -14,7 +14,9 @@ import (
 
 	"billing/customers"
 	"billing/internal/apierr"
+	"billing/internal/database"
 	"billing/internal/httpserver"
+	"billing/internal/stripeclient"
 )
 
 // Charge statuses of a completed row besides Stripe's own PaymentIntent statuses (succeeded,
@@ -128,7 +130,7 @@ func (s *Service) charge(ctx context.Context, req chargeRequest) reply {
 			return reply{err: apierr.New(apierr.CodeNoCustomer, "user %s has no Stripe customer; PUT /v1/customers/%s first", req.UserID, req.UserID)}
 		}
 		if err != nil {
-			return reply{err: dbError(err, "load customer")}
+			return reply{err: database.APIError(err, "load customer")}
 		}
 		if err := s.insertCharge(ctx, req, hash, cust.StripeID()); err != nil {
 			return reply{err: err}
@@ -162,23 +164,27 @@ func (s *Service) loadCharge(ctx context.Context, db *gorm.DB, orderID string, l
 	var row chargeRow
 	res := db.WithContext(ctx).Raw(q, orderID).Scan(&row)
 	if res.Error != nil {
-		return nil, false, dbError(res.Error, "load charge")
+		return nil, false, database.APIError(res.Error, "load charge")
 	}
 	return &row, res.RowsAffected > 0, nil
 }
 
 // insertCharge writes the pending row (committed before any call to Stripe). A row already
 // there — a concurrent identical request, or a conflicting one — is left alone.
+//
+// The conflict target is left open on purpose: the row has two unique keys, order_id and the
+// idempotency_key derived from it, and an insert racing a concurrent one may collide on either.
+// ON CONFLICT (order_id) would turn a collision on the other into a unique violation (a 500).
 func (s *Service) insertCharge(ctx context.Context, req chargeRequest, hash, stripeCustomerID string) error {
 	now := s.now().UTC()
 	err := s.db.WithContext(ctx).Exec(`
 		INSERT INTO charges (order_id, user_id, stripe_customer_id, amount, currency, description,
 			request_hash, idempotency_key, livemode, state, created_at, updated_at)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-		ON CONFLICT (order_id) DO NOTHING`,
+		ON CONFLICT DO NOTHING`,
 		req.OrderID, req.UserID, stripeCustomerID, req.Amount, req.Currency, req.Description,
 		hash, ChargeKey(req.OrderID), s.livemode, statePending, now, now).Error
-	return dbError(err, "insert charge")
+	return database.APIError(err, "insert charge")
 }
 
 func chargeConflict(row *chargeRow, req chargeRequest) error {
@@ -216,12 +222,12 @@ func (s *Service) resolvePaymentMethod(ctx context.Context, row *chargeRow) erro
 	pm := ""
 	sc, err := s.stripe.Customers.Get(row.StripeCustomerID, params)
 	switch {
-	case err != nil && stripeOutage(err):
+	case err != nil && stripeclient.Retryable(err):
 		return unavailable(err, "look up the customer's payment method")
 	case err != nil:
 		// Let the charge itself report what Stripe thinks of this customer.
 		s.log.WarnContext(ctx, "customer lookup refused; charging without an explicit payment method",
-			"order_id", row.OrderID, "stripe_customer_id", row.StripeCustomerID, stripeErrAttr(err))
+			"order_id", row.OrderID, "stripe_customer_id", row.StripeCustomerID, stripeclient.LogAttr(err))
 	case sc.InvoiceSettings != nil && sc.InvoiceSettings.DefaultPaymentMethod != nil:
 		pm = sc.InvoiceSettings.DefaultPaymentMethod.ID
 	}
@@ -229,7 +235,7 @@ func (s *Service) resolvePaymentMethod(ctx context.Context, row *chargeRow) erro
 		UPDATE charges SET payment_method_id = ?, updated_at = ?
 		WHERE order_id = ? AND payment_method_id IS NULL AND state = ?`,
 		pm, s.now().UTC(), row.OrderID, statePending).Error
-	return dbError(err, "store payment method")
+	return database.APIError(err, "store payment method")
 }
 
 // chargeOutcome is what one attempt at Stripe came to.
@@ -265,7 +271,7 @@ func (s *Service) finishCharge(ctx context.Context, orderID string) reply {
 			if err := tx.Exec(`
 				UPDATE charges SET attempts = attempts + 1, last_attempt_at = ?, error_code = ?, updated_at = ?
 				WHERE order_id = ?`, now, string(out.apiErr.Code), now, orderID).Error; err != nil {
-				return dbError(err, "record charge attempt")
+				return database.APIError(err, "record charge attempt")
 			}
 			rep = reply{err: out.apiErr}
 			return nil
@@ -293,7 +299,7 @@ func (s *Service) finishCharge(ctx context.Context, orderID string) reply {
 			WHERE order_id = ?`,
 			stateCompleted, out.status, out.paymentIntentID, answer, errorCode, out.declineCode, now, now, now,
 			orderID).Error; err != nil {
-			return dbError(err, "complete charge")
+			return database.APIError(err, "complete charge")
 		}
 		s.log.InfoContext(ctx, "charge completed", "order_id", orderID, "status", out.status,
 			"payment_intent_id", out.paymentIntentID, "decline_code", out.declineCode)
@@ -301,7 +307,7 @@ func (s *Service) finishCharge(ctx context.Context, orderID string) reply {
 		return nil
 	})
 	if err != nil {
-		return reply{err: dbError(err, "finish charge")}
+		return reply{err: database.APIError(err, "finish charge")}
 	}
 	return rep
 }
@@ -312,7 +318,7 @@ func (s *Service) attemptCharge(ctx context.Context, row *chargeRow) chargeOutco
 	if s.now().Sub(row.CreatedAt) >= keyWindow {
 		pi, err := s.findPaymentIntent(ctx, row.OrderID)
 		if err != nil {
-			return searchErrorOutcome(err)
+			return chargeOutcome{apiErr: lookupFailed(err, "charge")}
 		}
 		if pi != nil {
 			s.log.InfoContext(ctx, "payment intent of an old pending charge found by search",
@@ -342,10 +348,10 @@ func (s *Service) attemptCharge(ctx context.Context, row *chargeRow) chargeOutco
 	params.SetIdempotencyKey(row.IdempotencyKey)
 	pi, err := s.stripe.PaymentIntents.New(params)
 	if err != nil {
-		if !stripeOutage(err) {
-			s.log.WarnContext(ctx, "charge refused by Stripe", "order_id", row.OrderID, stripeErrAttr(err))
+		if !stripeclient.Retryable(err) {
+			s.log.WarnContext(ctx, "charge refused by Stripe", "order_id", row.OrderID, stripeclient.LogAttr(err))
 		} else {
-			s.log.WarnContext(ctx, "charge attempt failed; row stays pending", "order_id", row.OrderID, stripeErrAttr(err))
+			s.log.WarnContext(ctx, "charge attempt failed; row stays pending", "order_id", row.OrderID, stripeclient.LogAttr(err))
 		}
 		return chargeErrorOutcome(err)
 	}
@@ -394,10 +400,11 @@ func paymentIntentOutcome(pi *stripe.PaymentIntent) chargeOutcome {
 // chargeErrorOutcome maps a failed call.
 func chargeErrorOutcome(err error) chargeOutcome {
 	var se *stripe.Error
-	switch {
-	case stripeOutage(err):
+	if stripeclient.Retryable(err) || !errors.As(err, &se) {
 		return chargeOutcome{apiErr: unavailable(err, "charge")}
-	case errors.As(err, &se) && se.Type == stripe.ErrorTypeCard:
+	}
+	switch {
+	case se.Type == stripe.ErrorTypeCard:
 		piID := ""
 		if se.PaymentIntent != nil {
 			piID = se.PaymentIntent.ID
@@ -410,13 +417,12 @@ func chargeErrorOutcome(err error) chargeOutcome {
 			code = string(se.Code)
 		}
 		return declined(piID, code, se.Msg)
-	case errors.As(err, &se) && stripeMisconfigured(se):
-		return chargeOutcome{apiErr: apierr.Wrap(err, apierr.CodeStripeError, "Stripe refused the call; the charge stays pending")}
-	case errors.As(err, &se):
-		return chargeOutcome{final: true, status: chargeFailed, apiErr: apierr.Wrap(err, apierr.CodeChargeFailed,
+	case stripeMisconfigured(se):
+		return chargeOutcome{apiErr: refused(err, apierr.CodeStripeError, "Stripe refused the call; the charge stays pending")}
+	default:
+		return chargeOutcome{final: true, status: chargeFailed, apiErr: refused(err, apierr.CodeChargeFailed,
 			"Stripe refused the charge: %s", se.Msg).With("stripe_code", string(se.Code))}
 	}
-	return chargeOutcome{apiErr: unavailable(err, "charge")}
 }
 
 func authenticationRequired(piID, msg string) chargeOutcome {
@@ -438,14 +444,4 @@ func declined(piID, declineCode, msg string) chargeOutcome {
 		apiErr: apierr.New(apierr.CodeCardDeclined, "%s", msg).
 			With("decline_code", declineCode).With("payment_intent_id", piID),
 	}
-}
-
-// searchErrorOutcome maps a failed lookup of an earlier attempt: never final, since it says
-// nothing about the charge; without the lookup we must not create anything.
-func searchErrorOutcome(err error) chargeOutcome {
-	if stripeOutage(err) {
-		return chargeOutcome{apiErr: unavailable(err, "look up an earlier attempt")}
-	}
-	return chargeOutcome{apiErr: apierr.Wrap(err, apierr.CodeStripeError,
-		"Stripe refused the lookup of an earlier attempt; the charge stays pending")}
 }

@@ -1,9 +1,16 @@
 package ledger
 
 import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 
 	"billing/internal/stripetest"
@@ -451,5 +458,81 @@ func TestLedgerEndpointsNeedTheAppToken(t *testing.T) {
 	}
 	if n := len(v.proxy.Requests()); n != 0 {
 		t.Errorf("unauthenticated requests called Stripe %d times", n)
+	}
+}
+
+// A Stripe error embeds objects (a PaymentIntent and its client_secret, the card's payment
+// method); logging the error as it is would write them into the log. Nothing of them may appear.
+func TestStripeErrorObjectsStayOutOfLogs(t *testing.T) {
+	t.Parallel()
+	var logs bytes.Buffer
+	var mu sync.Mutex
+	v := newEnvLogging(t, slog.New(slog.NewTextHandler(lockedWriter{&mu, &logs}, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	v.addCustomer("u1")
+	leaky := func(status int, typ string) func(stripetest.Request) stripetest.Answer {
+		return func(stripetest.Request) stripetest.Answer {
+			return stripetest.Answer{Status: status, Body: map[string]any{"error": map[string]any{
+				"type": typ, "code": "some_code", "message": "Something went wrong.",
+				"payment_intent": map[string]any{"id": "pi_leak", "object": "payment_intent", "client_secret": "pi_leak_secret_XYZ"},
+				"payment_method": map[string]any{"id": "pm_leak", "object": "payment_method",
+					"card": map[string]any{"last4": "4242", "fingerprint": "fp_SECRET"}},
+			}}}
+		}
+	}
+	// An outage (logged as a 5xx), a refusal that leaves the row pending (502) and a final one.
+	v.proxy.Respond(http.MethodPost, piPath, 1, leaky(http.StatusInternalServerError, "api_error")) // stripe-go's retries replay it
+	expectError(t, v.charge("o1", "u1", 100, "usd"), http.StatusServiceUnavailable, "stripe_unavailable")
+	v.proxy.Respond(http.MethodPost, piPath, 1, leaky(http.StatusUnauthorized, "invalid_request_error"))
+	v.proxy.Respond(http.MethodPost, piPath, 1, leaky(http.StatusBadRequest, "invalid_request_error"))
+	expectError(t, v.charge("o2", "u1", 100, "usd"), http.StatusBadGateway, "stripe_error")
+	expectError(t, v.charge("o3", "u1", 100, "usd"), http.StatusUnprocessableEntity, "charge_failed")
+
+	mu.Lock()
+	out := logs.String()
+	mu.Unlock()
+	if !strings.Contains(out, "request failed") {
+		t.Fatalf("the 5xx answers were not logged: %s", out)
+	}
+	for _, secret := range []string{"pi_leak_secret_XYZ", "fp_SECRET", "4242"} {
+		if strings.Contains(out, secret) {
+			t.Errorf("log contains %q:\n%s", secret, out)
+		}
+	}
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(b)
+}
+
+// Identical first requests race to insert the order's row. The row has two unique keys
+// (order_id, idempotency_key); an insert that loses the race on the second must be a no-op like
+// one that loses it on the first, not a 500.
+func TestConcurrentInsertsOfOneOrderAreNoOps(t *testing.T) {
+	t.Parallel()
+	v := newEnv(t)
+	svc := New(Deps{DB: v.db})
+	for round := range 30 {
+		req := chargeRequest{OrderID: fmt.Sprintf("o%d", round), UserID: "u1", Amount: 100, Currency: "usd"}
+		errs := make([]error, 10)
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for i := range errs {
+			wg.Go(func() {
+				<-start
+				errs[i] = svc.insertCharge(context.Background(), req, requestHash(req), "cus_u1")
+			})
+		}
+		close(start)
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
 	}
 }

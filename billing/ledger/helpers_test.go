@@ -1,15 +1,11 @@
 package ledger
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
-	"encoding/json"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"gorm.io/gorm"
 
+	"billing/internal/apitest"
 	"billing/internal/auth"
 	"billing/internal/httpserver"
 	"billing/internal/stripeclient"
@@ -46,9 +43,14 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
+	return newEnvLogging(t, apitest.Logger(t, slog.LevelWarn))
+}
+
+// newEnvLogging is newEnv with the service's (and the HTTP layer's) log going to logger.
+func newEnvLogging(t *testing.T, logger *slog.Logger) *env {
+	t.Helper()
 	db := testenv.DB(t)
 	proxy := stripetest.New(t, testenv.StripeMockURL(t))
-	logger := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	svc := New(Deps{
 		DB:     db,
 		Stripe: stripeclient.New(proxy.URL, "sk_test_ledger", logger),
@@ -87,25 +89,7 @@ func (v *env) do(method, path string, body any) *httptest.ResponseRecorder {
 
 func (v *env) doAs(token, method, path string, body any) *httptest.ResponseRecorder {
 	v.t.Helper()
-	var b []byte
-	switch x := body.(type) {
-	case nil:
-	case string:
-		b = []byte(x)
-	default:
-		var err error
-		if b, err = json.Marshal(x); err != nil {
-			v.t.Fatalf("encode body: %v", err)
-		}
-	}
-	req := httptest.NewRequest(method, path, bytes.NewReader(b))
-	req.Header.Set("Content-Type", "application/json")
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	rec := httptest.NewRecorder()
-	v.e.ServeHTTP(rec, req)
-	return rec
+	return apitest.Do(v.t, v.e, token, method, path, body)
 }
 
 type chargeJSON map[string]any
@@ -180,78 +164,12 @@ func (v *env) expectKeys(method, path, key string, wantRequests int) []stripetes
 	return reqs
 }
 
-// waitForLockWaiters blocks until n backends of this test's database wait on a lock: the
-// concurrent requests are then provably queued behind the row lock.
-func (v *env) waitForLockWaiters(n int) {
-	v.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		var waiting int
-		if err := v.db.Raw(`SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting).Error; err != nil {
-			v.t.Fatalf("count lock waiters: %v", err)
-		}
-		if waiting >= n {
-			return
-		}
-		if time.Now().After(deadline) {
-			v.t.Fatalf("only %d of %d requests wait on the lock", waiting, n)
-		}
-	}
-}
+// waitForLockWaiters blocks until n requests of this test wait on a lock.
+func (v *env) waitForLockWaiters(n int) { apitest.WaitForLockWaiters(v.t, v.db, n) }
 
-// concurrently runs n copies of fn at once and returns their answers.
-func concurrently(n int, fn func(i int) *httptest.ResponseRecorder) []*httptest.ResponseRecorder {
-	out := make([]*httptest.ResponseRecorder, n)
-	var wg sync.WaitGroup
-	start := make(chan struct{})
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-start
-			out[i] = fn(i)
-		}()
-	}
-	close(start)
-	wg.Wait()
-	return out
-}
-
-func expectStatus(t *testing.T, rec *httptest.ResponseRecorder, want int) {
-	t.Helper()
-	if rec.Code != want {
-		t.Fatalf("status %d, want %d; body %s", rec.Code, want, rec.Body.String())
-	}
-}
-
-func decode(t *testing.T, rec *httptest.ResponseRecorder) map[string]any {
-	t.Helper()
-	var m map[string]any
-	if err := json.Unmarshal(rec.Body.Bytes(), &m); err != nil {
-		t.Fatalf("decode %q: %v", rec.Body.String(), err)
-	}
-	return m
-}
-
-// expectError checks an error answer's status and code and returns its error object.
-func expectError(t *testing.T, rec *httptest.ResponseRecorder, status int, code string) map[string]any {
-	t.Helper()
-	expectStatus(t, rec, status)
-	e, _ := decode(t, rec)["error"].(map[string]any)
-	if e == nil || e["code"] != code {
-		t.Fatalf("error %s, want code %s", rec.Body.String(), code)
-	}
-	if msg, _ := e["message"].(string); strings.TrimSpace(msg) == "" {
-		t.Errorf("error without message: %s", rec.Body.String())
-	}
-	return e
-}
-
-// testWriter sends log lines to the test's log, shown when it fails.
-type testWriter struct{ t *testing.T }
-
-func (w testWriter) Write(b []byte) (int, error) {
-	w.t.Log(strings.TrimSpace(string(b)))
-	return len(b), nil
-}
+var (
+	concurrently = apitest.Concurrently
+	expectStatus = apitest.ExpectStatus
+	decode       = apitest.Decode
+	expectError  = apitest.ExpectError
+)

@@ -47,7 +47,7 @@ import (
 	"gorm.io/gorm"
 
 	"billing/internal/apierr"
-	"billing/internal/database"
+	"billing/internal/stripeclient"
 )
 
 // keyWindow is how long after a row's creation we rely on Stripe still knowing its idempotency
@@ -193,34 +193,9 @@ func requestHash(v any) string {
 	return hex.EncodeToString(sum[:])
 }
 
-func dbError(err error, what string) error {
-	if err == nil {
-		return nil
-	}
-	if _, ok := apierr.As(err); ok {
-		return err
-	}
-	if database.IsUnavailable(err) {
-		return apierr.Wrap(fmt.Errorf("%s: %w", what, err), apierr.CodeDatabaseDown, "database unavailable")
-	}
-	return apierr.Internal(fmt.Errorf("%s: %w", what, err))
-}
-
 func isUniqueViolation(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "23505"
-}
-
-// stripeOutage reports whether a failed call may not have reached Stripe or may succeed when
-// repeated: network errors, 5xx, 429 and 409 (key in use by a concurrent request). stripe-go
-// has already retried these with the same key; the row stays pending for the next request.
-func stripeOutage(err error) bool {
-	var se *stripe.Error
-	if !errors.As(err, &se) {
-		return true
-	}
-	return se.HTTPStatusCode >= 500 || se.HTTPStatusCode == http.StatusTooManyRequests ||
-		se.HTTPStatusCode == http.StatusConflict || se.HTTPStatusCode == 0
 }
 
 // stripeMisconfigured reports refusals that say nothing about the charge itself — a key reused
@@ -232,17 +207,22 @@ func stripeMisconfigured(se *stripe.Error) bool {
 }
 
 func unavailable(err error, what string) *apierr.Error {
-	return apierr.Wrap(fmt.Errorf("%s: %w", what, err), apierr.CodeStripeUnavailable,
+	return apierr.Wrap(fmt.Errorf("%s: %w", what, stripeclient.Redact(err)), apierr.CodeStripeUnavailable,
 		"Stripe could not be reached to %s; repeat the same request to finish it", what)
 }
 
-// stripeErrAttr summarises a failed call for logs: Stripe's error fields, without the objects an
-// error may embed (a PaymentIntent carries its client_secret).
-func stripeErrAttr(err error) slog.Attr {
-	var se *stripe.Error
-	if errors.As(err, &se) {
-		return slog.Group("stripe_error", "status", se.HTTPStatusCode, "type", string(se.Type), "code", string(se.Code),
-			"decline_code", string(se.DeclineCode), "request_id", se.RequestID, "message", se.Msg)
+// lookupFailed maps a failed lookup of an earlier attempt beyond the key window. It is never
+// final, since it says nothing about the charge or refund itself; and without the lookup
+// nothing may be created, so the row stays pending. what is "charge" or "refund".
+func lookupFailed(err error, what string) *apierr.Error {
+	if stripeclient.Retryable(err) {
+		return unavailable(err, "look up an earlier "+what+" attempt")
 	}
-	return slog.String("error", err.Error())
+	return refused(err, apierr.CodeStripeError,
+		"Stripe refused the lookup of an earlier attempt; the %s stays pending", what)
+}
+
+// refused is a Stripe refusal as an answer; the cause keeps only the redacted Stripe error.
+func refused(err error, code apierr.Code, format string, args ...any) *apierr.Error {
+	return apierr.Wrap(stripeclient.Redact(err), code, format, args...)
 }

@@ -12,7 +12,9 @@ import (
 	"gorm.io/gorm"
 
 	"billing/internal/apierr"
+	"billing/internal/database"
 	"billing/internal/httpserver"
+	"billing/internal/stripeclient"
 )
 
 // refundError is the ledger status of a refund that Stripe refused (422 refund_failed).
@@ -137,7 +139,7 @@ func (s *Service) loadRefund(ctx context.Context, db *gorm.DB, orderID, refundID
 	var row refundRow
 	res := db.WithContext(ctx).Raw(q, orderID, refundID).Scan(&row)
 	if res.Error != nil {
-		return nil, false, dbError(res.Error, "load refund")
+		return nil, false, database.APIError(res.Error, "load refund")
 	}
 	return &row, res.RowsAffected > 0, nil
 }
@@ -150,7 +152,7 @@ func (s *Service) reserveRefund(ctx context.Context, req refundRequest, hash str
 		var ch chargeRow
 		res := tx.Raw(`SELECT * FROM charges WHERE order_id = ? FOR UPDATE`, req.OrderID).Scan(&ch)
 		if res.Error != nil {
-			return dbError(res.Error, "lock charge")
+			return database.APIError(res.Error, "lock charge")
 		}
 		if res.RowsAffected == 0 {
 			return apierr.New(apierr.CodeNotFound, "no charge for order %s", req.OrderID).With("order_id", req.OrderID)
@@ -173,7 +175,7 @@ func (s *Service) reserveRefund(ctx context.Context, req refundRequest, hash str
 			SELECT COALESCE(SUM(amount), 0) FROM refunds
 			WHERE order_id = ? AND NOT (state = ? AND status IN ('failed', 'canceled', ?))`,
 			req.OrderID, stateCompleted, refundError).Scan(&reserved).Error; err != nil {
-			return dbError(err, "sum refunds")
+			return database.APIError(err, "sum refunds")
 		}
 		remaining := ch.Amount - reserved
 		amount := remaining
@@ -196,9 +198,9 @@ func (s *Service) reserveRefund(ctx context.Context, req refundRequest, hash str
 				"refund_id %s of order %s gives the idempotency key of another refund; use another refund_id",
 				req.RefundID, req.OrderID).With("order_id", req.OrderID).With("refund_id", req.RefundID)
 		}
-		return dbError(err, "insert refund")
+		return database.APIError(err, "insert refund")
 	})
-	return dbError(err, "reserve refund")
+	return database.APIError(err, "reserve refund")
 }
 
 type refundOutcome struct {
@@ -226,7 +228,7 @@ func (s *Service) finishRefund(ctx context.Context, orderID, refundID string) re
 		var piID string
 		if err := tx.Raw(`SELECT COALESCE(payment_intent_id, '') FROM charges WHERE order_id = ?`, orderID).
 			Scan(&piID).Error; err != nil {
-			return dbError(err, "load payment intent of refund")
+			return database.APIError(err, "load payment intent of refund")
 		}
 		out := s.attemptRefund(ctx, row, piID)
 		now := s.now().UTC()
@@ -234,7 +236,7 @@ func (s *Service) finishRefund(ctx context.Context, orderID, refundID string) re
 			if err := tx.Exec(`
 				UPDATE refunds SET attempts = attempts + 1, last_attempt_at = ?, error_code = ?, updated_at = ?
 				WHERE order_id = ? AND refund_id = ?`, now, string(out.apiErr.Code), now, orderID, refundID).Error; err != nil {
-				return dbError(err, "record refund attempt")
+				return database.APIError(err, "record refund attempt")
 			}
 			rep = reply{err: out.apiErr}
 			return nil
@@ -259,7 +261,7 @@ func (s *Service) finishRefund(ctx context.Context, orderID, refundID string) re
 				error_code = ?, attempts = attempts + 1, last_attempt_at = ?, completed_at = ?, updated_at = ?
 			WHERE order_id = ? AND refund_id = ?`,
 			stateCompleted, out.status, out.stripeRefundID, answer, errorCode, now, now, now, orderID, refundID).Error; err != nil {
-			return dbError(err, "complete refund")
+			return database.APIError(err, "complete refund")
 		}
 		s.log.InfoContext(ctx, "refund completed", "order_id", orderID, "refund_id", refundID,
 			"status", out.status, "stripe_refund_id", out.stripeRefundID, "amount", row.Amount)
@@ -267,7 +269,7 @@ func (s *Service) finishRefund(ctx context.Context, orderID, refundID string) re
 		return nil
 	})
 	if err != nil {
-		return reply{err: dbError(err, "finish refund")}
+		return reply{err: database.APIError(err, "finish refund")}
 	}
 	return rep
 }
@@ -280,11 +282,7 @@ func (s *Service) attemptRefund(ctx context.Context, row *refundRow, paymentInte
 	if s.now().Sub(row.CreatedAt) >= keyWindow {
 		r, err := s.findRefund(ctx, row, paymentIntentID)
 		if err != nil {
-			if stripeOutage(err) {
-				return refundOutcome{apiErr: unavailable(err, "look up an earlier refund attempt")}
-			}
-			return refundOutcome{apiErr: apierr.Wrap(err, apierr.CodeStripeError,
-				"Stripe refused the lookup of an earlier attempt; the refund stays pending")}
+			return refundOutcome{apiErr: lookupFailed(err, "refund")}
 		}
 		if r != nil {
 			s.log.InfoContext(ctx, "refund of an old pending row found on Stripe",
@@ -304,18 +302,17 @@ func (s *Service) attemptRefund(ctx context.Context, row *refundRow, paymentInte
 	if err == nil {
 		return refundOutcome{final: true, status: string(r.Status), stripeRefundID: r.ID}
 	}
-	s.log.WarnContext(ctx, "refund attempt failed", "order_id", row.OrderID, "refund_id", row.RefundID, stripeErrAttr(err))
+	s.log.WarnContext(ctx, "refund attempt failed", "order_id", row.OrderID, "refund_id", row.RefundID, stripeclient.LogAttr(err))
 	var se *stripe.Error
 	switch {
-	case stripeOutage(err):
+	case stripeclient.Retryable(err) || !errors.As(err, &se):
 		return refundOutcome{apiErr: unavailable(err, "refund")}
-	case errors.As(err, &se) && stripeMisconfigured(se):
-		return refundOutcome{apiErr: apierr.Wrap(err, apierr.CodeStripeError, "Stripe refused the call; the refund stays pending")}
-	case errors.As(err, &se):
-		return refundOutcome{final: true, status: refundError, apiErr: apierr.Wrap(err, apierr.CodeRefundFailed,
+	case stripeMisconfigured(se):
+		return refundOutcome{apiErr: refused(err, apierr.CodeStripeError, "Stripe refused the call; the refund stays pending")}
+	default:
+		return refundOutcome{final: true, status: refundError, apiErr: refused(err, apierr.CodeRefundFailed,
 			"Stripe refused the refund: %s", se.Msg).With("stripe_code", string(se.Code))}
 	}
-	return refundOutcome{apiErr: unavailable(err, "refund")}
 }
 
 // findRefund looks up the refund made by an earlier attempt among the PaymentIntent's refunds

@@ -8,6 +8,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"time"
@@ -70,7 +71,8 @@ func IsUnavailable(err error) bool {
 	if err == nil {
 		return false
 	}
-	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, sql.ErrConnDone) {
+	// A pooled connection to a server that restarted fails with an unexpected EOF.
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, sql.ErrConnDone) || errors.Is(err, io.ErrUnexpectedEOF) {
 		return true
 	}
 	var netErr net.Error
@@ -95,8 +97,16 @@ func IsUnavailable(err error) bool {
 }
 
 // APIError turns a failed query into the client's answer: 503 when the database is unreachable
-// (the client should retry), 500 otherwise. what says what failed, for the log.
+// (the client should retry), 500 otherwise. what says what failed, for the log. nil stays nil,
+// and an error that already is an answer (an *apierr.Error returned from inside a transaction)
+// is kept as it is, so that callers can map whatever a transaction returns in one place.
 func APIError(err error, what string) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := apierr.As(err); ok {
+		return err
+	}
 	if IsUnavailable(err) {
 		return apierr.Wrap(fmt.Errorf("%s: %w", what, err), apierr.CodeDatabaseDown, "the database is unavailable; retry later")
 	}

@@ -192,7 +192,9 @@ func (p *Proxy) ForgetKeys() {
 	p.keys = map[string]*keyEntry{}
 }
 
-// Requests returns a copy of every request received so far, in arrival order.
+// Requests returns a copy of every request received so far, in the order their outcome was
+// decided (answered or dropped): for requests in flight at once, not necessarily the order in
+// which they arrived.
 func (p *Proxy) Requests() []Request {
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -1,0 +1,226 @@
+package billing
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/labstack/echo/v4"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverdatabasesql"
+	"gorm.io/gorm"
+
+	"billing/internal/httpserver"
+	"billing/internal/stripeevents"
+	"billing/internal/testenv"
+	"billing/webhooks"
+)
+
+// The lifecycle through the real webhook path: signed deliveries to POST /webhooks/stripe,
+// stored by the inbox, processed by its River worker (handler effects, notice jobs and the
+// "processed" mark in one transaction), and notices sent by the NoticeWorker.
+
+const pathSecret = "whsec_billing_path_test"
+
+type webhookPath struct {
+	t    *testing.T
+	db   *gorm.DB
+	e    *echo.Echo
+	mu   sync.Mutex
+	sent []string
+}
+
+func newWebhookPath(t *testing.T) *webhookPath {
+	t.Helper()
+	db := testenv.DB(t)
+	sqlDB, err := db.DB()
+	if err != nil {
+		t.Fatal(err)
+	}
+	logger := slog.New(slog.DiscardHandler)
+	p := &webhookPath{t: t, db: db}
+
+	reg := webhooks.NewRegistry()
+	inbox := webhooks.New(webhooks.Config{
+		DB: db, Logger: logger, Registry: reg, TestSecrets: []string{pathSecret},
+		Tolerance: 5 * time.Minute, MaxAttempts: 3, RetryDelay: time.Millisecond,
+		Metrics: webhooks.NewMetrics(prometheus.NewRegistry()),
+	})
+	notices := NewNoticeWorker(db, MailConfig{SMTPURL: "smtp://127.0.0.1:1", From: "billing@example.com"}, logger)
+	notices.send = func(_ context.Context, _ MailConfig, to string, _ []byte) error {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		p.sent = append(p.sent, to)
+		return nil
+	}
+	workers := river.NewWorkers()
+	inbox.AddWorkers(workers)
+	river.AddWorker(workers, notices)
+	rc, err := river.NewClient(riverdatabasesql.New(sqlDB), &river.Config{
+		Queues: map[string]river.QueueConfig{
+			river.QueueDefault:     {MaxWorkers: 4},
+			webhooks.QueueWebhooks: {MaxWorkers: 8},
+		},
+		Workers:           workers,
+		PollOnly:          true,
+		FetchCooldown:     5 * time.Millisecond,
+		FetchPollInterval: 10 * time.Millisecond,
+		Logger:            logger,
+		TestOnly:          true,
+	})
+	if err != nil {
+		t.Fatalf("river client: %v", err)
+	}
+	inbox.SetJobs(rc)
+	svc := New(Deps{DB: db, Jobs: rc, Logger: logger, PastDueEntitled: true})
+	svc.Register(reg)
+
+	e := httpserver.New(httpserver.Options{Logger: logger, Registry: prometheus.NewRegistry(), Ready: func(context.Context) error { return nil }})
+	inbox.MountWebhook(e)
+	svc.MountAPI(e.Group("/v1"))
+	svc.MountAdmin(e.Group("/admin"))
+	p.e = e
+
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := rc.Start(ctx); err != nil {
+		t.Fatalf("start river: %v", err)
+	}
+	t.Cleanup(func() {
+		stopCtx, stop := context.WithTimeout(context.Background(), 10*time.Second)
+		defer stop()
+		_ = rc.Stop(stopCtx)
+		cancel()
+	})
+	return p
+}
+
+// deliver posts a signed event and returns the inbox's {"status"}.
+func (p *webhookPath) deliver(payload []byte) string {
+	p.t.Helper()
+	req := httptest.NewRequest(http.MethodPost, "/webhooks/stripe", strings.NewReader(string(payload)))
+	req.Header.Set("Stripe-Signature", stripeevents.SignatureHeader(payload, pathSecret, time.Now()))
+	rec := httptest.NewRecorder()
+	p.e.ServeHTTP(rec, req)
+	var b struct{ Status string }
+	if rec.Code != http.StatusOK || json.Unmarshal(rec.Body.Bytes(), &b) != nil {
+		p.t.Fatalf("delivery answered %d %s", rec.Code, rec.Body)
+	}
+	return b.Status
+}
+
+func (p *webhookPath) get(path string, out any) {
+	p.t.Helper()
+	rec := httptest.NewRecorder()
+	p.e.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+	if rec.Code != http.StatusOK || json.Unmarshal(rec.Body.Bytes(), out) != nil {
+		p.t.Fatalf("GET %s: %d %s", path, rec.Code, rec.Body)
+	}
+}
+
+// waitFor polls query (a count) until it is want; the deadline only bounds a failing test.
+func (p *webhookPath) waitFor(what, query string, want int, args ...any) {
+	p.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var n int
+		if err := p.db.Raw(query, args...).Scan(&n).Error; err != nil {
+			p.t.Fatalf("%s: %v", what, err)
+		}
+		if n == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			p.t.Fatalf("%s: %d, want %d", what, n, want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func (p *webhookPath) processed(ids ...string) {
+	p.t.Helper()
+	p.waitFor("processed events", `SELECT count(*) FROM webhook_events WHERE event_id IN ? AND status = 'processed'`, len(ids), ids)
+}
+
+func (p *webhookPath) sentTo() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.sent)
+}
+
+func TestLifecycleThroughTheWebhookInbox(t *testing.T) {
+	t.Parallel()
+	p := newWebhookPath(t)
+	if err := p.db.Exec(`INSERT INTO customers (user_id, stripe_customer_id, email) VALUES ('u1', 'cus_w', 'u1@example.com')`).Error; err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now().UTC().Truncate(time.Second).Add(-time.Hour)
+	sub := stripeevents.Subscription{ID: "sub_w", Customer: "cus_w", Status: StatusActive, PriceID: "price_w",
+		CurrentPeriodStart: t0, CurrentPeriodEnd: t0.AddDate(0, 1, 0)}
+	inv := stripeevents.Invoice{ID: "in_w", Customer: "cus_w", Subscription: "sub_w", Status: "open", AttemptCount: 1,
+		AmountDue: 2000, Currency: "usd", HostedInvoiceURL: "https://invoice.stripe.com/i/in_w", NextPaymentAttempt: t0.AddDate(0, 0, 3)}
+
+	// Created, then a failed payment; each delivered twice: stored once, applied once, one mail.
+	created := stripeevents.SubscriptionEvent("evt_w1", EventSubscriptionCreated, t0, false, sub)
+	failed := stripeevents.InvoiceEvent("evt_w2", EventInvoicePaymentFailed, t0.Add(10*time.Second), false, inv)
+	for _, ev := range [][]byte{created, failed} {
+		if got := p.deliver(ev); got != "received" {
+			t.Fatalf("first delivery: %q", got)
+		}
+	}
+	for _, ev := range [][]byte{created, failed} {
+		if got := p.deliver(ev); got != "duplicate" {
+			t.Fatalf("redelivery: %q", got)
+		}
+	}
+	p.processed("evt_w1", "evt_w2")
+	p.waitFor("delivered notices", `SELECT count(*) FROM notices WHERE delivery IS NOT NULL`, 1)
+	if got := p.sentTo(); !slices.Equal(got, []string{"u1@example.com"}) {
+		t.Errorf("notices mailed to %v, want one to u1@example.com", got)
+	}
+	var holds holdsBody
+	p.get("/admin/holds", &holds)
+	if len(holds.Holds) != 1 || holds.Holds[0].SubscriptionID != "sub_w" || holds.Holds[0].HoldReason != HoldPaymentFailed ||
+		ptrStr(holds.Holds[0].UserID) != "u1" || ptrInt(holds.Holds[0].AmountDue) != "2000" {
+		t.Fatalf("holds: %+v", holds.Holds)
+	}
+
+	// Out of order and processed concurrently: a newer past_due and an older active snapshot.
+	sub.Status = StatusPastDue
+	newer := stripeevents.SubscriptionEvent("evt_w4", EventSubscriptionUpdated, t0.Add(40*time.Second), false, sub)
+	sub.Status = StatusActive
+	older := stripeevents.SubscriptionEvent("evt_w3", EventSubscriptionUpdated, t0.Add(30*time.Second), false, sub)
+	p.deliver(newer)
+	p.deliver(older)
+	p.processed("evt_w3", "evt_w4")
+	var ent Entitlement
+	p.get("/v1/customers/u1/entitlement", &ent)
+	if ent.Status != StatusPastDue || !ent.Entitled || !ent.OnHold || ptrStr(ent.HoldReason) != HoldPaymentFailed {
+		t.Errorf("after out-of-order updates: %+v", ent)
+	}
+
+	// Paid, and back to active: no hold left, still one mail.
+	inv.Status, inv.NextPaymentAttempt = "paid", time.Time{}
+	sub.Status = StatusActive
+	p.deliver(stripeevents.InvoiceEvent("evt_w5", EventInvoicePaymentSucceeded, t0.Add(50*time.Second), false, inv))
+	p.deliver(stripeevents.SubscriptionEvent("evt_w6", EventSubscriptionUpdated, t0.Add(50*time.Second), false, sub))
+	p.processed("evt_w5", "evt_w6")
+	p.get("/v1/customers/u1/entitlement", &ent)
+	if ent.Status != StatusActive || !ent.Entitled || ent.OnHold || ent.HoldReason != nil {
+		t.Errorf("after recovery: %+v", ent)
+	}
+	p.get("/admin/holds", &holds)
+	if len(holds.Holds) != 0 {
+		t.Errorf("holds after recovery: %+v", holds.Holds)
+	}
+	if got := p.sentTo(); len(got) != 1 {
+		t.Errorf("%d mails in all, want 1", len(got))
+	}
+}

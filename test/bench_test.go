@@ -1,0 +1,541 @@
+package test
+
+// Benchmarks of the real binary against PostgreSQL's own ceiling, measured in the same run on the
+// same durable cluster (fsync on, as in production). `make bench`:
+//
+//	go test -count=1 -run '^$' -bench . -benchtime 1x -timeout 30m ./test/
+//
+// Each benchmark starts its own cluster, runs pgbench with a script doing the same SQL as the
+// service's path, then the service itself, and prints one summary line with the ratio. Results
+// are recorded in docs/benchmarks.md. A ratio under the target is reported, not failed.
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
+
+	"billing/internal/pgcluster"
+	"billing/internal/stripeevents"
+)
+
+const (
+	benchSecret     = "whsec_bench"
+	benchAPIToken   = "app-bench"
+	benchClients    = 32
+	benchDuration   = 10 * time.Second
+	benchUsers      = 10000
+	benchEventBytes = 3 * 1024
+	benchTargetRate = 0.5 // service rate / pgbench rate
+	benchTargetRSS  = 200 // MB
+
+	benchEventType = "customer.subscription.updated"
+	// Placeholders of the event template, replaced per event (same width as the real ids).
+	benchEvtPlaceholder = "evt_bench_000000000000"
+	benchSubPlaceholder = "sub_bench_000000000000"
+)
+
+// benchDB is a durable PostgreSQL cluster started for one benchmark, with a database "billing".
+type benchDB struct {
+	cluster *pgcluster.Cluster
+	url     string
+	db      *sql.DB
+	dir     string // cluster root; also the service's working directory
+}
+
+func startBenchDB(b *testing.B) *benchDB {
+	b.Helper()
+	dir, err := os.MkdirTemp("", "billing-bench-")
+	if err != nil {
+		b.Fatal(err)
+	}
+	// The postgres user (the server runs as postgres when we are root) must reach the directory.
+	if err := os.Chmod(dir, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := pgcluster.Start(ctx, pgcluster.Options{Dir: filepath.Join(dir, "pg"), RemoveOnExit: true})
+	if err != nil {
+		os.RemoveAll(dir)
+		b.Fatalf("start PostgreSQL: %v", err)
+	}
+	b.Cleanup(func() {
+		sctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := c.Stop(sctx); err != nil {
+			b.Errorf("stop PostgreSQL: %v", err)
+		}
+		os.RemoveAll(dir)
+	})
+	admin, err := sql.Open("pgx", c.URL("postgres"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer admin.Close()
+	if _, err := admin.ExecContext(ctx, "CREATE DATABASE billing"); err != nil {
+		b.Fatal(err)
+	}
+	d := &benchDB{cluster: c, url: c.URL("billing"), dir: dir}
+	if d.db, err = sql.Open("pgx", d.url); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { d.db.Close() })
+	// The schema, by the binary itself.
+	if code, out := runCmd(b, dir, map[string]string{"BILLING_DATABASE_URL": d.url}, "migrate"); code != 0 {
+		b.Fatalf("billing migrate: exit %d\n%s", code, out)
+	}
+	return d
+}
+
+func (d *benchDB) exec(b *testing.B, query string, args ...any) {
+	b.Helper()
+	if _, err := d.db.Exec(query, args...); err != nil {
+		b.Fatalf("%.80s: %v", query, err)
+	}
+}
+
+// serverVersion is the server's version string, e.g. "15.18 (Debian 15.18-0+deb12u1)".
+func (d *benchDB) serverVersion(b *testing.B) string {
+	var v string
+	if err := d.db.QueryRow(`SHOW server_version`).Scan(&v); err != nil {
+		b.Fatal(err)
+	}
+	return v
+}
+
+type benchPgbenchResult struct {
+	tps     float64
+	latency time.Duration // average
+}
+
+var (
+	benchPgbenchTPS     = regexp.MustCompile(`tps = ([0-9.]+) \(without initial connection time\)`)
+	benchPgbenchLatency = regexp.MustCompile(`latency average = ([0-9.]+) ms`)
+	benchPgbenchFailed  = regexp.MustCompile(`number of failed transactions: ([0-9]+)`)
+)
+
+// pgbench runs script for dur with clients connections (prepared statements, as pgx caches
+// them) against the benchmark database.
+func (d *benchDB) pgbench(b *testing.B, script string, clients int, dur time.Duration) benchPgbenchResult {
+	b.Helper()
+	bin := filepath.Join(d.cluster.BinDir(), "pgbench")
+	if _, err := os.Stat(bin); err != nil {
+		if bin, err = exec.LookPath("pgbench"); err != nil {
+			b.Fatal("pgbench not found (install postgresql-contrib or the server package)")
+		}
+	}
+	file := filepath.Join(b.TempDir(), "script.sql")
+	if err := os.WriteFile(file, []byte(script), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	cmd := exec.Command(bin, "-n", "-M", "prepared", "-c", strconv.Itoa(clients), "-j", strconv.Itoa(min(clients, runtime.NumCPU())),
+		"-T", strconv.Itoa(int(dur/time.Second)), "-f", file,
+		"-h", "127.0.0.1", "-p", strconv.Itoa(d.cluster.Port()), "-U", "postgres", "billing")
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "PG") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		b.Fatalf("pgbench: %v\n%s", err, out)
+	}
+	tps := benchPgbenchTPS.FindSubmatch(out)
+	lat := benchPgbenchLatency.FindSubmatch(out)
+	if tps == nil || lat == nil {
+		b.Fatalf("pgbench output not understood:\n%s", out)
+	}
+	if f := benchPgbenchFailed.FindSubmatch(out); f != nil && string(f[1]) != "0" {
+		b.Fatalf("pgbench: %s failed transactions:\n%s", f[1], out)
+	}
+	var r benchPgbenchResult
+	r.tps, _ = strconv.ParseFloat(string(tps[1]), 64)
+	ms, _ := strconv.ParseFloat(string(lat[1]), 64)
+	r.latency = time.Duration(ms * float64(time.Millisecond))
+	return r
+}
+
+// startBenchService runs `billing serve` on the benchmark database, logging at info as in
+// production.
+func startBenchService(b *testing.B, d *benchDB) *proc {
+	b.Helper()
+	return start(b, d.dir, map[string]string{
+		"BILLING_DATABASE_URL":                d.url,
+		"BILLING_STRIPE_WEBHOOK_SECRETS_TEST": benchSecret,
+		"BILLING_AUTH_API_TOKENS":             benchAPIToken,
+		"BILLING_LOG_LEVEL":                   "info",
+	})
+}
+
+func benchHTTPClient() *http.Client {
+	return &http.Client{
+		Timeout: 30 * time.Second,
+		Transport: &http.Transport{
+			MaxIdleConns:        128,
+			MaxIdleConnsPerHost: 64,
+			IdleConnTimeout:     time.Minute,
+			DisableCompression:  true,
+		},
+	}
+}
+
+// load runs clients workers for dur; each calls do in a loop and its successful calls' latencies
+// are kept. It returns them (sorted), the elapsed time and the first error.
+func benchLoad(clients int, dur time.Duration, do func(worker, i int) error) (lat []time.Duration, elapsed time.Duration, errs int, firstErr error) {
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	begin := time.Now()
+	deadline := begin.Add(dur)
+	for w := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			own := make([]time.Duration, 0, 4096)
+			bad := 0
+			var first error
+			for i := 0; time.Now().Before(deadline); i++ {
+				t0 := time.Now()
+				if err := do(w, i); err != nil {
+					bad++
+					if first == nil {
+						first = err
+					}
+					continue
+				}
+				own = append(own, time.Since(t0))
+			}
+			mu.Lock()
+			lat = append(lat, own...)
+			errs += bad
+			if firstErr == nil {
+				firstErr = first
+			}
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	elapsed = time.Since(begin)
+	slices.Sort(lat)
+	return lat, elapsed, errs, firstErr
+}
+
+func benchQuantile(sorted []time.Duration, q float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(q*float64(len(sorted))+0.999999) - 1
+	return sorted[max(0, min(i, len(sorted)-1))]
+}
+
+func benchMS(d time.Duration) string {
+	return strconv.FormatFloat(float64(d)/float64(time.Millisecond), 'f', 1, 64) + "ms"
+}
+
+func benchVerdict(ratio float64) string {
+	if ratio >= benchTargetRate {
+		return fmt.Sprintf("target ≥ %.1f met", benchTargetRate)
+	}
+	return fmt.Sprintf("BELOW TARGET %.1f", benchTargetRate)
+}
+
+// peakRSS is the process's peak resident set size (VmHWM) in MB.
+func benchPeakRSS(b *testing.B, pid int) float64 {
+	b.Helper()
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, err := strconv.ParseFloat(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 64)
+			if err != nil {
+				b.Fatalf("VmHWM: %q", line)
+			}
+			return kb / 1024
+		}
+	}
+	b.Fatal("no VmHWM in /proc status")
+	return 0
+}
+
+// benchEventTemplate is a signed-to-be customer.subscription.updated event of benchEventBytes,
+// padded in the subscription's metadata, with placeholder event and subscription ids.
+func benchEventTemplate(b *testing.B) []byte {
+	b.Helper()
+	now := time.Now()
+	raw := stripeevents.SubscriptionEvent(benchEvtPlaceholder, benchEventType, now, false, stripeevents.Subscription{
+		ID: benchSubPlaceholder, Customer: "cus_bench", Status: "active", PriceID: "price_bench",
+		CurrentPeriodStart: now, CurrentPeriodEnd: now.AddDate(0, 1, 0),
+	})
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var ev map[string]any
+	if err := dec.Decode(&ev); err != nil {
+		b.Fatal(err)
+	}
+	obj := ev["data"].(map[string]any)["object"].(map[string]any)
+	meta := map[string]any{"order_ref": "bench", "padding": ""}
+	obj["metadata"] = meta
+	base, _ := json.Marshal(ev)
+	meta["padding"] = strings.Repeat("x", max(0, benchEventBytes-len(base)))
+	out, err := json.Marshal(ev)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if bytes.Count(out, []byte(benchEvtPlaceholder)) != 1 {
+		b.Fatal("event template: the event id must appear once")
+	}
+	return out
+}
+
+// BenchmarkIngest: 32 concurrent senders post distinct signed ~3 KB customer.subscription.updated
+// events for 10 s; accepted events/s and acknowledgement latency, against pgbench running the
+// same durable writes per event (the webhook_events insert and River's job insert in one
+// transaction) on the same cluster; the time until every accepted event is processed; and the
+// service's peak RSS.
+func BenchmarkIngest(b *testing.B) {
+	d := startBenchDB(b)
+	tmpl := benchEventTemplate(b)
+
+	// The ceiling first, on the fresh schema; then its rows go, so that the service starts from
+	// the same empty tables.
+	ceiling := d.pgbench(b, benchIngestScript(b, d, tmpl), benchClients, benchDuration)
+	d.exec(b, `TRUNCATE webhook_events, river_job CASCADE`)
+	d.exec(b, `CHECKPOINT`)
+
+	p := startBenchService(b, d)
+	client := benchHTTPClient()
+	url := p.url("/webhooks/stripe")
+	lat, elapsed, errs, firstErr := benchLoad(benchClients, benchDuration, func(w, i int) error {
+		suffix := fmt.Sprintf("%02d%010d", w, i)
+		body := bytes.ReplaceAll(tmpl, []byte(benchEvtPlaceholder), []byte("evt_bench_"+suffix))
+		body = bytes.ReplaceAll(body, []byte(benchSubPlaceholder), []byte("sub_bench_"+suffix))
+		req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
+		if err != nil {
+			return err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Stripe-Signature", stripeevents.SignatureHeader(body, benchSecret, time.Now()))
+		resp, err := client.Do(req)
+		if err != nil {
+			return err
+		}
+		answer, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || !bytes.Contains(answer, []byte(`"received"`)) {
+			return fmt.Errorf("%d %s", resp.StatusCode, answer)
+		}
+		return nil
+	})
+	sendEnd := time.Now()
+	accepted := len(lat)
+	if accepted == 0 {
+		b.Fatalf("no event accepted (%d errors, first: %v)", errs, firstErr)
+	}
+	if errs > 0 {
+		b.Errorf("%d deliveries not accepted; first: %v", errs, firstErr)
+	}
+
+	// Drained: no accepted event left unprocessed.
+	var received, processed, failed int
+	for {
+		err := d.db.QueryRow(`SELECT count(*) FILTER (WHERE status = 'received'), count(*) FILTER (WHERE status = 'processed'),
+			count(*) FILTER (WHERE status = 'failed') FROM webhook_events`).Scan(&received, &processed, &failed)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if received == 0 {
+			break
+		}
+		if time.Since(sendEnd) > 5*time.Minute {
+			b.Fatalf("%d events still unprocessed 5 minutes after the last delivery", received)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	drained := time.Since(sendEnd)
+	if processed != accepted || failed != 0 {
+		b.Errorf("accepted %d events; processed %d, failed %d", accepted, processed, failed)
+	}
+	rss := benchPeakRSS(b, p.cmd.Process.Pid)
+	if code := p.stop(b, syscall.SIGTERM); code != 0 {
+		b.Errorf("billing exited %d after SIGTERM", code)
+	}
+
+	rate := float64(accepted) / elapsed.Seconds()
+	ratio := rate / ceiling.tps
+	rssVerdict := fmt.Sprintf("target < %d MB met", benchTargetRSS)
+	if rss >= benchTargetRSS {
+		rssVerdict = fmt.Sprintf("ABOVE TARGET %d MB", benchTargetRSS)
+	}
+	fmt.Printf("ingest: %.0f events/s (pgbench %.0f tps, ratio %.2f, %s), p50 %s p99 %s, drained in %.1fs, peak RSS %.0f MB (%s) [%d events of %d bytes, %d clients, PostgreSQL %s]\n",
+		rate, ceiling.tps, ratio, benchVerdict(ratio), benchMS(benchQuantile(lat, 0.50)), benchMS(benchQuantile(lat, 0.99)), drained.Seconds(), rss, rssVerdict,
+		accepted, len(tmpl), benchClients, d.serverVersion(b))
+	b.ReportMetric(rate, "events/s")
+	b.ReportMetric(ceiling.tps, "pgbench-tps")
+	b.ReportMetric(ratio, "ratio")
+	b.ReportMetric(float64(benchQuantile(lat, 0.99))/float64(time.Millisecond), "p99-ms")
+	b.ReportMetric(drained.Seconds(), "drain-s")
+	b.ReportMetric(rss, "peak-RSS-MB")
+}
+
+var benchPgbenchVariable = regexp.MustCompile(`:[A-Za-z_]`)
+
+// benchIngestScript is the pgbench transaction of one event: the receive path's INSERT into
+// webhook_events (a ~3 KB jsonb payload, the event template with a unique id) and River's
+// InsertTx (its JobInsertFastMany statement, with one job), in one transaction. The jobs go to
+// the real queue; no worker runs while pgbench does, and the rows are truncated afterwards.
+func benchIngestScript(b *testing.B, d *benchDB, tmpl []byte) string {
+	b.Helper()
+	// jsonb's own text form puts a space after every ':', so that pgbench takes no part of the
+	// payload for one of its :variables (checked below).
+	var payload string
+	if err := d.db.QueryRow(`SELECT CAST($1 AS jsonb)::text`, string(tmpl)).Scan(&payload); err != nil {
+		b.Fatal(err)
+	}
+	prefix, suffix, ok := strings.Cut(payload, benchEvtPlaceholder)
+	if !ok || strings.Contains(payload, "'") {
+		b.Fatal("unexpected payload text")
+	}
+	if benchPgbenchVariable.MatchString(prefix) || benchPgbenchVariable.MatchString(suffix) {
+		b.Fatal("the payload would be read as pgbench variables")
+	}
+	return `\set n random(1, 999999999999)
+BEGIN;
+INSERT INTO webhook_events (event_id, source, type, livemode, api_version, status, payload, received_at, failure_reason, event_created)
+VALUES ('evt_pgbench_' || :client_id || '_' || :n, 'stripe', '` + benchEventType + `', false, '2024-06-20', 'received',
+  CAST('` + prefix + `' || 'evt_pgbench_' || :client_id || '_' || :n || '` + suffix + `' AS jsonb),
+  now(), NULL, now())
+ON CONFLICT (event_id) DO NOTHING;
+WITH raw_job_data AS (
+  SELECT
+    unnest(ARRAY[0]::bigint[]) AS id,
+    unnest(ARRAY[CAST('{"event_id": "evt_pgbench_' || :client_id || '_' || :n || '"}' AS jsonb)]) AS args,
+    unnest(ARRAY[now()]::timestamptz[]) AS created_at,
+    unnest(ARRAY['webhook_event']::text[]) AS kind,
+    unnest(ARRAY[25]::smallint[]) AS max_attempts,
+    unnest(ARRAY['{}']::jsonb[]) AS metadata,
+    unnest(ARRAY[1]::smallint[]) AS priority,
+    unnest(ARRAY['webhooks']::text[]) AS queue,
+    unnest(ARRAY[now()]::timestamptz[]) AS scheduled_at,
+    unnest(ARRAY['available']::text[]) AS state,
+    unnest(ARRAY['']::text[]) AS tags,
+    unnest(ARRAY[NULL]::bytea[]) AS unique_key,
+    unnest(ARRAY[0]::integer[]) AS unique_states
+)
+INSERT INTO river_job (id, args, created_at, kind, max_attempts, metadata, priority, queue, scheduled_at, state, tags, unique_key, unique_states)
+SELECT
+  coalesce(nullif(id, 0), nextval('river_job_id_seq'::regclass)), args,
+  coalesce(nullif(created_at, '0001-01-01 00:00:00 +0000'), now()), kind, max_attempts,
+  coalesce(metadata, '{}'::jsonb), priority, queue,
+  coalesce(nullif(scheduled_at, '0001-01-01 00:00:00 +0000'), now()),
+  state::river_job_state, string_to_array(tags, ',')::varchar(255)[],
+  nullif(unique_key, '')::bytea, nullif(unique_states::integer, 0)::bit(8)
+FROM raw_job_data
+ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND unique_states IS NOT NULL
+  AND river_job_state_in_bitmask(unique_states, state)
+  DO UPDATE SET kind = river_job.kind
+RETURNING river_job.*, (xmax != 0) AS unique_skipped_as_duplicate;
+COMMIT;
+`
+}
+
+// benchEntitlementScript is one GET /v1/customers/{user_id}/entitlement of a random user: the
+// customer lookup (customers.Get, as gorm sends it) and the subscriptions of that customer
+// (billing's subscriptionsOf), each in its own implicit transaction as the service runs them.
+const benchEntitlementScript = `\set uid random(1, ` + "10000" + `)
+SELECT * FROM "customers" WHERE user_id = 'user_' || :uid AND stripe_customer_id IS NOT NULL LIMIT 1 \gset
+SELECT s.*, c.user_id FROM subscriptions s LEFT JOIN customers c ON c.stripe_customer_id = s.stripe_customer_id
+  WHERE s.stripe_customer_id = :stripe_customer_id ORDER BY s.created_at, s.subscription_id;
+`
+
+// BenchmarkEntitlement: GET /v1/customers/{user_id}/entitlement at 32 concurrency over 10,000
+// users (customers and subscriptions seeded with SQL; every fifth user also has a canceled
+// subscription, every tenth is past_due with a payment hold) → requests/s and p99, against
+// pgbench running the same two SELECTs for a random user on the same tables.
+func BenchmarkEntitlement(b *testing.B) {
+	if benchUsers != 10000 {
+		b.Fatal("benchEntitlementScript assumes 10000 users")
+	}
+	d := startBenchDB(b)
+	d.exec(b, `INSERT INTO customers (user_id, stripe_customer_id, email, name, livemode)
+		SELECT 'user_' || g, 'cus_bench_' || g, 'user' || g || '@example.com', 'User ' || g, false
+		FROM generate_series(1, $1::int) g`, benchUsers)
+	d.exec(b, `INSERT INTO subscriptions (subscription_id, stripe_customer_id, livemode, status, price_id,
+			current_period_start, current_period_end, status_since, sub_event_id, sub_event_type, sub_event_created, sub_event_rank,
+			payment_hold, payment_hold_since, created_at, updated_at)
+		SELECT 'sub_bench_' || g, 'cus_bench_' || g, false, CASE WHEN g % 10 = 0 THEN 'past_due' ELSE 'active' END, 'price_bench',
+			now() - interval '5 days', now() + interval '25 days', now() - interval '5 days', 'evt_seed_' || g,
+			'customer.subscription.created', now() - interval '5 days', 10,
+			g % 10 = 0, CASE WHEN g % 10 = 0 THEN now() - interval '1 day' END, now() - interval '5 days', now()
+		FROM generate_series(1, $1::int) g`, benchUsers)
+	d.exec(b, `INSERT INTO subscriptions (subscription_id, stripe_customer_id, livemode, status, price_id,
+			current_period_start, current_period_end, canceled_at, ended_at, status_since, sub_event_id, sub_event_type, sub_event_created,
+			sub_event_rank, created_at, updated_at)
+		SELECT 'sub_old_' || g, 'cus_bench_' || g, false, 'canceled', 'price_old', now() - interval '90 days', now() - interval '60 days',
+			now() - interval '60 days', now() - interval '60 days', now() - interval '60 days', 'evt_old_' || g,
+			'customer.subscription.deleted', now() - interval '60 days', 32, now() - interval '90 days', now()
+		FROM generate_series(5, $1::int, 5) g`, benchUsers)
+	d.exec(b, `VACUUM ANALYZE customers`)
+	d.exec(b, `VACUUM ANALYZE subscriptions`)
+
+	ceiling := d.pgbench(b, benchEntitlementScript, benchClients, benchDuration)
+
+	p := startBenchService(b, d)
+	client := benchHTTPClient()
+	lat, elapsed, errs, firstErr := benchLoad(benchClients, benchDuration, func(w, i int) error {
+		user := "user_" + strconv.Itoa(1+rand.IntN(benchUsers))
+		req, err := http.NewRequest(http.MethodGet, p.url("/v1/customers/"+user+"/entitlement"), nil)
+		if err != nil {
+			return err
+		}
+		req.Header.Set("Authorization", "Bearer "+benchAPIToken)
+		resp, err := client.Do(req)
+		if err != nil {
+			return err
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || !bytes.Contains(body, []byte(`"user_id":"`+user+`"`)) {
+			return fmt.Errorf("%s: %d %s", user, resp.StatusCode, body)
+		}
+		return nil
+	})
+	if len(lat) == 0 {
+		b.Fatalf("no request answered (%d errors, first: %v)", errs, firstErr)
+	}
+	if errs > 0 {
+		b.Errorf("%d requests failed; first: %v", errs, firstErr)
+	}
+	if code := p.stop(b, syscall.SIGTERM); code != 0 {
+		b.Errorf("billing exited %d after SIGTERM", code)
+	}
+
+	rate := float64(len(lat)) / elapsed.Seconds()
+	ratio := rate / ceiling.tps
+	fmt.Printf("entitlement: %.0f req/s (pgbench %.0f tps, ratio %.2f, %s), p50 %s p99 %s (pgbench avg %s) [%d users, %d clients, PostgreSQL %s]\n",
+		rate, ceiling.tps, ratio, benchVerdict(ratio), benchMS(benchQuantile(lat, 0.50)), benchMS(benchQuantile(lat, 0.99)), benchMS(ceiling.latency),
+		benchUsers, benchClients, d.serverVersion(b))
+	b.ReportMetric(rate, "req/s")
+	b.ReportMetric(ceiling.tps, "pgbench-tps")
+	b.ReportMetric(ratio, "ratio")
+	b.ReportMetric(float64(benchQuantile(lat, 0.99))/float64(time.Millisecond), "p99-ms")
+}

@@ -1,0 +1,924 @@
+package test
+
+// The harness of the reliability tests (reliability_test.go): a plan of realistic Stripe event
+// sequences with the state each subscription must end in, senders that deliver like Stripe does
+// (concurrently, shuffled, duplicated, retrying every non-200), `billing serve` replicas that the
+// test kills and restarts on the same address, and the checks that turn the outcome into figures.
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"os/exec"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"billing/internal/stripeevents"
+	"billing/internal/testenv"
+)
+
+const (
+	relSecret   = "whsec_reliability"
+	relAPIToken = "app-reliability"
+
+	evCreated      = "customer.subscription.created"
+	evUpdated      = "customer.subscription.updated"
+	evDeleted      = "customer.subscription.deleted"
+	evTrialWillEnd = "customer.subscription.trial_will_end"
+	evPayFailed    = "invoice.payment_failed"
+	evPaySucceeded = "invoice.payment_succeeded"
+
+	noticeTrial   = "trial_will_end"
+	noticePayment = "payment_failed"
+)
+
+// relSeed is the seed of a test's randomness: RELIABILITY_SEED reproduces a run.
+func relSeed(t *testing.T) uint64 {
+	t.Helper()
+	seed := uint64(time.Now().UnixNano())
+	if s := os.Getenv("RELIABILITY_SEED"); s != "" {
+		v, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			t.Fatalf("RELIABILITY_SEED: %v", err)
+		}
+		seed = v
+	}
+	t.Logf("seed %d (set RELIABILITY_SEED=%d to replay this run)", seed, seed)
+	return seed
+}
+
+// relEnv is the configuration of a service under test on database url.
+func relEnv(t *testing.T, url string) map[string]string {
+	t.Helper()
+	return map[string]string{
+		"BILLING_DATABASE_URL":                url,
+		"BILLING_STRIPE_WEBHOOK_SECRETS_TEST": relSecret,
+		"BILLING_STRIPE_API_URL":              testenv.StripeMockURL(t),
+		"BILLING_STRIPE_SECRET_KEY":           "sk_test_reliability",
+		"BILLING_AUTH_API_TOKENS":             relAPIToken,
+		"BILLING_WORKER_RETRY_DELAY":          "10ms",
+		"BILLING_WORKER_RESCUE_AFTER":         "2s",
+	}
+}
+
+func openDB(t *testing.T, url string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("pgx", url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// ---------------------------------------------------------------------------------------------
+// The plan: event sequences and what they must leave behind.
+
+type relEvent struct {
+	idx     int
+	ID      string
+	Type    string
+	Created time.Time
+	Sub     *relSub
+	// Status is the snapshot's status (subscription events).
+	Status string
+	// InvoiceID is the invoice of an invoice event.
+	InvoiceID string
+	Body      []byte
+}
+
+func (e *relEvent) isInvoice() bool { return e.Type == evPayFailed || e.Type == evPaySucceeded }
+
+type relSub struct {
+	ID, Customer string
+	// User is set for subscriptions whose customer the test links (customers table).
+	User   string
+	Events []*relEvent // in Stripe's order (created ascending)
+}
+
+type relPlan struct {
+	Subs   []*relSub
+	Events []*relEvent
+}
+
+func terminal(status string) bool { return status == "canceled" || status == "incomplete_expired" }
+
+// genPlan makes at least minSubs subscriptions and minEvents events. Every subscription runs a
+// plausible lifecycle (trial, conversion, renewals, failed payments and their retries, dunning to
+// unpaid, cancellation); its events have distinct `created` seconds, so the newest event of each
+// kind is unambiguous and the expected final state does not depend on the tie rule.
+func genPlan(rng *rand.Rand, run string, minSubs, minEvents int) *relPlan {
+	plan := &relPlan{}
+	start := time.Now().Add(-90 * 24 * time.Hour).Truncate(time.Second)
+	for i := 0; len(plan.Subs) < minSubs || len(plan.Events) < minEvents; i++ {
+		s := &relSub{ID: fmt.Sprintf("sub_%s_%03d", run, i), Customer: fmt.Sprintf("cus_%s_%03d", run, i)}
+		clock := start.Add(time.Duration(i) * time.Hour)
+		subStart := clock
+		periodStart := clock
+		invoiceN, attempt := 0, 0
+		invoice := ""
+		emit := func(typ, status string) {
+			clock = clock.Add(time.Duration(1+rng.IntN(120)) * time.Second)
+			ev := &relEvent{ID: fmt.Sprintf("evt_%s_%03d_%02d", run, i, len(s.Events)), Type: typ, Created: clock, Sub: s}
+			if ev.isInvoice() {
+				ev.InvoiceID = invoice
+				inv := stripeevents.Invoice{
+					ID: invoice, Customer: s.Customer, Subscription: s.ID, CustomerEmail: "billing+" + s.ID + "@example.com",
+					AttemptCount: attempt, AmountDue: 2000, Currency: "usd",
+					HostedInvoiceURL: "https://invoice.stripe.com/i/acct_test/" + invoice,
+				}
+				if typ == evPayFailed {
+					inv.Status, inv.NextPaymentAttempt = "open", clock.Add(72*time.Hour)
+				} else {
+					inv.Status, inv.AmountPaid = "paid", 2000
+				}
+				ev.Body = stripeevents.InvoiceEvent(ev.ID, typ, clock, false, inv)
+			} else {
+				ev.Status = status
+				snap := stripeevents.Subscription{
+					ID: s.ID, Customer: s.Customer, Status: status, PriceID: "price_monthly",
+					CurrentPeriodStart: periodStart, CurrentPeriodEnd: periodStart.AddDate(0, 1, 0),
+				}
+				if status == "trialing" {
+					snap.TrialStart, snap.TrialEnd = subStart, subStart.AddDate(0, 0, 14)
+					snap.CurrentPeriodEnd = snap.TrialEnd
+				}
+				if terminal(status) {
+					snap.CanceledAt, snap.EndedAt = clock, clock
+				}
+				ev.Body = stripeevents.SubscriptionEvent(ev.ID, typ, clock, false, snap)
+			}
+			s.Events = append(s.Events, ev)
+		}
+		newInvoice := func() {
+			invoiceN++
+			invoice, attempt = fmt.Sprintf("in_%s_%03d_%d", run, i, invoiceN), 1
+			periodStart = clock
+		}
+		// Two events Stripe sends for one change, in either order.
+		pair := func(a, b func()) {
+			if rng.IntN(2) == 0 {
+				a()
+				b()
+			} else {
+				b()
+				a()
+			}
+		}
+
+		status := "trialing"
+		switch r := rng.IntN(20); {
+		case r < 9:
+		case r < 17:
+			status = "active"
+		default:
+			status = "incomplete"
+		}
+		emit(evCreated, status)
+		if status == "active" {
+			newInvoice()
+			emit(evPaySucceeded, "")
+		}
+		length := 4 + rng.IntN(4)
+		trialNoticeSent := false
+	lifecycle:
+		for len(s.Events) < length {
+			switch status {
+			case "trialing":
+				if !trialNoticeSent && rng.IntN(10) < 7 {
+					emit(evTrialWillEnd, "trialing")
+					trialNoticeSent = true
+					continue
+				}
+				newInvoice()
+				if rng.IntN(4) < 3 {
+					pair(func() { emit(evPaySucceeded, "") }, func() { emit(evUpdated, "active") })
+					status = "active"
+				} else {
+					pair(func() { emit(evPayFailed, "") }, func() { emit(evUpdated, "past_due") })
+					status = "past_due"
+				}
+			case "active":
+				newInvoice()
+				if rng.IntN(10) < 6 {
+					if rng.IntN(2) == 0 {
+						emit(evPaySucceeded, "")
+					} else {
+						pair(func() { emit(evPaySucceeded, "") }, func() { emit(evUpdated, "active") })
+					}
+				} else {
+					pair(func() { emit(evPayFailed, "") }, func() { emit(evUpdated, "past_due") })
+					status = "past_due"
+				}
+			case "past_due":
+				switch r := rng.IntN(10); {
+				case r < 4:
+					attempt++
+					emit(evPayFailed, "")
+				case r < 8:
+					attempt++
+					pair(func() { emit(evPaySucceeded, "") }, func() { emit(evUpdated, "active") })
+					status = "active"
+				default:
+					emit(evUpdated, "unpaid")
+					status = "unpaid"
+				}
+			case "unpaid":
+				attempt++
+				pair(func() { emit(evPaySucceeded, "") }, func() { emit(evUpdated, "active") })
+				status = "active"
+			case "incomplete":
+				if rng.IntN(5) < 4 {
+					newInvoice()
+					pair(func() { emit(evPaySucceeded, "") }, func() { emit(evUpdated, "active") })
+					status = "active"
+				} else {
+					emit(evUpdated, "incomplete_expired")
+					break lifecycle
+				}
+			}
+		}
+		if !terminal(status) && rng.IntN(3) == 0 {
+			emit(evDeleted, "canceled")
+		}
+		plan.Subs = append(plan.Subs, s)
+		for _, ev := range s.Events {
+			ev.idx = len(plan.Events)
+			plan.Events = append(plan.Events, ev)
+		}
+	}
+	return plan
+}
+
+// linkUsers links the customers of the first n subscriptions to app users, so that their
+// entitlement can be read over the API.
+func linkUsers(t *testing.T, db *sql.DB, plan *relPlan, n int) []*relSub {
+	t.Helper()
+	var out []*relSub
+	for _, s := range plan.Subs[:min(n, len(plan.Subs))] {
+		s.User = "user_" + s.ID
+		if _, err := db.Exec(`INSERT INTO customers (user_id, stripe_customer_id, email) VALUES ($1, $2, $3)`,
+			s.User, s.Customer, s.User+"@example.com"); err != nil {
+			t.Fatalf("link %s: %v", s.User, err)
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// deliveries returns every event 1–3 times, shuffled.
+func (p *relPlan) deliveries(rng *rand.Rand) []*relEvent {
+	var out []*relEvent
+	for _, ev := range p.Events {
+		for range 1 + rng.IntN(3) {
+			out = append(out, ev)
+		}
+	}
+	rng.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
+	return out
+}
+
+// expectedSub is what a subscription's newest events say.
+type expectedSub struct {
+	Status        string
+	SubEventID    string
+	SubCreated    time.Time
+	PaymentHold   bool
+	InvEventID    string // "" when the subscription had no invoice event
+	InvCreated    time.Time
+	InvoiceID     string
+	TrialWillEnd  *time.Time
+	OnHold        bool
+	HoldReason    string
+	Entitled      bool
+	EntitleStatus string
+}
+
+func (s *relSub) expected() expectedSub {
+	var e expectedSub
+	for _, ev := range s.Events {
+		switch {
+		case ev.isInvoice():
+			if e.InvEventID == "" || ev.Created.After(e.InvCreated) {
+				e.InvEventID, e.InvCreated, e.InvoiceID = ev.ID, ev.Created, ev.InvoiceID
+				e.PaymentHold = ev.Type == evPayFailed
+			}
+		default:
+			if e.SubEventID == "" || ev.Created.After(e.SubCreated) {
+				e.SubEventID, e.SubCreated, e.Status = ev.ID, ev.Created, ev.Status
+			}
+			if ev.Type == evTrialWillEnd && (e.TrialWillEnd == nil || ev.Created.After(*e.TrialWillEnd)) {
+				c := ev.Created
+				e.TrialWillEnd = &c
+			}
+		}
+	}
+	// The hold rules of billing/policy.go (Subscription.Hold): a terminal subscription is never on
+	// hold; a payment hold is lifted by a newer snapshot in good standing; unpaid > payment_failed
+	// > past_due.
+	paymentHold := e.PaymentHold && !((e.Status == "active" || e.Status == "trialing") && e.InvEventID != "" && e.SubCreated.After(e.InvCreated))
+	switch {
+	case terminal(e.Status):
+	case e.Status == "unpaid":
+		e.OnHold, e.HoldReason = true, "unpaid"
+	case paymentHold:
+		e.OnHold, e.HoldReason = true, "payment_failed"
+	case e.Status == "past_due":
+		e.OnHold, e.HoldReason = true, "past_due"
+	}
+	// Entitlement policy with the default policy.past_due_entitled = true.
+	e.Entitled = e.Status == "trialing" || e.Status == "active" || e.Status == "past_due"
+	return e
+}
+
+// noticeModel replays the notice rules of billing/lifecycle.go over one subscription's events
+// in the order the service committed them: trial_will_end sends one only if the subscription is
+// still trialing once the event is applied; payment_failed only if the event is the newest word on
+// payments (applied) and the subscription was not terminal before it.
+type noticeModel struct {
+	status     string
+	subCreated *time.Time
+	invCreated *time.Time
+}
+
+func (m *noticeModel) apply(ev *relEvent) (notice string) {
+	if m.status == "" {
+		m.status = "incomplete" // the placeholder row of an event that comes first
+	}
+	if ev.isInvoice() {
+		prior := m.status
+		applied := m.invCreated == nil || ev.Created.After(*m.invCreated)
+		if applied {
+			c := ev.Created
+			m.invCreated = &c
+		}
+		if ev.Type == evPayFailed && applied && !terminal(prior) {
+			return noticePayment
+		}
+		return ""
+	}
+	status := ev.Status
+	if ev.Type == evDeleted && !terminal(status) {
+		status = "canceled"
+	}
+	if (m.subCreated == nil || ev.Created.After(*m.subCreated)) && (!terminal(m.status) || terminal(status)) {
+		c := ev.Created
+		m.status, m.subCreated = status, &c
+	}
+	if ev.Type == evTrialWillEnd && m.status == "trialing" {
+		return noticeTrial
+	}
+	return ""
+}
+
+// ---------------------------------------------------------------------------------------------
+// Replicas of the service that the test kills and restarts.
+
+// service is one `billing serve` replica on a fixed address: a restart comes back on the same
+// port, so senders keep going. The logs of all its incarnations go to one buffer.
+type service struct {
+	t     *testing.T
+	name  string
+	addr  string
+	dir   string
+	env   map[string]string
+	out   *syncBuffer
+	mu    sync.Mutex
+	p     *proc
+	kills int
+}
+
+func newService(t *testing.T, name string, env map[string]string) *service {
+	t.Helper()
+	s := &service{t: t, name: name, addr: freeAddr(t), dir: t.TempDir(), env: env, out: &syncBuffer{}}
+	t.Cleanup(func() {
+		s.mu.Lock()
+		p := s.p
+		s.mu.Unlock()
+		if p != nil {
+			select {
+			case <-p.done:
+			default:
+				_ = p.cmd.Process.Kill()
+				<-p.done
+			}
+		}
+		if t.Failed() {
+			t.Logf("%s output (tail):\n%s", s.name, tail(s.out.String(), 6000))
+		}
+	})
+	s.start()
+	return s
+}
+
+func (s *service) url(path string) string { return "http://" + s.addr + path }
+
+// start runs a new incarnation on the service's address and waits until it is ready.
+func (s *service) start() {
+	t := s.t
+	t.Helper()
+	env := map[string]string{"BILLING_HTTP_ADDR": s.addr, "BILLING_LOG_LEVEL": "info"}
+	maps.Copy(env, s.env)
+	p := &proc{addr: s.addr, out: s.out, done: make(chan struct{})}
+	p.cmd = exec.Command(binary(t), "serve")
+	p.cmd.Dir = s.dir
+	p.cmd.Env = baseEnv(env)
+	p.cmd.Stdout, p.cmd.Stderr = s.out, s.out
+	fmt.Fprintf(s.out, "=== %s: start\n", s.name)
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", s.name, err)
+	}
+	go func() { p.err = p.cmd.Wait(); close(p.done) }()
+	s.mu.Lock()
+	s.p = p
+	s.mu.Unlock()
+	p.waitReady(t, 90*time.Second)
+}
+
+// kill SIGKILLs the current incarnation and waits until it is gone.
+func (s *service) kill() {
+	t := s.t
+	t.Helper()
+	s.mu.Lock()
+	p := s.p
+	s.mu.Unlock()
+	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatalf("kill %s: %v", s.name, err)
+	}
+	select {
+	case <-p.done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%s still running 30s after SIGKILL", s.name)
+	}
+	s.kills++
+	fmt.Fprintf(s.out, "=== %s: SIGKILL\n", s.name)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Senders that deliver like Stripe.
+
+type sendStats struct {
+	attempts, acked, received, duplicate, status503, other, connErrors, outage503, undelivered atomic.Int64
+
+	mu         sync.Mutex
+	otherCodes map[int]int
+	// ackedEvent[i]: plan event i got a 200; receivedBy[i]: how many 200 "received" it got.
+	ackedEvent []atomic.Bool
+	receivedBy []atomic.Int32
+}
+
+func (s *sendStats) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return fmt.Sprintf("attempts=%d acked=%d (received=%d duplicate=%d) 503=%d (during outage %d) other=%v conn_errors=%d undelivered=%d",
+		s.attempts.Load(), s.acked.Load(), s.received.Load(), s.duplicate.Load(), s.status503.Load(), s.outage503.Load(),
+		s.otherCodes, s.connErrors.Load(), s.undelivered.Load())
+}
+
+type senders struct {
+	targets []string // base URLs; each attempt picks one at random
+	client  *http.Client
+	stats   *sendStats
+	// outage is set by the test while the database is down.
+	outage atomic.Bool
+	// perDelivery bounds each delivery's retry loop.
+	maxAttempts int
+	maxDuration time.Duration
+}
+
+func newSenders(plan *relPlan, targets []string) *senders {
+	return &senders{
+		targets: targets,
+		client: &http.Client{
+			Timeout:   15 * time.Second,
+			Transport: &http.Transport{MaxIdleConnsPerHost: 16, MaxConnsPerHost: 64},
+		},
+		stats: &sendStats{
+			otherCodes: map[int]int{},
+			ackedEvent: make([]atomic.Bool, len(plan.Events)),
+			receivedBy: make([]atomic.Int32, len(plan.Events)),
+		},
+		maxAttempts: 500,
+		maxDuration: 3 * time.Minute,
+	}
+}
+
+// run delivers every element of deliveries with n concurrent senders; done closes when all are
+// delivered or gave up.
+func (s *senders) run(ctx context.Context, deliveries []*relEvent, n int) (done <-chan struct{}) {
+	ch := make(chan *relEvent)
+	finished := make(chan struct{})
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ev := range ch {
+				s.deliver(ctx, ev)
+			}
+		}()
+	}
+	go func() {
+		defer close(ch)
+		for _, ev := range deliveries {
+			select {
+			case ch <- ev:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	go func() { wg.Wait(); close(finished) }()
+	return finished
+}
+
+// deliver posts one delivery until it gets a 200, retrying every other answer and every
+// connection error with a short capped backoff, at most maxAttempts times.
+func (s *senders) deliver(ctx context.Context, ev *relEvent) {
+	deadline := time.Now().Add(s.maxDuration)
+	for attempt := 1; ; attempt++ {
+		code, status, err := s.post(ctx, s.targets[rand.IntN(len(s.targets))], ev)
+		s.stats.attempts.Add(1)
+		switch {
+		case err != nil:
+			s.stats.connErrors.Add(1)
+		case code == http.StatusOK:
+			s.stats.acked.Add(1)
+			s.stats.ackedEvent[ev.idx].Store(true)
+			switch status {
+			case "received":
+				s.stats.received.Add(1)
+				s.stats.receivedBy[ev.idx].Add(1)
+			case "duplicate":
+				s.stats.duplicate.Add(1)
+			}
+			return
+		case code == http.StatusServiceUnavailable:
+			s.stats.status503.Add(1)
+			if s.outage.Load() {
+				s.stats.outage503.Add(1)
+			}
+		default:
+			s.stats.other.Add(1)
+			s.stats.mu.Lock()
+			s.stats.otherCodes[code]++
+			s.stats.mu.Unlock()
+		}
+		if attempt >= s.maxAttempts || time.Now().After(deadline) || ctx.Err() != nil {
+			s.stats.undelivered.Add(1)
+			return
+		}
+		// Stripe's retry schedule, compressed: a capped exponential backoff with jitter.
+		backoff := min(10*time.Millisecond<<min(attempt-1, 5), 250*time.Millisecond)
+		select {
+		case <-time.After(backoff + time.Duration(rand.IntN(10))*time.Millisecond):
+		case <-ctx.Done():
+		}
+	}
+}
+
+func (s *senders) post(ctx context.Context, base string, ev *relEvent) (int, string, error) {
+	return postEvent(ctx, s.client, base, ev.Body)
+}
+
+// postEvent delivers one signed event and returns the status code and the answered "status".
+func postEvent(ctx context.Context, client *http.Client, base string, body []byte) (int, string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/webhooks/stripe", bytes.NewReader(body))
+	if err != nil {
+		return 0, "", err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Stripe-Signature", stripeevents.SignatureHeader(body, relSecret, time.Now()))
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	var answer struct {
+		Status string `json:"status"`
+	}
+	_ = json.Unmarshal(b, &answer)
+	return resp.StatusCode, answer.Status, nil
+}
+
+// waitUntil polls cond until it holds or limit passes; it reports whether it held.
+func waitUntil(limit time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(limit)
+	for {
+		if cond() {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// waitDrained waits until no stored event is still `received` (the workers caught up).
+func waitDrained(t *testing.T, db *sql.DB, limit time.Duration) {
+	t.Helper()
+	t0 := time.Now()
+	var received, total int
+	var lastErr error
+	ok := waitUntil(limit, func() bool {
+		lastErr = db.QueryRow(`SELECT count(*) FILTER (WHERE status = 'received'), count(*) FROM webhook_events`).Scan(&received, &total)
+		return lastErr == nil && received == 0
+	})
+	if !ok {
+		t.Errorf("after %s, %d of %d stored events are still received (last error: %v)", limit, received, total, lastErr)
+		return
+	}
+	t.Logf("workers drained the inbox %s after the last delivery (%d events stored)", time.Since(t0).Round(time.Millisecond), total)
+}
+
+// waitNoticesSent waits until every notice job has done its work (the notice is marked with how
+// it went out): jobs of a killed process are rescued, not left behind.
+func waitNoticesSent(t *testing.T, db *sql.DB, limit time.Duration) {
+	t.Helper()
+	t0 := time.Now()
+	var pending int
+	var lastErr error
+	if !waitUntil(limit, func() bool {
+		lastErr = db.QueryRow(`SELECT count(*) FROM notices WHERE delivery IS NULL`).Scan(&pending)
+		return lastErr == nil && pending == 0
+	}) {
+		t.Errorf("after %s, %d notices are still unsent (last error: %v)", limit, pending, lastErr)
+		return
+	}
+	t.Logf("every notice sent %s after the inbox drained", time.Since(t0).Round(time.Millisecond))
+}
+
+// ---------------------------------------------------------------------------------------------
+// The checks.
+
+type relFigures struct {
+	Events, Deliveries, Kills int
+	Lost                      int // acknowledged events not stored once and processed
+	Unacked                   int // events whose every delivery gave up (the senders' bound)
+	Failed, DeadLetters       int
+	WrongStates               int
+	DuplicateNotices          int
+	Notices, ExpectedNotices  int
+	NoticeMismatches          int
+	StoredRows                int
+	// Retried counts events that needed more than one processing attempt (a worker killed
+	// mid-transaction, a job timeout, a database error).
+	Retried int
+}
+
+// verify compares the database and the API with the plan and returns the figures; every
+// discrepancy is also reported with t.Errorf.
+func verify(t *testing.T, db *sql.DB, plan *relPlan, stats *sendStats, apiBase string) relFigures {
+	t.Helper()
+	f := relFigures{Events: len(plan.Events)}
+	byID := map[string]*relEvent{}
+	for _, ev := range plan.Events {
+		byID[ev.ID] = ev
+	}
+	report := func(count *int, format string, args ...any) {
+		*count++
+		if *count <= 10 {
+			t.Errorf(format, args...)
+		}
+	}
+
+	// Every event stored once and processed.
+	type row struct {
+		status      string
+		processedAt sql.NullTime
+		attempts    int
+	}
+	rows := map[string]row{}
+	q, err := db.Query(`SELECT event_id, status, processed_at, attempts FROM webhook_events`)
+	if err != nil {
+		t.Fatalf("read webhook_events: %v", err)
+	}
+	for q.Next() {
+		var id string
+		var r row
+		if err := q.Scan(&id, &r.status, &r.processedAt, &r.attempts); err != nil {
+			t.Fatal(err)
+		}
+		rows[id] = r
+		f.StoredRows++
+		if r.attempts > 1 {
+			f.Retried++
+		}
+		if byID[id] == nil {
+			t.Errorf("stored event %s is not one the test sent", id)
+		}
+	}
+	q.Close()
+	var extra int
+	for _, ev := range plan.Events {
+		r, stored := rows[ev.ID]
+		if !stats.ackedEvent[ev.idx].Load() {
+			report(&f.Unacked, "event %s never got a 200 (its deliveries gave up)", ev.ID)
+			continue
+		}
+		if n := stats.receivedBy[ev.idx].Load(); n > 1 {
+			report(&extra, "event %s answered %q %d times", ev.ID, "received", n)
+		}
+		switch {
+		case !stored:
+			report(&f.Lost, "event %s got a 200 but is not stored", ev.ID)
+		case r.status != "processed":
+			report(&f.Lost, "event %s got a 200 but is %s after the workers drained (attempts %d)", ev.ID, r.status, r.attempts)
+			if r.status == "failed" {
+				f.Failed++
+			}
+		}
+	}
+	if f.StoredRows != len(plan.Events) {
+		t.Errorf("webhook_events holds %d rows, want one per distinct event: %d", f.StoredRows, len(plan.Events))
+	}
+	if err := db.QueryRow(`SELECT count(*) FROM webhook_dead_letters`).Scan(&f.DeadLetters); err != nil {
+		t.Fatal(err)
+	}
+	if f.DeadLetters != 0 {
+		t.Errorf("%d dead letters, want none", f.DeadLetters)
+	}
+
+	// Each subscription's state is what its newest events say.
+	type subRow struct {
+		customer, status   string
+		subEventID         sql.NullString
+		paymentHold        bool
+		invEventID, invoic sql.NullString
+		trialWillEnd       sql.NullTime
+	}
+	subs := map[string]subRow{}
+	q, err = db.Query(`SELECT subscription_id, stripe_customer_id, status, sub_event_id, payment_hold, inv_event_id, latest_invoice_id, trial_will_end_at FROM subscriptions`)
+	if err != nil {
+		t.Fatalf("read subscriptions: %v", err)
+	}
+	for q.Next() {
+		var id string
+		var r subRow
+		if err := q.Scan(&id, &r.customer, &r.status, &r.subEventID, &r.paymentHold, &r.invEventID, &r.invoic, &r.trialWillEnd); err != nil {
+			t.Fatal(err)
+		}
+		subs[id] = r
+	}
+	q.Close()
+	if len(subs) != len(plan.Subs) {
+		t.Errorf("subscriptions holds %d rows, want %d", len(subs), len(plan.Subs))
+	}
+	for _, s := range plan.Subs {
+		want := s.expected()
+		got, ok := subs[s.ID]
+		if !ok {
+			report(&f.WrongStates, "subscription %s: no row", s.ID)
+			continue
+		}
+		var diffs []string
+		if got.customer != s.Customer {
+			diffs = append(diffs, fmt.Sprintf("customer %s, want %s", got.customer, s.Customer))
+		}
+		if got.status != want.Status || got.subEventID.String != want.SubEventID {
+			diffs = append(diffs, fmt.Sprintf("status %s (from %s), want %s (from %s)", got.status, got.subEventID.String, want.Status, want.SubEventID))
+		}
+		if got.paymentHold != want.PaymentHold || got.invEventID.String != want.InvEventID || got.invoic.String != want.InvoiceID {
+			diffs = append(diffs, fmt.Sprintf("payment_hold %v (from %s, invoice %s), want %v (from %s, invoice %s)",
+				got.paymentHold, got.invEventID.String, got.invoic.String, want.PaymentHold, want.InvEventID, want.InvoiceID))
+		}
+		if (want.TrialWillEnd == nil) != !got.trialWillEnd.Valid ||
+			(want.TrialWillEnd != nil && !got.trialWillEnd.Time.Equal(*want.TrialWillEnd)) {
+			diffs = append(diffs, fmt.Sprintf("trial_will_end_at %v, want %v", got.trialWillEnd, want.TrialWillEnd))
+		}
+		if len(diffs) > 0 {
+			report(&f.WrongStates, "subscription %s: %s", s.ID, strings.Join(diffs, "; "))
+		}
+	}
+
+	// The entitlement API of the linked users says the same.
+	for _, s := range plan.Subs {
+		if s.User == "" {
+			continue
+		}
+		want := s.expected()
+		code, body := get(t, apiBase+"/v1/customers/"+s.User+"/entitlement", relAPIToken)
+		var got struct {
+			Entitled       bool    `json:"entitled"`
+			Status         string  `json:"status"`
+			OnHold         bool    `json:"on_hold"`
+			HoldReason     *string `json:"hold_reason"`
+			SubscriptionID *string `json:"subscription_id"`
+		}
+		if code != http.StatusOK || json.Unmarshal([]byte(body), &got) != nil {
+			report(&f.WrongStates, "entitlement of %s: %d %s", s.User, code, body)
+			continue
+		}
+		reason := ""
+		if got.HoldReason != nil {
+			reason = *got.HoldReason
+		}
+		if got.Status != want.Status || got.OnHold != want.OnHold || reason != want.HoldReason ||
+			got.Entitled != want.Entitled || got.SubscriptionID == nil || *got.SubscriptionID != s.ID {
+			report(&f.WrongStates, "entitlement of %s: %s; want status %s entitled %v on_hold %v hold_reason %q",
+				s.User, body, want.Status, want.Entitled, want.OnHold, want.HoldReason)
+		}
+	}
+
+	// Exactly the notices the rules call for, each once (row and River job). The rules depend on
+	// what the subscription looked like when the event was applied, so they are replayed in the
+	// order the service committed each subscription's events (processed_at: the subscription row
+	// lock serialises them, and processed_at is taken while it is held).
+	expected := map[[2]string]bool{}
+	for _, s := range plan.Subs {
+		evs := slices.Clone(s.Events)
+		evs = slices.DeleteFunc(evs, func(ev *relEvent) bool { return !rows[ev.ID].processedAt.Valid })
+		sort.SliceStable(evs, func(i, j int) bool {
+			return rows[evs[i].ID].processedAt.Time.Before(rows[evs[j].ID].processedAt.Time)
+		})
+		var m noticeModel
+		for _, ev := range evs {
+			if kind := m.apply(ev); kind != "" {
+				expected[[2]string{ev.ID, kind}] = true
+			}
+		}
+	}
+	f.ExpectedNotices = len(expected)
+	byType := map[string]int{}
+	for _, ev := range plan.Events {
+		byType[ev.Type]++
+	}
+	byKind := map[string]int{}
+	for k := range expected {
+		byKind[k[1]]++
+	}
+	t.Logf("plan: %d subscriptions, events by type %v; notices the rules call for: %v", len(plan.Subs), byType, byKind)
+	countBy := func(query string) map[[2]string]int {
+		out := map[[2]string]int{}
+		q, err := db.Query(query)
+		if err != nil {
+			t.Fatalf("%s: %v", query, err)
+		}
+		defer q.Close()
+		for q.Next() {
+			var k [2]string
+			var n int
+			if err := q.Scan(&k[0], &k[1], &n); err != nil {
+				t.Fatal(err)
+			}
+			out[k] = n
+		}
+		return out
+	}
+	noticeRows := countBy(`SELECT event_id, kind, count(*) FROM notices GROUP BY 1, 2`)
+	noticeJobs := countBy(`SELECT args->>'event_id', args->>'kind', count(*) FROM river_job WHERE kind = 'billing_notice' GROUP BY 1, 2`)
+	for k, n := range noticeRows {
+		f.Notices += n
+		if n > 1 {
+			report(&f.DuplicateNotices, "event %s has %d %s notices", k[0], n, k[1])
+		}
+		if !expected[k] {
+			report(&f.NoticeMismatches, "event %s has a %s notice the rules do not call for", k[0], k[1])
+		}
+		if noticeJobs[k] == 0 {
+			report(&f.NoticeMismatches, "the %s notice of %s has no River job", k[1], k[0])
+		}
+	}
+	for k, n := range noticeJobs {
+		if n > 1 {
+			report(&f.DuplicateNotices, "event %s has %d %s notice jobs", k[0], n, k[1])
+		}
+		if noticeRows[k] == 0 {
+			report(&f.NoticeMismatches, "River job of a %s notice of %s without a notices row", k[1], k[0])
+		}
+	}
+	for k := range expected {
+		if noticeRows[k] == 0 {
+			report(&f.NoticeMismatches, "event %s should have sent a %s notice and did not", k[0], k[1])
+		}
+	}
+	return f
+}
+
+// logFigures prints the figures of one run: with t.Logf, and as one line on stdout.
+func logFigures(t *testing.T, name string, f relFigures, stats *sendStats, elapsed time.Duration) {
+	t.Helper()
+	line := fmt.Sprintf("%s: events=%d deliveries=%d kills=%d lost=%d wrong_states=%d duplicate_notices=%d "+
+		"(notices=%d expected=%d mismatches=%d unacked=%d failed=%d dead_letters=%d retried_events=%d elapsed=%s)",
+		name, f.Events, f.Deliveries, f.Kills, f.Lost, f.WrongStates, f.DuplicateNotices,
+		f.Notices, f.ExpectedNotices, f.NoticeMismatches, f.Unacked, f.Failed, f.DeadLetters, f.Retried, elapsed.Round(time.Millisecond))
+	t.Log(line)
+	t.Logf("%s: senders: %s", name, stats)
+	fmt.Println(line)
+}
