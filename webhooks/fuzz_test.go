@@ -16,6 +16,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -85,7 +86,8 @@ func canonical(h string) bool {
 // FuzzVerifySignature checks VerifySignature against its specification. The header is a
 // template in which {t} becomes the timestamp fuzzNow+offset and {sig} ({SIG}: upper case) the
 // v1 signature of that timestamp and the payload under the secret that key picks: one of the two
-// configured secrets, or a secret that is not configured.
+// configured secrets, or a secret that is not configured; {~sig} and {sig~} are that signature
+// with its first or last byte changed.
 //
 // Asserted, for every input: no panic; only the four documented errors; the same answer as
 // parseSignatureHeader when the header does not parse; given the parse, exactly the answer of the
@@ -110,6 +112,9 @@ func FuzzVerifySignature(f *testing.F) {
 		"t={t},v1={sig}",
 		"v1={sig},t={t}",
 		"t={t},v1={SIG}",
+		"t={t},v1={~sig}",
+		"t={t},v1={sig~}",
+		"t={t},v1={sig~},v1={~sig}",
 		"t={t}, v1={sig}",
 		" t={t} ,v1={sig} ",
 		"t={t},v0=" + zeros + ",v1={sig}",
@@ -154,8 +159,14 @@ func FuzzVerifySignature(f *testing.F) {
 	f.Fuzz(func(t *testing.T, tmpl string, payload []byte, offset int64, key uint8) {
 		signer := [...]string{fuzzSecrets[0], fuzzSecrets[1], fuzzOtherSecret}[key%3]
 		ts := fuzzNow.Unix() + offset
-		sig := hex.EncodeToString(fuzzSign(signer, ts, payload))
-		header := strings.NewReplacer("{t}", strconv.FormatInt(ts, 10), "{sig}", sig, "{SIG}", strings.ToUpper(sig)).Replace(tmpl)
+		mac := fuzzSign(signer, ts, payload)
+		sig := hex.EncodeToString(mac)
+		// Near misses: the signature with its first or last byte changed.
+		first, last := slices.Clone(mac), slices.Clone(mac)
+		first[0] ^= 1
+		last[len(last)-1] ^= 0x80
+		header := strings.NewReplacer("{t}", strconv.FormatInt(ts, 10), "{sig}", sig, "{SIG}", strings.ToUpper(sig),
+			"{~sig}", hex.EncodeToString(first), "{sig~}", hex.EncodeToString(last)).Replace(tmpl)
 
 		err := VerifySignature(payload, header, fuzzSecrets, fuzzTolerance, fuzzNow)
 		switch {

@@ -28,6 +28,9 @@ func TestReceiveAnswers(t *testing.T) {
 	live := stripeevents.SubscriptionEvent("evt_live", effectType, now, true, stripeevents.Subscription{ID: "sub_l", Customer: "cus_l", Status: "active"})
 	unknown := stripeevents.Event("evt_unknown", "customer.created", now, false, map[string]any{"id": "cus_1", "object": "customer"}, nil)
 	sign := stripeevents.SignatureHeader
+	// Valid JSON for Go that PostgreSQL's jsonb refuses: never storable, so a 400, not a 5xx.
+	nulChar := []byte(`{"object":"event","id":"evt_nul","type":"customer.created","livemode":false,"api_version":"2024-06-20","created":1700000000,"data":{"object":{"name":"a\u0000b"}}}`)
+	badUTF8 := []byte("{\"object\":\"event\",\"id\":\"evt_utf\",\"type\":\"customer.created\",\"livemode\":false,\"api_version\":\"2024-06-20\",\"created\":1700000000,\"data\":{\"object\":{\"name\":\"\xff\"}}}")
 
 	tests := []struct {
 		name       string
@@ -53,6 +56,8 @@ func TestReceiveAnswers(t *testing.T) {
 		{"timestamp from the future", valid, sign(valid, testSecret, now.Add(6*time.Minute)), 400, "timestamp_outside_tolerance", false},
 		{"not JSON", []byte("hello"), sign([]byte("hello"), testSecret, now), 400, "invalid_event", false},
 		{"JSON but not an event", []byte(`{"object":"customer","id":"cus_1"}`), sign([]byte(`{"object":"customer","id":"cus_1"}`), testSecret, now), 400, "invalid_event", false},
+		{"NUL character jsonb cannot store", nulChar, sign(nulChar, testSecret, now), 400, "invalid_event", false},
+		{"invalid UTF-8", badUTF8, sign(badUTF8, testSecret, now), 400, "invalid_event", false},
 		{"event without livemode", []byte(`{"object":"event","id":"evt_x","type":"a.b","data":{"object":{}}}`), sign([]byte(`{"object":"event","id":"evt_x","type":"a.b","data":{"object":{}}}`), testSecret, now), 400, "invalid_event", false},
 	}
 	for _, tc := range tests {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -128,8 +129,9 @@ func (i *Inbox) receive(c echo.Context) error {
 	result, err := i.store(c.Request().Context(), env, body)
 	if err != nil {
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && (pgErr.Code == "22P05" || pgErr.Code == "22P02") {
-			// jsonb refuses some valid JSON (\u0000): no retry could ever store it.
+		if errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "22") {
+			// A data exception: jsonb refuses some JSON that Go accepts (\u0000, invalid UTF-8,
+			// numbers out of range). No retry could ever store it, so it must not be a 5xx.
 			return i.reject(apierr.CodeNotAnEvent, err, "the event cannot be stored: %s", pgErr.Message)
 		}
 		if database.IsUnavailable(err) {
