@@ -459,18 +459,20 @@ COMMIT;
 }
 
 // benchEntitlementScript is one GET /v1/customers/{user_id}/entitlement of a random user: the
-// customer lookup (customers.Get, as gorm sends it) and the subscriptions of that customer
-// (billing's subscriptionsOf), each in its own implicit transaction as the service runs them.
+// one statement that path runs (billing's customerWithSubscriptions), a point select by user_id
+// joined to the customer's subscriptions.
 const benchEntitlementScript = `\set uid random(1, ` + "10000" + `)
-SELECT * FROM "customers" WHERE user_id = 'user_' || :uid AND stripe_customer_id IS NOT NULL LIMIT 1 \gset
-SELECT s.*, c.user_id FROM subscriptions s LEFT JOIN customers c ON c.stripe_customer_id = s.stripe_customer_id
-  WHERE s.stripe_customer_id = :stripe_customer_id ORDER BY s.created_at, s.subscription_id;
+SELECT c.user_id AS c_user_id, c.stripe_customer_id AS c_stripe_customer_id, c.livemode AS c_livemode,
+       s.subscription_id AS sub_id, s.*, c.user_id
+  FROM customers c LEFT JOIN subscriptions s ON s.stripe_customer_id = c.stripe_customer_id
+  WHERE c.user_id = 'user_' || :uid AND c.stripe_customer_id IS NOT NULL
+  ORDER BY s.created_at, s.subscription_id;
 `
 
 // BenchmarkEntitlement: GET /v1/customers/{user_id}/entitlement at 32 concurrency over 10,000
 // users (customers and subscriptions seeded with SQL; every fifth user also has a canceled
 // subscription, every tenth is past_due with a payment hold) → requests/s and p99, against
-// pgbench running the same two SELECTs for a random user on the same tables.
+// pgbench running the same SELECT for a random user on the same tables.
 func BenchmarkEntitlement(b *testing.B) {
 	if benchUsers != 10000 {
 		b.Fatal("benchEntitlementScript assumes 10000 users")
