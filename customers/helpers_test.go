@@ -9,12 +9,9 @@ import (
 	"time"
 
 	"github.com/labstack/echo/v4"
-	"github.com/prometheus/client_golang/prometheus"
 	"gorm.io/gorm"
 
 	"billing/internal/apitest"
-	"billing/internal/auth"
-	"billing/internal/httpserver"
 	"billing/internal/stripeclient"
 	"billing/internal/stripetest"
 	"billing/internal/testenv"
@@ -22,8 +19,8 @@ import (
 )
 
 const (
-	appToken   = "app-token-for-tests"
-	adminToken = "admin-token-for-tests"
+	appToken   = apitest.AppToken
+	adminToken = apitest.AdminToken
 )
 
 func TestMain(m *testing.M) {
@@ -56,12 +53,7 @@ func (v *env) mount(db *gorm.DB) {
 		Logger:   logger,
 		Now:      time.Now,
 	})
-	v.e = httpserver.New(httpserver.Options{
-		Logger:   logger,
-		Registry: prometheus.NewRegistry(),
-		Ready:    func(context.Context) error { return nil },
-	})
-	h.Mount(v.e.Group("/v1", auth.New([]string{appToken}, []string{adminToken}).Require(auth.RoleApp, false)))
+	v.e = apitest.Server(logger, h.Mount)
 }
 
 func (v *env) exec(sql string, args ...any) {

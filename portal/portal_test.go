@@ -12,12 +12,9 @@ import (
 	"testing"
 
 	"github.com/labstack/echo/v4"
-	"github.com/prometheus/client_golang/prometheus"
 	"gorm.io/gorm"
 
 	"billing/internal/apitest"
-	"billing/internal/auth"
-	"billing/internal/httpserver"
 	"billing/internal/stripeclient"
 	"billing/internal/stripetest"
 	"billing/internal/testenv"
@@ -25,8 +22,8 @@ import (
 )
 
 const (
-	appToken     = "app-token-for-tests"
-	adminToken   = "admin-token-for-tests"
+	appToken     = apitest.AppToken
+	adminToken   = apitest.AdminToken
 	sessionsPath = "/v1/billing_portal/sessions"
 	defaultURL   = "https://app.example.com/billing"
 )
@@ -100,13 +97,7 @@ func newEnvOn(t *testing.T, db *gorm.DB, returnURL string, subs SubscriptionLook
 		DefaultReturnURL: returnURL,
 		Logger:           logger,
 	})
-	e := httpserver.New(httpserver.Options{
-		Logger:   logger,
-		Registry: prometheus.NewRegistry(),
-		Ready:    func(context.Context) error { return nil },
-	})
-	svc.Mount(e.Group("/v1", auth.New([]string{appToken}, []string{adminToken}).Require(auth.RoleApp, false)))
-	return &env{t: t, db: db, proxy: proxy, e: e}
+	return &env{t: t, db: db, proxy: proxy, e: apitest.Server(logger, svc.Mount)}
 }
 
 func (v *env) exec(sql string, args ...any) {

@@ -10,12 +10,9 @@ import (
 	"time"
 
 	"github.com/labstack/echo/v4"
-	"github.com/prometheus/client_golang/prometheus"
 	"gorm.io/gorm"
 
 	"billing/internal/apitest"
-	"billing/internal/auth"
-	"billing/internal/httpserver"
 	"billing/internal/stripeclient"
 	"billing/internal/stripetest"
 	"billing/internal/testenv"
@@ -23,8 +20,8 @@ import (
 )
 
 const (
-	appToken   = "app-token-for-tests"
-	adminToken = "admin-token-for-tests"
+	appToken   = apitest.AppToken
+	adminToken = apitest.AdminToken
 )
 
 func TestMain(m *testing.M) {
@@ -57,13 +54,7 @@ func newEnvLogging(t *testing.T, logger *slog.Logger) *env {
 		Logger: logger,
 		Now:    time.Now,
 	})
-	e := httpserver.New(httpserver.Options{
-		Logger:   logger,
-		Registry: prometheus.NewRegistry(),
-		Ready:    func(context.Context) error { return nil },
-	})
-	svc.Mount(e.Group("/v1", auth.New([]string{appToken}, []string{adminToken}).Require(auth.RoleApp, false)))
-	return &env{t: t, db: db, proxy: proxy, e: e}
+	return &env{t: t, db: db, proxy: proxy, e: apitest.Server(logger, svc.Mount)}
 }
 
 // addCustomer links a user to a Stripe customer the way the customers package does.

@@ -5,6 +5,7 @@ package apitest
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"log/slog"
 	"net/http"
@@ -14,9 +15,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/labstack/echo/v4"
+	"github.com/prometheus/client_golang/prometheus"
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
 	gormlogger "gorm.io/gorm/logger"
+
+	"billing/internal/auth"
+	"billing/internal/httpserver"
 )
 
 // Do sends a request to h with a bearer token (none when empty). body is sent as is when a
@@ -140,4 +146,22 @@ type testWriter struct{ t testing.TB }
 func (w testWriter) Write(b []byte) (int, error) {
 	w.t.Log(strings.TrimSpace(string(b)))
 	return len(b), nil
+}
+
+// Tokens of the app backend and of an admin in Server.
+const (
+	AppToken   = "app-token-for-tests"
+	AdminToken = "admin-token-for-tests"
+)
+
+// Server is the service's real echo instance (error handler, middleware) with mount's routes on
+// the /v1 group behind the app backend's authentication (AppToken; AdminToken gets 403).
+func Server(logger *slog.Logger, mount func(v1 *echo.Group)) *echo.Echo {
+	e := httpserver.New(httpserver.Options{
+		Logger:   logger,
+		Registry: prometheus.NewRegistry(),
+		Ready:    func(context.Context) error { return nil },
+	})
+	mount(e.Group("/v1", auth.New([]string{AppToken}, []string{AdminToken}).Require(auth.RoleApp, false)))
+	return e
 }
