@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"golang.org/x/net/html"
+
+	"billing/webhooks"
 )
 
 type holdsBody struct {
@@ -171,7 +173,7 @@ func TestAdminPage(t *testing.T) {
 	e.mustHandle(t, created("e1", 1, s1), failed("f1", 100, inv),
 		updated("x1", 5, subObj{ID: "sub_x", Customer: "cus_unlinked", Status: StatusUnpaid}),
 		created("ok", 5, subObj{ID: "sub_ok", Customer: "cus_ok", Status: StatusActive}))
-	e.dead.items = []DeadLetterView{
+	e.dead.items = []webhooks.DeadLetter{
 		{EventID: "evt_dead1", Type: "customer.subscription.updated", LastError: "boom <script>", Attempts: 3, DeadAt: at(500)},
 		{EventID: "evt_dead2", Type: "invoice.payment_failed", LastError: "api_version_mismatch", Attempts: 1, DeadAt: at(600), Livemode: true},
 	}

@@ -200,11 +200,11 @@ func (e *env) get(t *testing.T, path string, out any) (int, []byte) {
 
 type fakeDeadLetters struct {
 	mu    sync.Mutex
-	items []DeadLetterView
+	items []webhooks.DeadLetter
 	err   error
 }
 
-func (f *fakeDeadLetters) DeadLetters(_ context.Context, limit int) ([]DeadLetterView, error) {
+func (f *fakeDeadLetters) DeadLetters(_ context.Context, limit int) ([]webhooks.DeadLetter, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.err != nil {

@@ -28,21 +28,9 @@ const (
 	EventInvoicePaymentSucceeded  = "invoice.payment_succeeded"
 )
 
-// DeadLetterView is a dead-lettered webhook event as the admin page shows it.
-// Its fields are those of webhooks.DeadLetter in the same order, so main can convert one into
-// the other with a plain conversion: billing.DeadLetterView(d).
-type DeadLetterView struct {
-	EventID   string
-	Type      string
-	Livemode  bool
-	Attempts  int
-	LastError string
-	DeadAt    time.Time
-}
-
-// DeadLetterSource lists dead-lettered events, newest first (the webhooks inbox, adapted by main).
+// DeadLetterSource lists dead-lettered events, newest first: the webhooks inbox.
 type DeadLetterSource interface {
-	DeadLetters(ctx context.Context, limit int) ([]DeadLetterView, error)
+	DeadLetters(ctx context.Context, limit int) ([]webhooks.DeadLetter, error)
 }
 
 // Deps are what the service needs from main.

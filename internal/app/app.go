@@ -145,7 +145,7 @@ func New(opts Options) (*App, error) {
 		Logger:          logger,
 		Now:             now,
 		PastDueEntitled: cfg.Policy.PastDueEntitled,
-		DeadLetters:     deadLetters{inbox},
+		DeadLetters:     inbox,
 		Registerer:      reg,
 	})
 	subs.Register(registry)
@@ -178,20 +178,4 @@ func (a *App) Stop(ctx context.Context) error {
 		return a.River.StopAndCancel(cctx)
 	}
 	return nil
-}
-
-// deadLetters lets the billing admin page read the inbox's dead letters without billing
-// depending on the inbox's types.
-type deadLetters struct{ inbox *webhooks.Inbox }
-
-func (d deadLetters) DeadLetters(ctx context.Context, limit int) ([]billing.DeadLetterView, error) {
-	list, err := d.inbox.DeadLetters(ctx, limit)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]billing.DeadLetterView, len(list))
-	for i, dl := range list {
-		out[i] = billing.DeadLetterView(dl)
-	}
-	return out, nil
 }
