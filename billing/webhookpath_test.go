@@ -15,10 +15,10 @@ import (
 	"github.com/labstack/echo/v4"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverdatabasesql"
 	"gorm.io/gorm"
 
 	"billing/internal/httpserver"
+	"billing/internal/jobs"
 	"billing/internal/stripeevents"
 	"billing/internal/testenv"
 	"billing/webhooks"
@@ -64,17 +64,12 @@ func newWebhookPath(t *testing.T) *webhookPath {
 	workers := river.NewWorkers()
 	inbox.AddWorkers(workers)
 	river.AddWorker(workers, notices)
-	rc, err := river.NewClient(riverdatabasesql.New(sqlDB), &river.Config{
-		Queues: map[string]river.QueueConfig{
-			river.QueueDefault:     {MaxWorkers: 4},
-			webhooks.QueueWebhooks: {MaxWorkers: 8},
-		},
-		Workers:           workers,
-		PollOnly:          true,
-		FetchCooldown:     5 * time.Millisecond,
-		FetchPollInterval: 10 * time.Millisecond,
-		Logger:            logger,
-		TestOnly:          true,
+	rc, err := jobs.NewClient(sqlDB, jobs.ClientOptions{
+		Workers:      workers,
+		Queues:       map[string]int{river.QueueDefault: 4, webhooks.QueueWebhooks: 8},
+		PollInterval: 10 * time.Millisecond,
+		Logger:       logger,
+		TestOnly:     true,
 	})
 	if err != nil {
 		t.Fatalf("river client: %v", err)

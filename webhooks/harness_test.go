@@ -16,11 +16,11 @@ import (
 	"github.com/labstack/echo/v4"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverdatabasesql"
 	"gorm.io/gorm"
 
 	"billing/internal/auth"
 	"billing/internal/httpserver"
+	"billing/internal/jobs"
 	"billing/internal/stripeevents"
 	"billing/internal/testenv"
 	"billing/migrations"
@@ -115,14 +115,12 @@ func build(t *testing.T, db *gorm.DB, testSecrets, liveSecrets []string) *harnes
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.river, err = river.NewClient(riverdatabasesql.New(sqlDB), &river.Config{
-		Queues:            map[string]river.QueueConfig{webhooks.QueueWebhooks: {MaxWorkers: 8}},
-		Workers:           workers,
-		PollOnly:          true,
-		FetchCooldown:     5 * time.Millisecond,
-		FetchPollInterval: 10 * time.Millisecond,
-		Logger:            logger,
-		TestOnly:          true,
+	h.river, err = jobs.NewClient(sqlDB, jobs.ClientOptions{
+		Workers:      workers,
+		Queues:       map[string]int{webhooks.QueueWebhooks: 8},
+		PollInterval: 10 * time.Millisecond,
+		Logger:       logger,
+		TestOnly:     true,
 	})
 	if err != nil {
 		t.Fatalf("river client: %v", err)

@@ -15,7 +15,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverdatabasesql"
 	"gorm.io/gorm"
 
 	"billing/billing"
@@ -25,6 +24,7 @@ import (
 	"billing/internal/auth"
 	"billing/internal/database"
 	"billing/internal/httpserver"
+	"billing/internal/jobs"
 	"billing/internal/stripeclient"
 	"billing/migrations"
 	"billing/portal"
@@ -38,8 +38,6 @@ type Options struct {
 	Logger *slog.Logger
 	// Now is the clock of every component; nil means time.Now.
 	Now func() time.Time
-	// FetchPollInterval is how often idle workers look for new jobs; zero means 50ms.
-	FetchPollInterval time.Duration
 }
 
 // App is the assembled service.
@@ -108,32 +106,15 @@ func New(opts Options) (*App, error) {
 	stripe := stripeclient.New(cfg.Stripe.APIURL, cfg.Stripe.SecretKey, logger)
 	livemode := cfg.Stripe.Mode == "live"
 
-	rescue := cfg.Worker.RescueAfter
-	if rescue <= 0 {
-		rescue = time.Minute
-	}
-	poll := opts.FetchPollInterval
-	if poll <= 0 {
-		poll = 50 * time.Millisecond
-	}
-	riverClient, err := river.NewClient(riverdatabasesql.New(sqlDB), &river.Config{
-		Queues: map[string]river.QueueConfig{
-			river.QueueDefault:     {MaxWorkers: 5},
-			webhooks.QueueWebhooks: {MaxWorkers: 16},
-		},
-		Workers: workers,
-		// database/sql has no LISTEN: workers poll. FetchCooldown bounds how often a busy queue
-		// fetches; FetchPollInterval how long an idle one waits for new work.
-		PollOnly:             true,
-		FetchCooldown:        min(10*time.Millisecond, poll),
-		FetchPollInterval:    poll,
-		JobTimeout:           min(30*time.Second, rescue),
-		RescueStuckJobsAfter: rescue,
-		PeriodicJobs:         inbox.PeriodicJobs(),
-		Logger:               logger.With("component", "river"),
+	riverClient, err := jobs.NewClient(sqlDB, jobs.ClientOptions{
+		Workers:      workers,
+		Queues:       map[string]int{river.QueueDefault: 5, webhooks.QueueWebhooks: 16},
+		RescueAfter:  cfg.Worker.RescueAfter,
+		PeriodicJobs: inbox.PeriodicJobs(),
+		Logger:       logger.With("component", "river"),
 	})
 	if err != nil {
-		return nil, fmt.Errorf("create river client: %w", err)
+		return nil, err
 	}
 	inbox.SetJobs(riverClient)
 

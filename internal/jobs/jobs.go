@@ -6,8 +6,11 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"log/slog"
+	"time"
 
 	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverdatabasesql"
 	"github.com/riverqueue/river/rivertype"
 	"gorm.io/gorm"
 )
@@ -29,4 +32,56 @@ func SQLTx(tx *gorm.DB) (*sql.Tx, error) {
 		}
 	}
 	return nil, fmt.Errorf("jobs: gorm handle is not in a database/sql transaction (%T)", tx.Statement.ConnPool)
+}
+
+// ClientOptions are what differs between the service's River client and the tests' ones.
+type ClientOptions struct {
+	Workers *river.Workers
+	// Queues and their worker counts.
+	Queues map[string]int
+	// PollInterval is how long an idle queue waits before looking for new jobs; 50ms if zero.
+	PollInterval time.Duration
+	// RescueAfter is how long a job may stay running (its process died) before it runs again;
+	// a minute if zero. It also bounds a job's run time.
+	RescueAfter  time.Duration
+	PeriodicJobs []*river.PeriodicJob
+	Logger       *slog.Logger
+	// TestOnly skips River's production checks (tests run many clients on one schema).
+	TestOnly bool
+}
+
+// NewClient is the one place that configures River for this service, so that the service and
+// its tests poll, time out and rescue jobs the same way.
+func NewClient(db *sql.DB, o ClientOptions) (*river.Client[*sql.Tx], error) {
+	poll := o.PollInterval
+	if poll <= 0 {
+		poll = 50 * time.Millisecond
+	}
+	rescue := o.RescueAfter
+	if rescue <= 0 {
+		rescue = time.Minute
+	}
+	queues := make(map[string]river.QueueConfig, len(o.Queues))
+	for name, n := range o.Queues {
+		queues[name] = river.QueueConfig{MaxWorkers: n}
+	}
+	c, err := river.NewClient(riverdatabasesql.New(db), &river.Config{
+		Queues:  queues,
+		Workers: o.Workers,
+		// database/sql has no LISTEN: workers poll. FetchCooldown bounds how often a busy queue
+		// fetches; FetchPollInterval how long an idle one waits for new work.
+		PollOnly:          true,
+		FetchCooldown:     min(10*time.Millisecond, poll),
+		FetchPollInterval: poll,
+		// River requires the rescue delay to be at least the job timeout.
+		JobTimeout:           min(30*time.Second, rescue),
+		RescueStuckJobsAfter: rescue,
+		PeriodicJobs:         o.PeriodicJobs,
+		Logger:               o.Logger,
+		TestOnly:             o.TestOnly,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create river client: %w", err)
+	}
+	return c, nil
 }
