@@ -56,6 +56,15 @@ func invEventRank(eventType string) int {
 	return 0
 }
 
+// newerThanStored is the ordering guard of a column group ("sub" or "inv"): the event's key
+// (@created, @rank, @event_id) is above the key stored with the group, or none is stored yet.
+// One expression for both groups, so the ordering rule above cannot drift between them.
+func newerThanStored(group string) string {
+	return fmt.Sprintf(`(%[1]s_event_created IS NULL
+		OR (%[1]s_event_created, %[1]s_event_rank, %[1]s_event_id COLLATE "C")
+		   < (CAST(@created AS timestamptz), CAST(@rank AS integer), CAST(@event_id AS text) COLLATE "C"))`, group)
+}
+
 // lockSubscription makes sure the row exists (as a placeholder if new) and locks it for the rest
 // of the transaction. It returns the row as it was before this event.
 func (s *Service) lockSubscription(ctx context.Context, tx *gorm.DB, subscriptionID, customerID string, livemode bool) (*Subscription, error) {
@@ -138,10 +147,7 @@ func (s *Service) handleSubscriptionEvent(ctx context.Context, tx *gorm.DB, ev w
 		  sub_event_created = @created,
 		  sub_event_rank = @rank,
 		  updated_at = @now
-		WHERE subscription_id = @id
-		  AND (sub_event_created IS NULL
-		       OR (sub_event_created, sub_event_rank, sub_event_id COLLATE "C")
-		          < (CAST(@created AS timestamptz), CAST(@rank AS integer), CAST(@event_id AS text) COLLATE "C"))
+		WHERE subscription_id = @id AND `+newerThanStored("sub")+`
 		  AND (status NOT IN ('canceled', 'incomplete_expired') OR CAST(@status AS text) IN ('canceled', 'incomplete_expired'))`,
 		map[string]any{
 			"id":                   obj.ID,
@@ -272,10 +278,7 @@ func (s *Service) handleInvoiceEvent(ctx context.Context, tx *gorm.DB, ev webhoo
 		  inv_event_created = @created,
 		  inv_event_rank = @rank,
 		  updated_at = @now
-		WHERE subscription_id = @id
-		  AND (inv_event_created IS NULL
-		       OR (inv_event_created, inv_event_rank, inv_event_id COLLATE "C")
-		          < (CAST(@created AS timestamptz), CAST(@rank AS integer), CAST(@event_id AS text) COLLATE "C"))`,
+		WHERE subscription_id = @id AND `+newerThanStored("inv"),
 		map[string]any{
 			"id":                 subscriptionID,
 			"hold":               failed,
