@@ -2,7 +2,6 @@ package billing
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -26,7 +25,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	testenv.SetMigrator(func(ctx context.Context, db *sql.DB) error { return migrations.Apply(ctx, db, nil) })
+	testenv.SetMigrator(migrations.ApplyQuietly)
 	testenv.Main(m)
 }
 

@@ -1,8 +1,6 @@
 package customers
 
 import (
-	"context"
-	"database/sql"
 	"log/slog"
 	"net/http/httptest"
 	"testing"
@@ -24,7 +22,7 @@ const (
 )
 
 func TestMain(m *testing.M) {
-	testenv.SetMigrator(func(ctx context.Context, db *sql.DB) error { return migrations.Apply(ctx, db, nil) })
+	testenv.SetMigrator(migrations.ApplyQuietly)
 	testenv.Main(m)
 }
 

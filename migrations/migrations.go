@@ -106,3 +106,6 @@ func Pending(ctx context.Context, db *sql.DB) (bool, error) {
 	all := rm.AllVersions()
 	return len(existing) < len(all), nil
 }
+
+// ApplyQuietly is Apply without logs: the migrator of the tests' template database.
+func ApplyQuietly(ctx context.Context, db *sql.DB) error { return Apply(ctx, db, nil) }

@@ -2,7 +2,6 @@ package portal
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
 	"errors"
 	"log/slog"
@@ -29,7 +28,7 @@ const (
 )
 
 func TestMain(m *testing.M) {
-	testenv.SetMigrator(func(ctx context.Context, db *sql.DB) error { return migrations.Apply(ctx, db, nil) })
+	testenv.SetMigrator(migrations.ApplyQuietly)
 	testenv.Main(m)
 }
 

@@ -1,7 +1,6 @@
 package test
 
 import (
-	"context"
 	"database/sql"
 	"encoding/json"
 	"os"
@@ -16,7 +15,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	testenv.SetMigrator(func(ctx context.Context, db *sql.DB) error { return migrations.Apply(ctx, db, nil) })
+	testenv.SetMigrator(migrations.ApplyQuietly)
 	testenv.Main(m)
 }
 

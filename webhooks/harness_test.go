@@ -28,7 +28,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	testenv.SetMigrator(func(ctx context.Context, db *sql.DB) error { return migrations.Apply(ctx, db, nil) })
+	testenv.SetMigrator(migrations.ApplyQuietly)
 	testenv.Main(m)
 }
 
