@@ -2,6 +2,7 @@ package webhooks_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -416,6 +417,37 @@ func TestReadyEndpointsNeedNoAuth(t *testing.T) {
 		h.e.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, p, nil))
 		if rec.Code != 200 {
 			t.Errorf("%s: %d", p, rec.Code)
+		}
+	}
+}
+
+// The sweeper is the second line of defence for "no acknowledged event is left unprocessed": an
+// event whose job is gone (River discarded it, someone deleted it) gets a new one; an event with
+// a live job is left alone.
+func TestSweepReenqueuesEventsWithoutALiveJob(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.deliver(subEvent("evt_orphan", time.Now()))
+	h.deliver(subEvent("evt_queued", time.Now()))
+	if err := h.db.Exec(`DELETE FROM river_job WHERE args->>'event_id' = 'evt_orphan'`).Error; err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	h.clock.t = h.clock.t.Add(time.Second)
+	if n, err := h.inbox.Sweep(ctx, time.Hour); err != nil || n != 0 {
+		t.Fatalf("sweep of events younger than the age: %d, %v; want 0", n, err)
+	}
+	if n, err := h.inbox.Sweep(ctx, 0); err != nil || n != 1 {
+		t.Fatalf("sweep: %d, %v; want exactly the orphan", n, err)
+	}
+	if n, err := h.inbox.Sweep(ctx, 0); err != nil || n != 0 {
+		t.Fatalf("second sweep: %d, %v; want 0 (the orphan has a job now)", n, err)
+	}
+	h.start()
+	for _, id := range []string{"evt_orphan", "evt_queued"} {
+		h.waitStatus(id, "processed")
+		if n := h.applied(id); n != 1 {
+			t.Errorf("%s: effect applied %d times, want 1", id, n)
 		}
 	}
 }
