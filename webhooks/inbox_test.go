@@ -451,3 +451,51 @@ func TestSweepReenqueuesEventsWithoutALiveJob(t *testing.T) {
 		}
 	}
 }
+
+// The receive path writes the processing job with its own SQL (one statement with the event);
+// the job must be the row River's own InsertTx writes for the same args (the sweeper's path), so
+// that River treats both alike.
+func TestReceivedJobIsTheRowRiverWouldInsert(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.deliver(subEvent("evt_by_receive", time.Now()))
+	h.deliver(subEvent("evt_by_river", time.Now()))
+	if err := h.db.Exec(`DELETE FROM river_job WHERE args->>'event_id' = 'evt_by_river'`).Error; err != nil {
+		t.Fatal(err)
+	}
+	h.clock.t = h.clock.t.Add(time.Second) // the sweeper takes events older than minAge
+	if n, err := h.inbox.Sweep(context.Background(), 0); err != nil || n != 1 {
+		t.Fatalf("sweep: %d, %v; want 1 job inserted by River", n, err)
+	}
+	type jobRow struct {
+		Args, Kind, Queue, State, Metadata, Tags string
+		MaxAttempts, Priority, Attempt        int
+		UniqueKey, UniqueStates               *string
+		Scheduled                             bool
+	}
+	load := func(id string) jobRow {
+		t.Helper()
+		var rows []jobRow
+		err := h.db.Raw(`SELECT replace(args::text, ?, '<id>') AS args, kind, queue, state::text AS state, metadata::text AS metadata,
+				tags::text AS tags, max_attempts, priority, attempt, unique_key::text AS unique_key, unique_states::text AS unique_states,
+				scheduled_at <= now() AS scheduled
+			FROM river_job WHERE args->>'event_id' = ?`, id, id).Scan(&rows).Error
+		if err != nil || len(rows) != 1 {
+			t.Fatalf("job of %s: %d rows, %v", id, len(rows), err)
+		}
+		return rows[0]
+	}
+	ours, rivers := load("evt_by_receive"), load("evt_by_river")
+	if ours != rivers {
+		t.Errorf("job written by the receive path:\n %+v\nwritten by River's InsertTx:\n %+v", ours, rivers)
+	}
+	if ours.Kind != "webhook_event" || ours.Queue != webhooks.QueueWebhooks || ours.State != "available" || !ours.Scheduled {
+		t.Errorf("job %+v: want an available webhook_event job in queue %s", ours, webhooks.QueueWebhooks)
+	}
+	h.start()
+	for _, id := range []string{"evt_by_receive", "evt_by_river"} {
+		if row := h.waitStatus(id, "processed"); row.Attempts != 1 {
+			t.Errorf("%s: %d attempts, want 1", id, row.Attempts)
+		}
+	}
+}

@@ -9,11 +9,9 @@ import (
 	"time"
 
 	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverdatabasesql"
 	"gorm.io/gorm"
 
 	"billing/internal/database"
-	"billing/internal/jobs"
 )
 
 // ProcessEventArgs is the River job that processes one stored event.
@@ -67,27 +65,26 @@ type storedEvent struct {
 	EventCreated *time.Time
 }
 
-// process runs one attempt. The attempt is counted first, in its own statement, so that even an
-// attempt that dies with the process is counted; then one transaction locks the event, applies
-// the handler's effects, marks the event processed and completes the job.
+// process runs one attempt in one transaction: it locks the event by its primary key, applies
+// the handler's effects and marks the event processed with its attempt count.
+//
+// The job is completed by River after Work returns (its completer batches many jobs into one
+// statement), not inside the transaction: the event's status, not the job's, is what makes
+// processing idempotent. A crash between the commit and the completion runs the job again, and
+// that run finds the event processed and does nothing.
+//
+// The attempt number comes from River as well as from the event: River counts job.Attempt
+// durably when it hands the job out, so an attempt cut short by a crash still counts (a poison
+// event that kills the process is dead-lettered, not retried forever), while a replay (a new job,
+// attempts reset to 0) starts again from 1. Counting it here instead of in a separate statement
+// before the transaction saves a commit and a row version per event.
 func (i *Inbox) process(ctx context.Context, job *river.Job[ProcessEventArgs]) error {
 	id := job.Args.EventID
-	var counted []struct{ Attempts int }
-	res := i.cfg.DB.WithContext(ctx).Raw(`
-		UPDATE webhook_events SET attempts = attempts + 1
-		WHERE event_id = ? AND status = 'received'
-		RETURNING attempts`, id).Scan(&counted)
-	if res.Error != nil {
-		return fmt.Errorf("count attempt of event %s: %w", id, res.Error)
-	}
-	if len(counted) == 0 {
-		// Processed, failed, ignored or gone: a stale or duplicate job has nothing to do.
-		return nil
-	}
-	attempts := counted[0].Attempts
-
 	var ev storedEvent
+	attempts := 0
 	err := i.cfg.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		// Only the primary key in the predicate: with a status condition as well, the planner may
+		// pick the status index and walk every received event of a backlog for each attempt.
 		err := tx.Raw(`
 			SELECT event_id, type, livemode, api_version, status, payload, attempts, received_at, event_created
 			FROM webhook_events WHERE event_id = ? FOR UPDATE`, id).Scan(&ev).Error
@@ -95,22 +92,22 @@ func (i *Inbox) process(ctx context.Context, job *river.Job[ProcessEventArgs]) e
 			return fmt.Errorf("lock event %s: %w", id, err)
 		}
 		if ev.EventID == "" || ev.Status != "received" {
-			// Another job got here first while we waited for the lock.
-			return i.completeJob(ctx, tx, job)
+			// Processed, failed, ignored or gone: a stale or duplicate job has nothing to do.
+			return nil
 		}
+		attempts = max(ev.Attempts+1, job.Attempt)
 		if err := i.dispatch(ctx, tx, ev); err != nil {
 			return err
 		}
-		now := i.cfg.Now()
 		if err := tx.Exec(`
-			UPDATE webhook_events SET status = 'processed', processed_at = ?, failure_reason = NULL
-			WHERE event_id = ?`, now, id).Error; err != nil {
+			UPDATE webhook_events SET status = 'processed', processed_at = ?, attempts = ?, failure_reason = NULL
+			WHERE event_id = ?`, i.cfg.Now(), attempts, id).Error; err != nil {
 			return fmt.Errorf("mark event %s processed: %w", id, err)
 		}
-		return i.completeJob(ctx, tx, job)
+		return nil
 	})
 	if err == nil {
-		if ev.Status == "received" {
+		if attempts > 0 {
 			i.metrics.processed.WithLabelValues(ev.Type).Inc()
 			i.metrics.lag.WithLabelValues(ev.Type).Observe(i.cfg.Now().Sub(ev.ReceivedAt).Seconds())
 			i.log.Debug("webhook event processed", "event_id", id, "type", ev.Type, "attempt", attempts)
@@ -121,19 +118,13 @@ func (i *Inbox) process(ctx context.Context, job *river.Job[ProcessEventArgs]) e
 		// Shutting down or timed out: the job is retried, nothing to record.
 		return err
 	}
-	i.metrics.failures.WithLabelValues(ev.Type).Inc()
-	return i.recordFailure(ctx, job, ev, attempts, err)
-}
-
-func (i *Inbox) completeJob(ctx context.Context, tx *gorm.DB, job *river.Job[ProcessEventArgs]) error {
-	sqlTx, err := jobs.SQLTx(tx)
-	if err != nil {
+	if attempts == 0 {
+		// The event could not even be read (the database is unreachable, typically): nothing
+		// ran, so there is nothing to count; River retries the job.
 		return err
 	}
-	if _, err := river.JobCompleteTx[*riverdatabasesql.Driver](ctx, sqlTx, job); err != nil {
-		return fmt.Errorf("complete job of event %s: %w", job.Args.EventID, err)
-	}
-	return nil
+	i.metrics.failures.WithLabelValues(ev.Type).Inc()
+	return i.recordFailure(ctx, job, ev, attempts, err)
 }
 
 // dispatch decodes the stored event and calls its handler. A panic in a handler is an error of
@@ -203,31 +194,42 @@ func (i *Inbox) recordFailure(ctx context.Context, job *river.Job[ProcessEventAr
 		i.log.Warn("webhook event processing interrupted: database unavailable; will retry", "event_id", id, "error", cause)
 		return cause
 	}
-	if !permanent && attempts < i.cfg.MaxAttempts {
-		i.log.Warn("webhook event processing failed; will retry", "event_id", id, "type", ev.Type,
-			"attempt", attempts, "max_attempts", i.cfg.MaxAttempts, "error", cause)
-		if err := i.cfg.DB.WithContext(ctx).Exec(`UPDATE webhook_events SET failure_reason = ? WHERE event_id = ? AND status = 'received'`,
-			reason, id).Error; err != nil {
-			i.log.Error("record webhook failure reason", "event_id", id, "error", err)
-		}
-		return cause
-	}
+	dead := permanent || attempts >= i.cfg.MaxAttempts
+	stillReceived := false
 	err := i.cfg.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		res := tx.Exec(`UPDATE webhook_events SET status = 'failed', failure_reason = ? WHERE event_id = ? AND status = 'received'`, reason, id)
-		if res.Error != nil {
-			return res.Error
+		// Locked by primary key alone, for the same reason as in process.
+		var status []string
+		if err := tx.Raw(`SELECT status FROM webhook_events WHERE event_id = ? FOR UPDATE`, id).Scan(&status).Error; err != nil {
+			return err
 		}
-		if res.RowsAffected == 0 {
-			return nil
+		if stillReceived = len(status) == 1 && status[0] == "received"; !stillReceived {
+			return nil // finished by another job, or deleted, meanwhile: nothing to record
+		}
+		if !dead {
+			return tx.Exec(`UPDATE webhook_events SET attempts = ?, failure_reason = ? WHERE event_id = ?`, attempts, reason, id).Error
+		}
+		if err := tx.Exec(`UPDATE webhook_events SET status = 'failed', attempts = ?, failure_reason = ? WHERE event_id = ?`,
+			attempts, reason, id).Error; err != nil {
+			return err
 		}
 		return tx.Exec(`
 			INSERT INTO webhook_dead_letters (event_id, attempts, last_error, dead_at) VALUES (?, ?, ?, ?)
 			ON CONFLICT (event_id) DO UPDATE SET attempts = EXCLUDED.attempts, last_error = EXCLUDED.last_error, dead_at = EXCLUDED.dead_at`,
 			id, attempts, reason, i.cfg.Now()).Error
 	})
-	if err != nil {
+	switch {
+	case err != nil && dead:
 		// Could not dead-letter (database trouble): let River retry; the next attempt decides again.
 		return errors.Join(cause, fmt.Errorf("dead-letter event %s: %w", id, err))
+	case err != nil:
+		i.log.Error("record webhook failure", "event_id", id, "error", err)
+		return cause
+	case !stillReceived:
+		return nil
+	case !dead:
+		i.log.Warn("webhook event processing failed; will retry", "event_id", id, "type", ev.Type,
+			"attempt", attempts, "max_attempts", i.cfg.MaxAttempts, "error", cause)
+		return cause
 	}
 	kind := "max_attempts"
 	if permanent {

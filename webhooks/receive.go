@@ -145,12 +145,19 @@ func (i *Inbox) receive(c echo.Context) error {
 
 type storeResult struct{ status, metric string }
 
-// store inserts the event and, for a handled type, its processing job, in one transaction.
-// ON CONFLICT DO NOTHING makes concurrent deliveries of one event wait for each other on the
-// primary key: exactly one inserts, the others answer duplicate.
+// store inserts the event and, for a handled type, its processing job (or, for an event of
+// another API version, its dead letter), atomically. ON CONFLICT DO NOTHING makes concurrent
+// deliveries of one event wait for each other on the primary key: exactly one inserts, the others
+// answer duplicate.
+//
+// It is one statement (data-modifying CTEs, so one implicit transaction) instead of
+// BEGIN / INSERT / River's InsertTx / COMMIT: one round trip to PostgreSQL instead of four, which
+// on the hot path of every delivery is most of the cost. The job row is written the way River's
+// own clients for other languages insert jobs, with the kind and options of ProcessEventArgs
+// (riverJobSQL); River picks it up like any other job, and a test checks that it does.
 func (i *Inbox) store(ctx context.Context, env envelope, body []byte) (storeResult, error) {
 	status, res := "received", storeResult{ResultReceived, ResultReceived}
-	var failure *string
+	var failure, deadMsg *string
 	_, handled := i.cfg.Registry.Lookup(env.Type)
 	mismatch := env.apiVersion() != PinnedAPIVersion
 	switch {
@@ -162,40 +169,43 @@ func (i *Inbox) store(ctx context.Context, env envelope, body []byte) (storeResu
 		status, res = "failed", storeResult{ResultReceived, "dead_lettered"}
 		reason := FailureAPIVersionMismatch
 		failure = &reason
+		msg := fmt.Sprintf("%s: event api_version %q, this service speaks %q", FailureAPIVersionMismatch, env.apiVersion(), PinnedAPIVersion)
+		deadMsg = &msg
 	}
 	var created *time.Time
 	if env.Created > 0 {
 		t := time.Unix(env.Created, 0).UTC()
 		created = &t
 	}
-	now := i.cfg.Now()
-	err := i.cfg.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		ins := tx.Exec(`
-			INSERT INTO webhook_events (event_id, source, type, livemode, api_version, status, payload, received_at, failure_reason, event_created)
-			VALUES (?, 'stripe', ?, ?, ?, ?, ?, ?, ?, ?)
-			ON CONFLICT (event_id) DO NOTHING`,
-			env.ID, env.Type, *env.Livemode, env.APIVersion, status, string(body), now, failure, created)
-		if ins.Error != nil {
-			return fmt.Errorf("insert event %s: %w", env.ID, ins.Error)
-		}
-		if ins.RowsAffected == 0 {
-			res = storeResult{ResultDuplicate, ResultDuplicate}
-			return nil
-		}
-		switch status {
-		case "received":
-			return i.enqueue(ctx, tx, env.ID)
-		case "failed":
-			msg := fmt.Sprintf("%s: event api_version %q, this service speaks %q", FailureAPIVersionMismatch, env.apiVersion(), PinnedAPIVersion)
-			if err := tx.Exec(`INSERT INTO webhook_dead_letters (event_id, attempts, last_error, dead_at) VALUES (?, 0, ?, ?)`,
-				env.ID, msg, now).Error; err != nil {
-				return fmt.Errorf("dead-letter event %s: %w", env.ID, err)
-			}
-		}
-		return nil
-	})
+	args, err := json.Marshal(ProcessEventArgs{EventID: env.ID})
 	if err != nil {
-		return storeResult{}, err
+		return storeResult{}, fmt.Errorf("encode job of event %s: %w", env.ID, err)
+	}
+	opts := ProcessEventArgs{}.InsertOpts()
+	now := i.cfg.Now()
+	var stored []struct{ EventID string }
+	err = i.cfg.DB.WithContext(ctx).Raw(`
+		WITH event AS (
+		  INSERT INTO webhook_events (event_id, source, type, livemode, api_version, status, payload, received_at, failure_reason, event_created)
+		  VALUES (?, 'stripe', ?, ?, ?, ?, ?, ?, ?, ?)
+		  ON CONFLICT (event_id) DO NOTHING
+		  RETURNING event_id, status
+		), job AS (
+		  INSERT INTO river_job (args, kind, max_attempts, priority, queue, state, scheduled_at)
+		  SELECT CAST(? AS jsonb), ?, CAST(? AS smallint), CAST(? AS smallint), ?, 'available', now() FROM event WHERE status = 'received'
+		), dead AS (
+		  INSERT INTO webhook_dead_letters (event_id, attempts, last_error, dead_at)
+		  SELECT event_id, 0, CAST(? AS text), CAST(? AS timestamptz) FROM event WHERE status = 'failed'
+		)
+		SELECT event_id FROM event`,
+		env.ID, env.Type, *env.Livemode, env.APIVersion, status, string(body), now, failure, created,
+		string(args), ProcessEventArgs{}.Kind(), opts.MaxAttempts, max(opts.Priority, 1), opts.Queue,
+		deadMsg, now).Scan(&stored).Error
+	if err != nil {
+		return storeResult{}, fmt.Errorf("store event %s: %w", env.ID, err)
+	}
+	if len(stored) == 0 {
+		return storeResult{ResultDuplicate, ResultDuplicate}, nil
 	}
 	switch res.metric {
 	case ResultIgnored:

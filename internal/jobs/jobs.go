@@ -21,7 +21,7 @@ type Inserter interface {
 	InsertTx(ctx context.Context, tx *sql.Tx, args river.JobArgs, opts *river.InsertOpts) (*rivertype.JobInsertResult, error)
 }
 
-// SQLTx returns the *sql.Tx under a gorm transaction, for River's InsertTx and JobCompleteTx.
+// SQLTx returns the *sql.Tx under a gorm transaction, for River's InsertTx.
 func SQLTx(tx *gorm.DB) (*sql.Tx, error) {
 	switch p := tx.Statement.ConnPool.(type) {
 	case *sql.Tx:
