@@ -93,40 +93,65 @@ type HoldView struct {
 	Livemode bool `json:"livemode"`
 }
 
-const subscriptionColumns = `s.*, c.user_id`
+// subscriptionColumns are the columns a Subscription is read from, in the order of its scan
+// destinations (Subscription.scanDest), followed by the customer's user id. The NOT NULL columns
+// are coalesced so that the LEFT JOIN of a customer without subscriptions scans too (its
+// subscription_id is then "").
+const subscriptionColumns = `coalesce(s.subscription_id, ''), coalesce(s.stripe_customer_id, ''), coalesce(s.livemode, false),
+	coalesce(s.status, ''), s.price_id, s.current_period_start, s.current_period_end, coalesce(s.cancel_at_period_end, false),
+	s.cancel_at, s.canceled_at, s.ended_at, s.trial_start, s.trial_end, s.status_since, s.sub_event_id, s.sub_event_created,
+	s.trial_will_end_at, coalesce(s.payment_hold, false), s.payment_hold_since, s.latest_invoice_id, s.attempt_count,
+	s.next_payment_attempt, s.amount_due, s.currency, s.hosted_invoice_url, s.inv_event_created, c.user_id`
 
-// customerRow is a linked customer joined with one of its subscriptions (all NULL when it has
-// none).
-type customerRow struct {
-	CUserID           string  `gorm:"column:c_user_id"`
-	CStripeCustomerID string  `gorm:"column:c_stripe_customer_id"`
-	CLivemode         bool    `gorm:"column:c_livemode"`
-	SubID             *string `gorm:"column:sub_id"`
-	Subscription      `gorm:"embedded"`
+// scanDest are the scan destinations of subscriptionColumns. The reads of the app's hot paths
+// scan explicitly instead of through gorm's reflection, which was an eighth of their CPU.
+func (s *Subscription) scanDest() []any {
+	return []any{&s.SubscriptionID, &s.StripeCustomerID, &s.Livemode,
+		&s.Status, &s.PriceID, &s.CurrentPeriodStart, &s.CurrentPeriodEnd, &s.CancelAtPeriodEnd,
+		&s.CancelAt, &s.CanceledAt, &s.EndedAt, &s.TrialStart, &s.TrialEnd, &s.StatusSince, &s.SubEventID, &s.SubEventCreated,
+		&s.TrialWillEndAt, &s.PaymentHold, &s.PaymentHoldSince, &s.LatestInvoiceID, &s.AttemptCount,
+		&s.NextPaymentAttempt, &s.AmountDue, &s.Currency, &s.HostedInvoiceURL, &s.InvEventCreated, &s.UserID}
+}
+
+// queryCustomerSubscriptions runs query (which selects c.stripe_customer_id, c.livemode and then
+// subscriptionColumns) on the handle's own connection or transaction, without gorm's callbacks.
+func (s *Service) queryCustomerSubscriptions(ctx context.Context, query string, args ...any) (stripeIDs []*string, livemodes []bool, subs []Subscription, err error) {
+	rows, err := s.db.Statement.ConnPool.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var stripeID *string
+		var livemode bool
+		var sub Subscription
+		if err := rows.Scan(append([]any{&stripeID, &livemode}, sub.scanDest()...)...); err != nil {
+			return nil, nil, nil, err
+		}
+		stripeIDs, livemodes, subs = append(stripeIDs, stripeID), append(livemodes, livemode), append(subs, sub)
+	}
+	return stripeIDs, livemodes, subs, rows.Err()
 }
 
 // customerWithSubscriptions loads a user's linked customer and its subscriptions in one
 // statement: the entitlement read is the app's hottest path, one round trip instead of two.
 func (s *Service) customerWithSubscriptions(ctx context.Context, userID string) (*customers.Customer, []Subscription, error) {
-	var rows []customerRow
-	err := s.db.WithContext(ctx).Raw(`
-		SELECT c.user_id AS c_user_id, c.stripe_customer_id AS c_stripe_customer_id, c.livemode AS c_livemode,
-		       s.subscription_id AS sub_id, `+subscriptionColumns+`
+	stripeIDs, livemodes, rows, err := s.queryCustomerSubscriptions(ctx, `
+		SELECT c.stripe_customer_id, c.livemode, `+subscriptionColumns+`
 		FROM customers c LEFT JOIN subscriptions s ON s.stripe_customer_id = c.stripe_customer_id
-		WHERE c.user_id = ? AND c.stripe_customer_id IS NOT NULL
-		ORDER BY s.created_at, s.subscription_id`, userID).Scan(&rows).Error
+		WHERE c.user_id = $1 AND c.stripe_customer_id IS NOT NULL
+		ORDER BY s.created_at, s.subscription_id`, userID)
 	if err != nil {
 		return nil, nil, fmt.Errorf("load customer of user %q: %w", userID, err)
 	}
 	if len(rows) == 0 {
 		return nil, nil, customers.ErrNotFound
 	}
-	stripeID := rows[0].CStripeCustomerID
-	c := &customers.Customer{UserID: rows[0].CUserID, StripeCustomerID: &stripeID, Livemode: rows[0].CLivemode}
+	c := &customers.Customer{UserID: userID, StripeCustomerID: stripeIDs[0], Livemode: livemodes[0]}
 	subs := make([]Subscription, 0, len(rows))
 	for _, r := range rows {
-		if r.SubID != nil {
-			subs = append(subs, r.Subscription)
+		if r.SubscriptionID != "" {
+			subs = append(subs, r)
 		}
 	}
 	return c, subs, nil
@@ -227,13 +252,12 @@ func (s *Service) subscriptionView(sub *Subscription, now time.Time) Subscriptio
 // Holds lists every subscription on hold now, the longest-held first. Customers not linked to a
 // user are included with a nil UserID.
 func (s *Service) Holds(ctx context.Context) ([]HoldView, error) {
-	var subs []Subscription
 	// The WHERE clause is a cheap superset (it matches the partial index); Hold() decides.
-	err := s.db.WithContext(ctx).Raw(`
-		SELECT ` + subscriptionColumns + `
+	_, _, subs, err := s.queryCustomerSubscriptions(ctx, `
+		SELECT c.stripe_customer_id, coalesce(c.livemode, false), `+subscriptionColumns+`
 		FROM subscriptions s LEFT JOIN customers c ON c.stripe_customer_id = s.stripe_customer_id
 		WHERE s.status NOT IN ('canceled', 'incomplete_expired')
-		  AND (s.payment_hold OR s.status IN ('past_due', 'unpaid'))`).Scan(&subs).Error
+		  AND (s.payment_hold OR s.status IN ('past_due', 'unpaid'))`)
 	if err != nil {
 		return nil, fmt.Errorf("load holds: %w", err)
 	}

@@ -24,13 +24,13 @@ import (
 // Open connects to url and checks the connection. The pool is shared by gorm and River.
 func Open(ctx context.Context, url string, logger *slog.Logger) (*gorm.DB, error) {
 	db, err := gorm.Open(postgres.Open(url), &gorm.Config{
-		Logger: gormlogger.NewSlogLogger(logger.With("component", "gorm"), gormlogger.Config{
-			SlowThreshold:             500 * time.Millisecond,
+		Logger: quietLogger{gormlogger.NewSlogLogger(logger.With("component", "gorm"), gormlogger.Config{
+			SlowThreshold:             slowQuery,
 			LogLevel:                  gormlogger.Warn,
 			IgnoreRecordNotFoundError: true,
 			// Never log bound values: they include emails and payloads.
 			ParameterizedQueries: true,
-		}),
+		})},
 		// Transactions are always explicit: gorm's implicit per-write transaction only costs
 		// round trips here.
 		SkipDefaultTransaction: true,
@@ -53,6 +53,31 @@ func Open(ctx context.Context, url string, logger *slog.Logger) (*gorm.DB, error
 		return nil, fmt.Errorf("connect to database: %w", err)
 	}
 	return db, nil
+}
+
+// slowQuery is the duration above which a statement is logged as slow.
+const slowQuery = 500 * time.Millisecond
+
+// quietLogger is gorm's slog logger, asked only about statements it will log (failed or slow).
+// gorm's own Trace renders every statement's SQL before deciding to drop it: 5% of the CPU of
+// event processing, for nothing.
+type quietLogger struct{ gormlogger.Interface }
+
+func (q quietLogger) LogMode(level gormlogger.LogLevel) gormlogger.Interface {
+	return quietLogger{q.Interface.LogMode(level)}
+}
+
+// ParamsFilter keeps bound values out of the log (gorm asks the logger through this optional
+// interface, which embedding alone would hide).
+func (q quietLogger) ParamsFilter(_ context.Context, sql string, _ ...any) (string, []any) {
+	return sql, nil
+}
+
+func (q quietLogger) Trace(ctx context.Context, begin time.Time, fc func() (string, int64), err error) {
+	if err == nil && time.Since(begin) <= slowQuery {
+		return
+	}
+	q.Interface.Trace(ctx, begin, fc, err)
 }
 
 // SQL returns the *sql.DB under a gorm handle.
