@@ -469,9 +469,9 @@ func TestReceivedJobIsTheRowRiverWouldInsert(t *testing.T) {
 	}
 	type jobRow struct {
 		Args, Kind, Queue, State, Metadata, Tags string
-		MaxAttempts, Priority, Attempt        int
-		UniqueKey, UniqueStates               *string
-		Scheduled                             bool
+		MaxAttempts, Priority, Attempt           int
+		UniqueKey, UniqueStates                  *string
+		Scheduled                                bool
 	}
 	load := func(id string) jobRow {
 		t.Helper()
