@@ -3,6 +3,7 @@ package webhooks
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -183,29 +184,31 @@ func (i *Inbox) store(ctx context.Context, env envelope, body []byte) (storeResu
 	}
 	opts := ProcessEventArgs{}.InsertOpts()
 	now := i.cfg.Now()
-	var stored []struct{ EventID string }
-	err = i.cfg.DB.WithContext(ctx).Raw(`
+	// Straight to the connection pool: gorm's Raw().Scan would render the statement with its
+	// values (the whole payload) for its trace, a tenth of this path's CPU.
+	var stored string
+	err = i.cfg.DB.Statement.ConnPool.QueryRowContext(ctx, `
 		WITH event AS (
 		  INSERT INTO webhook_events (event_id, source, type, livemode, api_version, status, payload, received_at, failure_reason, event_created)
-		  VALUES (?, 'stripe', ?, ?, ?, ?, ?, ?, ?, ?)
+		  VALUES ($1, 'stripe', $2, $3, $4, $5, $6, $7, $8, $9)
 		  ON CONFLICT (event_id) DO NOTHING
 		  RETURNING event_id, status
 		), job AS (
 		  INSERT INTO river_job (args, kind, max_attempts, priority, queue, state, scheduled_at)
-		  SELECT CAST(? AS jsonb), ?, CAST(? AS smallint), CAST(? AS smallint), ?, 'available', now() FROM event WHERE status = 'received'
+		  SELECT CAST($10 AS jsonb), $11, CAST($12 AS smallint), CAST($13 AS smallint), $14, 'available', now() FROM event WHERE status = 'received'
 		), dead AS (
 		  INSERT INTO webhook_dead_letters (event_id, attempts, last_error, dead_at)
-		  SELECT event_id, 0, CAST(? AS text), CAST(? AS timestamptz) FROM event WHERE status = 'failed'
+		  SELECT event_id, 0, CAST($15 AS text), CAST($16 AS timestamptz) FROM event WHERE status = 'failed'
 		)
 		SELECT event_id FROM event`,
 		env.ID, env.Type, *env.Livemode, env.APIVersion, status, string(body), now, failure, created,
 		string(args), ProcessEventArgs{}.Kind(), opts.MaxAttempts, max(opts.Priority, 1), opts.Queue,
-		deadMsg, now).Scan(&stored).Error
+		deadMsg, now).Scan(&stored)
+	if errors.Is(err, sql.ErrNoRows) {
+		return storeResult{ResultDuplicate, ResultDuplicate}, nil
+	}
 	if err != nil {
 		return storeResult{}, fmt.Errorf("store event %s: %w", env.ID, err)
-	}
-	if len(stored) == 0 {
-		return storeResult{ResultDuplicate, ResultDuplicate}, nil
 	}
 	switch res.metric {
 	case ResultIgnored:
