@@ -23,6 +23,7 @@ import (
 	"billing/config"
 	"billing/internal/app"
 	"billing/internal/database"
+	"billing/internal/logging"
 	"billing/internal/pgcluster"
 	"billing/internal/stripeclient"
 	"billing/migrations"
@@ -87,14 +88,18 @@ func loadConfig(name string, args []string) (*config.Config, int) {
 	return cfg, 0
 }
 
-func newLogger(cfg *config.Config) *slog.Logger {
+// newLogger logs to stderr through a logging.Writer, so that no request waits for another's log
+// line to be written; flush writes out what is queued (call it before exiting).
+func newLogger(cfg *config.Config) (logger *slog.Logger, flush func()) {
 	var level slog.Level
 	_ = level.UnmarshalText([]byte(cfg.Log.Level))
 	opts := &slog.HandlerOptions{Level: level}
+	out := logging.NewWriter(os.Stderr, 0)
+	flush = func() { _ = out.Close() }
 	if cfg.Log.Format == "text" {
-		return slog.New(slog.NewTextHandler(os.Stderr, opts))
+		return slog.New(slog.NewTextHandler(out, opts)), flush
 	}
-	return slog.New(slog.NewJSONHandler(os.Stderr, opts))
+	return slog.New(slog.NewJSONHandler(out, opts)), flush
 }
 
 // openDatabase connects to the configured database, or starts the embedded cluster when none is
@@ -144,7 +149,8 @@ func migrate(args []string) int {
 	if cfg == nil {
 		return code
 	}
-	logger := newLogger(cfg)
+	logger, flush := newLogger(cfg)
+	defer flush()
 	ctx := context.Background()
 	db, stop, code := openDatabase(ctx, cfg, logger)
 	if db == nil {
@@ -164,7 +170,8 @@ func serve(args []string) int {
 	if cfg == nil {
 		return code
 	}
-	logger := newLogger(cfg)
+	logger, flush := newLogger(cfg)
+	defer flush()
 	ctx, cancelSignals := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer cancelSignals()
 

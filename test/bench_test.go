@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -31,6 +32,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
 
 	"billing/internal/pgcluster"
@@ -495,25 +497,27 @@ COMMIT;
 `
 }
 
-// benchEntitlementScript is one GET /v1/customers/{user_id}/entitlement of a random user: the
-// one statement that path runs (billing's customerWithSubscriptions), a point select by user_id
-// joined to the customer's subscriptions.
-const benchEntitlementScript = `\set uid random(1, ` + "10000" + `)
-SELECT c.user_id AS c_user_id, c.stripe_customer_id AS c_stripe_customer_id, c.livemode AS c_livemode,
-       s.subscription_id AS sub_id, s.*, c.user_id
+// benchEntitlementQuery is the one statement GET /v1/customers/{user_id}/entitlement runs
+// (billing's customerWithSubscriptions), a point select by user_id joined to the customer's
+// subscriptions, with USER standing for the user id.
+const benchEntitlementQuery = `SELECT c.stripe_customer_id, c.livemode, coalesce(s.subscription_id, ''), coalesce(s.stripe_customer_id, ''), coalesce(s.livemode, false),
+	coalesce(s.status, ''), s.price_id, s.current_period_start, s.current_period_end, coalesce(s.cancel_at_period_end, false),
+	s.cancel_at, s.canceled_at, s.ended_at, s.trial_start, s.trial_end, s.status_since, s.sub_event_id, s.sub_event_created,
+	s.trial_will_end_at, coalesce(s.payment_hold, false), s.payment_hold_since, s.latest_invoice_id, s.attempt_count,
+	s.next_payment_attempt, s.amount_due, s.currency, s.hosted_invoice_url, s.inv_event_created, c.user_id
   FROM customers c LEFT JOIN subscriptions s ON s.stripe_customer_id = c.stripe_customer_id
-  WHERE c.user_id = 'user_' || :uid AND c.stripe_customer_id IS NOT NULL
-  ORDER BY s.created_at, s.subscription_id;
-`
+  WHERE c.user_id = USER AND c.stripe_customer_id IS NOT NULL
+  ORDER BY s.created_at, s.subscription_id`
+
+// benchEntitlementScript is that statement for a random user, as a pgbench script.
+var benchEntitlementScript = `\set uid random(1, ` + strconv.Itoa(benchUsers) + `)
+` + strings.Replace(benchEntitlementQuery, "USER", "'user_' || :uid", 1) + ";\n"
 
 // BenchmarkEntitlement: GET /v1/customers/{user_id}/entitlement at 32 concurrency over 10,000
 // users (customers and subscriptions seeded with SQL; every fifth user also has a canceled
 // subscription, every tenth is past_due with a payment hold) → requests/s and p99, against
 // pgbench running the same SELECT for a random user on the same tables.
 func BenchmarkEntitlement(b *testing.B) {
-	if benchUsers != 10000 {
-		b.Fatal("benchEntitlementScript assumes 10000 users")
-	}
 	d := startBenchDB(b)
 	d.exec(b, `INSERT INTO customers (user_id, stripe_customer_id, email, name, livemode)
 		SELECT 'user_' || g, 'cus_bench_' || g, 'user' || g || '@example.com', 'User ' || g, false
@@ -539,10 +543,60 @@ func BenchmarkEntitlement(b *testing.B) {
 	ceiling := d.pgbench(b, benchEntitlementScript, benchClients, benchDuration)
 
 	p := startBenchService(b, d)
+	lat, elapsed, errs, firstErr := benchEntitlementLoad(p.url(""))
+	if len(lat) == 0 {
+		b.Fatalf("no request answered (%d errors, first: %v)", errs, firstErr)
+	}
+	if errs > 0 {
+		b.Errorf("%d requests failed; first: %v", errs, firstErr)
+	}
+	// The same load from wrk, a C load generator as lean as pgbench's client, when installed
+	// (apt-get install wrk): on 2 shared vCPUs the Go client above takes CPU from the service.
+	wrkLine := benchWrkEntitlement(b, "entitlement (wrk)", p.url(""), benchClients, benchDuration, ceiling.tps)
+
+	if code := p.stop(b, syscall.SIGTERM); code != 0 {
+		b.Errorf("billing exited %d after SIGTERM", code)
+	}
+
+	// The floor of any Go HTTP service on this machine: net/http, a pgx pool and the same
+	// statement, nothing else, under the same loads. What the service loses against pgbench
+	// beyond what this loses is the service's own cost.
+	bare := benchBareEntitlementServer(b, d)
+	bareLat, bareElapsed, bareErrs, bareErr := benchEntitlementLoad(bare)
+	if bareErrs > 0 || len(bareLat) == 0 {
+		b.Errorf("bare server: %d requests failed (%d answered); first: %v", bareErrs, len(bareLat), bareErr)
+	}
+	bareWrk := benchWrkEntitlement(b, "entitlement, bare net/http+pgx server (wrk)", bare, benchClients, benchDuration, ceiling.tps)
+
+	rate := float64(len(lat)) / elapsed.Seconds()
+	ratio := rate / ceiling.tps
+	fmt.Printf("entitlement: %.0f req/s (pgbench %.0f tps, ratio %.2f, %s), p50 %s p99 %s (pgbench avg %s) [%d users, %d clients, PostgreSQL %s]\n",
+		rate, ceiling.tps, ratio, benchVerdict(ratio), benchMS(benchQuantile(lat, 0.50)), benchMS(benchQuantile(lat, 0.99)), benchMS(ceiling.latency),
+		benchUsers, benchClients, d.serverVersion(b))
+	if wrkLine != "" {
+		fmt.Println(wrkLine)
+	}
+	bareRate := float64(len(bareLat)) / bareElapsed.Seconds()
+	fmt.Printf("entitlement, bare net/http+pgx server: %.0f req/s (pgbench %.0f tps, ratio %.2f), p99 %s\n",
+		bareRate, ceiling.tps, bareRate/ceiling.tps, benchMS(benchQuantile(bareLat, 0.99)))
+	if bareWrk != "" {
+		fmt.Println(bareWrk)
+	}
+	b.ReportMetric(rate, "req/s")
+	b.ReportMetric(ceiling.tps, "pgbench-tps")
+	b.ReportMetric(ratio, "ratio")
+	b.ReportMetric(float64(benchQuantile(lat, 0.99))/float64(time.Millisecond), "p99-ms")
+	b.ReportMetric(bareRate, "bare-req/s")
+}
+
+// benchEntitlementLoad drives GET {base}/v1/customers/{random user}/entitlement with the Go
+// client at benchClients concurrency for benchDuration; a request counts when answered 200
+// with the user's id.
+func benchEntitlementLoad(base string) (lat []time.Duration, elapsed time.Duration, errs int, firstErr error) {
 	client := benchHTTPClient()
-	lat, elapsed, errs, firstErr := benchLoad(benchClients, benchDuration, func(w, i int) error {
+	return benchLoad(benchClients, benchDuration, func(w, i int) error {
 		user := "user_" + strconv.Itoa(1+rand.IntN(benchUsers))
-		req, err := http.NewRequest(http.MethodGet, p.url("/v1/customers/"+user+"/entitlement"), nil)
+		req, err := http.NewRequest(http.MethodGet, base+"/v1/customers/"+user+"/entitlement", nil)
 		if err != nil {
 			return err
 		}
@@ -558,37 +612,77 @@ func BenchmarkEntitlement(b *testing.B) {
 		}
 		return nil
 	})
-	if len(lat) == 0 {
-		b.Fatalf("no request answered (%d errors, first: %v)", errs, firstErr)
-	}
-	if errs > 0 {
-		b.Errorf("%d requests failed; first: %v", errs, firstErr)
-	}
-	// The same load from wrk, a C load generator as lean as pgbench's client, when installed
-	// (apt-get install wrk): on 2 shared vCPUs the Go client above takes CPU from the service.
-	wrkLine := benchWrkEntitlement(b, p.url(""), benchClients, benchDuration, ceiling.tps)
+}
 
-	if code := p.stop(b, syscall.SIGTERM); code != 0 {
-		b.Errorf("billing exited %d after SIGTERM", code)
+// benchBareEntitlementServer serves the entitlement route from this process with only net/http,
+// a pgx pool (as many connections as the service's pool) and benchEntitlementQuery, answering
+// the first subscription's status: no router, middleware, logs, metrics or policy. It returns
+// its base URL; it stops with the benchmark.
+func benchBareEntitlementServer(b *testing.B, d *benchDB) string {
+	b.Helper()
+	cfg, err := pgxpool.ParseConfig(d.url)
+	if err != nil {
+		b.Fatal(err)
 	}
-
-	rate := float64(len(lat)) / elapsed.Seconds()
-	ratio := rate / ceiling.tps
-	fmt.Printf("entitlement: %.0f req/s (pgbench %.0f tps, ratio %.2f, %s), p50 %s p99 %s (pgbench avg %s) [%d users, %d clients, PostgreSQL %s]\n",
-		rate, ceiling.tps, ratio, benchVerdict(ratio), benchMS(benchQuantile(lat, 0.50)), benchMS(benchQuantile(lat, 0.99)), benchMS(ceiling.latency),
-		benchUsers, benchClients, d.serverVersion(b))
-	if wrkLine != "" {
-		fmt.Println(wrkLine)
+	cfg.MaxConns = 40
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		b.Fatal(err)
 	}
-	b.ReportMetric(rate, "req/s")
-	b.ReportMetric(ceiling.tps, "pgbench-tps")
-	b.ReportMetric(ratio, "ratio")
-	b.ReportMetric(float64(benchQuantile(lat, 0.99))/float64(time.Millisecond), "p99-ms")
+	b.Cleanup(pool.Close)
+	query := strings.Replace(benchEntitlementQuery, "USER", "$1", 1)
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/customers/{user_id}/entitlement", func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer "+benchAPIToken {
+			http.Error(w, `{"error":"unauthorized"}`, http.StatusUnauthorized)
+			return
+		}
+		rows, err := pool.Query(r.Context(), query, r.PathValue("user_id"))
+		if err != nil {
+			http.Error(w, `{"error":"database"}`, http.StatusServiceUnavailable)
+			return
+		}
+		var answer struct {
+			UserID         string  `json:"user_id"`
+			Status         string  `json:"status"`
+			SubscriptionID *string `json:"subscription_id"`
+			Columns        int     `json:"columns"`
+		}
+		for rows.Next() {
+			values, err := rows.Values()
+			if err != nil {
+				break
+			}
+			if answer.UserID == "" {
+				answer.UserID, _ = values[len(values)-1].(string)
+				answer.Status, _ = values[5].(string)
+				if id, _ := values[2].(string); id != "" {
+					answer.SubscriptionID = &id
+				}
+				answer.Columns = len(values)
+			}
+		}
+		rows.Close()
+		if rows.Err() != nil || answer.UserID == "" {
+			http.Error(w, `{"error":"not found"}`, http.StatusNotFound)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(answer)
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	b.Cleanup(func() { _ = srv.Close() })
+	return "http://" + ln.Addr().String()
 }
 
 // benchWrkEntitlement drives the entitlement endpoint with wrk (random user per request) and
 // returns its summary line, or "" when wrk is not installed.
-func benchWrkEntitlement(b *testing.B, base string, clients int, dur time.Duration, pgTPS float64) string {
+func benchWrkEntitlement(b *testing.B, label, base string, clients int, dur time.Duration, pgTPS float64) string {
 	b.Helper()
 	wrk, err := exec.LookPath("wrk")
 	if err != nil {
@@ -621,6 +715,6 @@ end
 		return ""
 	}
 	r, _ := strconv.ParseFloat(rate[1], 64)
-	return fmt.Sprintf("entitlement (wrk): %.0f req/s (pgbench %.0f tps, ratio %.2f, %s), p99 %s",
-		r, pgTPS, r/pgTPS, benchVerdict(r/pgTPS), p99[1])
+	return fmt.Sprintf("%s: %.0f req/s (pgbench %.0f tps, ratio %.2f, %s), p99 %s",
+		label, r, pgTPS, r/pgTPS, benchVerdict(r/pgTPS), p99[1])
 }
