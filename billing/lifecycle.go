@@ -2,6 +2,8 @@ package billing
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -66,38 +68,63 @@ func newerThanStored(group string) string {
 }
 
 // lockSubscription makes sure the row exists (as a placeholder if new) and locks it for the rest
-// of the transaction. It returns the row as it was before this event.
+// of the transaction. It returns the row as it was before this event (UserID not set).
+//
+// One statement in the usual cases: the INSERT returns the row it created (locked, as any row a
+// transaction inserts), or finds it already there and the locking SELECT returns it. Both run
+// on the statement's snapshot, so a row another transaction inserted but had not committed when
+// the statement began is returned by neither: the INSERT waited for it and did nothing. That race
+// (two first events of one subscription at once) falls back to a plain SELECT … FOR UPDATE.
 func (s *Service) lockSubscription(ctx context.Context, tx *gorm.DB, subscriptionID, customerID string, livemode bool) (*Subscription, error) {
 	now := s.now()
-	err := tx.WithContext(ctx).Exec(`
-		INSERT INTO subscriptions (subscription_id, stripe_customer_id, livemode, status, created_at, updated_at)
-		VALUES (?, ?, ?, ?, ?, ?)
-		ON CONFLICT (subscription_id) DO NOTHING`,
-		subscriptionID, customerID, livemode, StatusIncomplete, now, now).Error
-	if err != nil {
-		return nil, fmt.Errorf("ensure subscription row %s: %w", subscriptionID, err)
+	row, err := s.scanSubscriptionTx(ctx, tx, `
+		WITH inserted AS (
+		  INSERT INTO subscriptions AS s (subscription_id, stripe_customer_id, livemode, status, created_at, updated_at)
+		  VALUES ($1, $2, $3, $4, $5, $5)
+		  ON CONFLICT (subscription_id) DO NOTHING
+		  RETURNING `+subscriptionRowColumns+`, NULL::text
+		), existing AS (
+		  SELECT `+subscriptionRowColumns+`, NULL::text FROM subscriptions s WHERE s.subscription_id = $1 FOR UPDATE
+		)
+		SELECT * FROM inserted UNION ALL SELECT * FROM existing`,
+		subscriptionID, customerID, livemode, StatusIncomplete, now)
+	if err == nil && row == nil {
+		row, err = s.scanSubscriptionTx(ctx, tx,
+			`SELECT `+subscriptionRowColumns+`, NULL::text FROM subscriptions s WHERE s.subscription_id = $1 FOR UPDATE`, subscriptionID)
 	}
-	var rows []Subscription
-	err = tx.WithContext(ctx).Raw(`SELECT * FROM subscriptions WHERE subscription_id = ? FOR UPDATE`, subscriptionID).
-		Scan(&rows).Error
 	if err != nil {
 		return nil, fmt.Errorf("lock subscription %s: %w", subscriptionID, err)
 	}
-	if len(rows) != 1 {
+	if row == nil {
 		return nil, fmt.Errorf("lock subscription %s: row not found after insert", subscriptionID)
 	}
-	return &rows[0], nil
+	return row, nil
 }
 
 func (s *Service) loadSubscriptionTx(ctx context.Context, tx *gorm.DB, subscriptionID string) (*Subscription, error) {
-	var rows []Subscription
-	if err := tx.WithContext(ctx).Raw(`SELECT * FROM subscriptions WHERE subscription_id = ?`, subscriptionID).Scan(&rows).Error; err != nil {
+	row, err := s.scanSubscriptionTx(ctx, tx,
+		`SELECT `+subscriptionRowColumns+`, NULL::text FROM subscriptions s WHERE s.subscription_id = $1`, subscriptionID)
+	if err != nil {
 		return nil, fmt.Errorf("load subscription %s: %w", subscriptionID, err)
 	}
-	if len(rows) != 1 {
+	if row == nil {
 		return nil, fmt.Errorf("load subscription %s: not found", subscriptionID)
 	}
-	return &rows[0], nil
+	return row, nil
+}
+
+// scanSubscriptionTx runs a query selecting subscriptionColumns in the transaction and returns
+// its one row, or nil if there is none.
+func (s *Service) scanSubscriptionTx(ctx context.Context, tx *gorm.DB, query string, args ...any) (*Subscription, error) {
+	var sub Subscription
+	err := tx.Statement.ConnPool.QueryRowContext(ctx, query, args...).Scan(sub.scanDest()...)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &sub, nil
 }
 
 // handleSubscriptionEvent applies the snapshot of a customer.subscription.* event.

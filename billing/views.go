@@ -93,15 +93,18 @@ type HoldView struct {
 	Livemode bool `json:"livemode"`
 }
 
-// subscriptionColumns are the columns a Subscription is read from, in the order of its scan
-// destinations (Subscription.scanDest), followed by the customer's user id. The NOT NULL columns
-// are coalesced so that the LEFT JOIN of a customer without subscriptions scans too (its
-// subscription_id is then "").
-const subscriptionColumns = `coalesce(s.subscription_id, ''), coalesce(s.stripe_customer_id, ''), coalesce(s.livemode, false),
+// subscriptionRowColumns are the columns a Subscription is read from, in the order of its scan
+// destinations (Subscription.scanDest), the last one (the customer's user id) excepted. The NOT
+// NULL columns are coalesced so that the LEFT JOIN of a customer without subscriptions scans too
+// (its subscription_id is then "").
+const subscriptionRowColumns = `coalesce(s.subscription_id, ''), coalesce(s.stripe_customer_id, ''), coalesce(s.livemode, false),
 	coalesce(s.status, ''), s.price_id, s.current_period_start, s.current_period_end, coalesce(s.cancel_at_period_end, false),
 	s.cancel_at, s.canceled_at, s.ended_at, s.trial_start, s.trial_end, s.status_since, s.sub_event_id, s.sub_event_created,
 	s.trial_will_end_at, coalesce(s.payment_hold, false), s.payment_hold_since, s.latest_invoice_id, s.attempt_count,
-	s.next_payment_attempt, s.amount_due, s.currency, s.hosted_invoice_url, s.inv_event_created, c.user_id`
+	s.next_payment_attempt, s.amount_due, s.currency, s.hosted_invoice_url, s.inv_event_created`
+
+// subscriptionColumns are subscriptionRowColumns and the user id of the customer joined as c.
+const subscriptionColumns = subscriptionRowColumns + `, c.user_id`
 
 // scanDest are the scan destinations of subscriptionColumns. The reads of the app's hot paths
 // scan explicitly instead of through gorm's reflection, which was an eighth of their CPU.

@@ -60,6 +60,9 @@ type Config struct {
 		// RescueAfter is how long a job may stay running (its process died) before another
 		// worker runs it again.
 		RescueAfter time.Duration
+		// Concurrency is how many events one process handles at once (River workers of the
+		// webhooks queue); each holds one of the process's database connections while it works.
+		Concurrency int
 	}
 	Policy struct {
 		PastDueEntitled bool
@@ -110,6 +113,7 @@ var defaults = map[string]string{
 	"worker.max_attempts":         "3",
 	"worker.retry_delay":          "30s",
 	"worker.rescue_after":         "1m",
+	"worker.concurrency":          "8",
 	"policy.past_due_entitled":    "true",
 	"mail.smtp_url":               "",
 	"mail.from":                   "",
@@ -157,6 +161,7 @@ func Load(path string) (*Config, error) {
 	c.Worker.MaxAttempts = l.integer("worker.max_attempts")
 	c.Worker.RetryDelay = l.duration("worker.retry_delay")
 	c.Worker.RescueAfter = l.duration("worker.rescue_after")
+	c.Worker.Concurrency = l.integer("worker.concurrency")
 	c.Policy.PastDueEntitled = l.boolean("policy.past_due_entitled")
 	c.Mail.SMTPURL = l.secret("mail.smtp_url")
 	c.Mail.From = l.str("mail.from")
@@ -387,6 +392,11 @@ func (c *Config) validate() *Error {
 	if c.Worker.RetryDelay <= 0 {
 		return errorf("worker.retry_delay", "must be > 0, got %s", c.Worker.RetryDelay)
 	}
+	// The process has 40 database connections (internal/database): above 32 workers the HTTP
+	// path would wait for connections behind them.
+	if c.Worker.Concurrency < 1 || c.Worker.Concurrency > 32 {
+		return errorf("worker.concurrency", "must be between 1 and 32, got %d", c.Worker.Concurrency)
+	}
 	if c.Worker.RescueAfter < time.Second {
 		return errorf("worker.rescue_after", "must be at least 1s, got %s", c.Worker.RescueAfter)
 	}
@@ -479,6 +489,7 @@ func (c *Config) LogValue() slog.Value {
 			slog.Int("max_attempts", c.Worker.MaxAttempts),
 			slog.String("retry_delay", c.Worker.RetryDelay.String()),
 			slog.String("rescue_after", c.Worker.RescueAfter.String()),
+			slog.Int("concurrency", c.Worker.Concurrency),
 		),
 		slog.Group("policy", slog.Bool("past_due_entitled", c.Policy.PastDueEntitled)),
 		slog.Group("mail",

@@ -73,6 +73,7 @@ func TestLoadDefaults(t *testing.T) {
 	want.Worker.MaxAttempts = 3
 	want.Worker.RetryDelay = 30 * time.Second
 	want.Worker.RescueAfter = time.Minute
+	want.Worker.Concurrency = 8
 	want.Policy.PastDueEntitled = true
 	want.Log.Level = "info"
 	want.Log.Format = "json"
@@ -136,6 +137,7 @@ func TestLoadYAML(t *testing.T) {
 		want.Worker.MaxAttempts = 7
 		want.Worker.RetryDelay = 10 * time.Millisecond
 		want.Worker.RescueAfter = time.Minute
+		want.Worker.Concurrency = 8
 		want.Policy.PastDueEntitled = false
 		want.Mail.SMTPURL = "smtps://user:pw@mail.example.com:465"
 		want.Mail.From = "billing@example.com"
@@ -189,6 +191,7 @@ func TestEnvOverridesYAML(t *testing.T) {
 		"BILLING_AUTH_API_TOKENS":             "e1, e2 ,,e3",
 		"BILLING_WORKER_MAX_ATTEMPTS":         "1",
 		"BILLING_WORKER_RETRY_DELAY":          "1s",
+		"BILLING_WORKER_CONCURRENCY":          "4",
 		"BILLING_POLICY_PAST_DUE_ENTITLED":    "true",
 		"BILLING_LOG_LEVEL":                   "warn",
 	})
@@ -198,7 +201,7 @@ func TestEnvOverridesYAML(t *testing.T) {
 	}
 	if c.HTTP.Addr != ":7000" || c.Stripe.Mode != "test" || c.Stripe.SecretKey != "rk_test_env" ||
 		c.Worker.MaxAttempts != 1 || c.Worker.RetryDelay != time.Second || !c.Policy.PastDueEntitled ||
-		c.Log.Level != "warn" {
+		c.Worker.Concurrency != 4 || c.Log.Level != "warn" {
 		t.Fatalf("env did not override yaml: %+v", c)
 	}
 	if got := c.Stripe.WebhookSecrets.Test; !reflect.DeepEqual(got, []string{"whsec_e1"}) {
@@ -392,6 +395,9 @@ func TestLoadErrors(t *testing.T) {
 		{name: "max attempts float in yaml", yaml: "worker:\n  max_attempts: 2.5\n", key: "worker.max_attempts"},
 		{name: "retry delay garbage", env: map[string]string{"BILLING_WORKER_RETRY_DELAY": "soon"}, key: "worker.retry_delay"},
 		{name: "retry delay negative", env: map[string]string{"BILLING_WORKER_RETRY_DELAY": "-1s"}, key: "worker.retry_delay"},
+		{name: "concurrency zero", env: map[string]string{"BILLING_WORKER_CONCURRENCY": "0"}, key: "worker.concurrency"},
+		{name: "concurrency above the pool", env: map[string]string{"BILLING_WORKER_CONCURRENCY": "33"}, key: "worker.concurrency"},
+		{name: "concurrency garbage", env: map[string]string{"BILLING_WORKER_CONCURRENCY": "many"}, key: "worker.concurrency"},
 		{name: "bool garbage", env: map[string]string{"BILLING_POLICY_PAST_DUE_ENTITLED": "maybe"}, key: "policy.past_due_entitled"},
 		{name: "smtp bad scheme", env: map[string]string{"BILLING_MAIL_SMTP_URL": "http://u:hunter2@mail", "BILLING_MAIL_FROM": "a@b.c"}, key: "mail.smtp_url", secret: "hunter2"},
 		{name: "smtp unparsable", env: map[string]string{"BILLING_MAIL_SMTP_URL": "smtp://u:hunter2@mail:port", "BILLING_MAIL_FROM": "a@b.c"}, key: "mail.smtp_url", secret: "hunter2"},
@@ -471,6 +477,7 @@ func validConfig() *Config {
 	c.Worker.MaxAttempts = 3
 	c.Worker.RetryDelay = 30 * time.Second
 	c.Worker.RescueAfter = time.Minute
+	c.Worker.Concurrency = 8
 	c.Log.Level = "info"
 	c.Log.Format = "json"
 	return c
@@ -500,6 +507,7 @@ func TestValidate(t *testing.T) {
 		{"zero retry delay", func(c *Config) { c.Worker.RetryDelay = 0 }, "worker.retry_delay"},
 		{"rescue too soon", func(c *Config) { c.Worker.RescueAfter = time.Millisecond }, "worker.rescue_after"},
 		{"negative attempts", func(c *Config) { c.Worker.MaxAttempts = -1 }, "worker.max_attempts"},
+		{"no workers", func(c *Config) { c.Worker.Concurrency = 0 }, "worker.concurrency"},
 		{"smtp without host", func(c *Config) { c.Mail.SMTPURL = "smtp://"; c.Mail.From = "a@b.c" }, "mail.smtp_url"},
 		{"empty addr", func(c *Config) { c.HTTP.Addr = "" }, "http.addr"},
 	}

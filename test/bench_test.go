@@ -190,15 +190,19 @@ func (d *benchDB) pgbench(b *testing.B, script string, clients int, dur time.Dur
 }
 
 // startBenchService runs `billing serve` on the benchmark database, logging at info as in
-// production.
+// production. BENCH_WORKER_CONCURRENCY, if set, is its worker.concurrency (to compare sizes).
 func startBenchService(b *testing.B, d *benchDB) *proc {
 	b.Helper()
-	return start(b, d.dir, map[string]string{
+	env := map[string]string{
 		"BILLING_DATABASE_URL":                d.url,
 		"BILLING_STRIPE_WEBHOOK_SECRETS_TEST": benchSecret,
 		"BILLING_AUTH_API_TOKENS":             benchAPIToken,
 		"BILLING_LOG_LEVEL":                   "info",
-	})
+	}
+	if n := os.Getenv("BENCH_WORKER_CONCURRENCY"); n != "" {
+		env["BILLING_WORKER_CONCURRENCY"] = n
+	}
+	return start(b, d.dir, env)
 }
 
 func benchHTTPClient() *http.Client {
@@ -368,6 +372,10 @@ func BenchmarkIngest(b *testing.B) {
 		return nil
 	})
 	sendEnd := time.Now()
+	var processedDuring int
+	if err := d.db.QueryRow(`SELECT count(*) FROM webhook_events WHERE status = 'processed'`).Scan(&processedDuring); err != nil {
+		b.Fatal(err)
+	}
 	accepted := len(lat)
 	if accepted == 0 {
 		b.Fatalf("no event accepted (%d errors, first: %v)", errs, firstErr)
@@ -410,8 +418,9 @@ func BenchmarkIngest(b *testing.B) {
 	if rss >= benchTargetRSS {
 		rssVerdict = fmt.Sprintf("ABOVE TARGET %d MB", benchTargetRSS)
 	}
-	fmt.Printf("ingest: %.0f events/s (%s, ratio %.2f, %s; pgbench of the service's one statement %.0f tps, ratio %.2f), p50 %s p99 %s, drained in %.1fs, peak RSS %.0f MB (%s) [%d events of %d bytes, %d clients, PostgreSQL %s]\n",
-		rate, ceiling, ratio, benchVerdict(ratio), sameSQL.tps, rate/sameSQL.tps, benchMS(benchQuantile(lat, 0.50)), benchMS(benchQuantile(lat, 0.99)), drained.Seconds(), rss, rssVerdict,
+	fmt.Printf("ingest: %.0f events/s (%s, ratio %.2f, %s; pgbench of the service's one statement %.0f tps, ratio %.2f), p50 %s p99 %s, drained in %.1fs (processed %.0f/s during the run, %.0f/s after), peak RSS %.0f MB (%s) [%d events of %d bytes, %d clients, PostgreSQL %s]\n",
+		rate, ceiling, ratio, benchVerdict(ratio), sameSQL.tps, rate/sameSQL.tps, benchMS(benchQuantile(lat, 0.50)), benchMS(benchQuantile(lat, 0.99)),
+		drained.Seconds(), float64(processedDuring)/elapsed.Seconds(), float64(accepted-processedDuring)/drained.Seconds(), rss, rssVerdict,
 		accepted, len(tmpl), benchClients, d.serverVersion(b))
 	b.ReportMetric(rate, "events/s")
 	b.ReportMetric(ceiling.tps(), "pgbench-tps")

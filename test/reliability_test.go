@@ -312,7 +312,7 @@ func TestWorkerKilledMidTransaction(t *testing.T) {
 	post(second)
 	blockedWorker := func() bool {
 		var n int
-		err := db.QueryRow(`SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid)) AND query ILIKE '%FROM subscriptions%FOR UPDATE%'`, holder).Scan(&n)
+		err := db.QueryRow(`SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid)) AND wait_event_type = 'Lock' AND query ILIKE '%subscriptions%'`, holder).Scan(&n)
 		return err == nil && n > 0
 	}
 	if !waitUntil(time.Minute, blockedWorker) {

@@ -108,7 +108,7 @@ func New(opts Options) (*App, error) {
 
 	riverClient, err := jobs.NewClient(sqlDB, jobs.ClientOptions{
 		Workers:      workers,
-		Queues:       map[string]int{river.QueueDefault: 5, webhooks.QueueWebhooks: 16},
+		Queues:       map[string]int{river.QueueDefault: 5, webhooks.QueueWebhooks: cfg.Worker.Concurrency},
 		RescueAfter:  cfg.Worker.RescueAfter,
 		PeriodicJobs: inbox.PeriodicJobs(),
 		Logger:       logger.With("component", "river"),
