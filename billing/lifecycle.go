@@ -77,20 +77,19 @@ func newerThanStored(group string) string {
 // (two first events of one subscription at once) falls back to a plain SELECT … FOR UPDATE.
 func (s *Service) lockSubscription(ctx context.Context, tx *gorm.DB, subscriptionID, customerID string, livemode bool) (*Subscription, error) {
 	now := s.now()
-	row, err := s.scanSubscriptionTx(ctx, tx, `
+	row, err := scanSubscription(ctx, tx, `
 		WITH inserted AS (
 		  INSERT INTO subscriptions AS s (subscription_id, stripe_customer_id, livemode, status, created_at, updated_at)
 		  VALUES ($1, $2, $3, $4, $5, $5)
 		  ON CONFLICT (subscription_id) DO NOTHING
 		  RETURNING `+subscriptionRowColumns+`, NULL::text
 		), existing AS (
-		  SELECT `+subscriptionRowColumns+`, NULL::text FROM subscriptions s WHERE s.subscription_id = $1 FOR UPDATE
+		  `+subscriptionByID+` FOR UPDATE
 		)
 		SELECT * FROM inserted UNION ALL SELECT * FROM existing`,
 		subscriptionID, customerID, livemode, StatusIncomplete, now)
 	if err == nil && row == nil {
-		row, err = s.scanSubscriptionTx(ctx, tx,
-			`SELECT `+subscriptionRowColumns+`, NULL::text FROM subscriptions s WHERE s.subscription_id = $1 FOR UPDATE`, subscriptionID)
+		row, err = scanSubscription(ctx, tx, subscriptionByID+` FOR UPDATE`, subscriptionID)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("lock subscription %s: %w", subscriptionID, err)
@@ -102,8 +101,7 @@ func (s *Service) lockSubscription(ctx context.Context, tx *gorm.DB, subscriptio
 }
 
 func (s *Service) loadSubscriptionTx(ctx context.Context, tx *gorm.DB, subscriptionID string) (*Subscription, error) {
-	row, err := s.scanSubscriptionTx(ctx, tx,
-		`SELECT `+subscriptionRowColumns+`, NULL::text FROM subscriptions s WHERE s.subscription_id = $1`, subscriptionID)
+	row, err := scanSubscription(ctx, tx, subscriptionByID, subscriptionID)
 	if err != nil {
 		return nil, fmt.Errorf("load subscription %s: %w", subscriptionID, err)
 	}
@@ -113,9 +111,14 @@ func (s *Service) loadSubscriptionTx(ctx context.Context, tx *gorm.DB, subscript
 	return row, nil
 }
 
-// scanSubscriptionTx runs a query selecting subscriptionColumns in the transaction and returns
-// its one row, or nil if there is none.
-func (s *Service) scanSubscriptionTx(ctx context.Context, tx *gorm.DB, query string, args ...any) (*Subscription, error) {
+// subscriptionByID selects the subscription $1 in the shape scanSubscription reads (no customer
+// joined: its user id is NULL).
+const subscriptionByID = `SELECT ` + subscriptionRowColumns + `, NULL::text FROM subscriptions s WHERE s.subscription_id = $1`
+
+// scanSubscription runs query, which selects subscriptionColumns (or subscriptionRowColumns and a
+// NULL user id), on the handle's connection or transaction and returns its one row, or nil if
+// there is none.
+func scanSubscription(ctx context.Context, tx *gorm.DB, query string, args ...any) (*Subscription, error) {
 	var sub Subscription
 	err := tx.Statement.ConnPool.QueryRowContext(ctx, query, args...).Scan(sub.scanDest()...)
 	if errors.Is(err, sql.ErrNoRows) {
