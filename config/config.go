@@ -392,8 +392,9 @@ func (c *Config) validate() *Error {
 	if c.Worker.RetryDelay <= 0 {
 		return errorf("worker.retry_delay", "must be > 0, got %s", c.Worker.RetryDelay)
 	}
-	// The process has 40 database connections (internal/database): above 32 workers the HTTP
-	// path would wait for connections behind them.
+	// Each process opens worker.concurrency + 32 connections (database.SizePool); at 32 workers
+	// that is 64, which leaves room for a second replica and psql under PostgreSQL's default
+	// max_connections of 100. More workers did not process faster here (docs/benchmarks.md).
 	if c.Worker.Concurrency < 1 || c.Worker.Concurrency > 32 {
 		return errorf("worker.concurrency", "must be between 1 and 32, got %d", c.Worker.Concurrency)
 	}

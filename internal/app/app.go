@@ -58,6 +58,7 @@ func New(opts Options) (*App, error) {
 		now = time.Now
 	}
 	sqlDB := database.SQL(db)
+	database.SizePool(sqlDB, cfg.Worker.Concurrency)
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -42,8 +42,7 @@ func Open(ctx context.Context, url string, logger *slog.Logger) (*gorm.DB, error
 	if err != nil {
 		return nil, fmt.Errorf("open database: %w", err)
 	}
-	sqlDB.SetMaxOpenConns(40)
-	sqlDB.SetMaxIdleConns(40)
+	SizePool(sqlDB, DefaultWorkers)
 	sqlDB.SetConnMaxIdleTime(5 * time.Minute)
 	sqlDB.SetConnMaxLifetime(time.Hour)
 	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -53,6 +52,23 @@ func Open(ctx context.Context, url string, logger *slog.Logger) (*gorm.DB, error
 		return nil, fmt.Errorf("connect to database: %w", err)
 	}
 	return db, nil
+}
+
+// ReservedConns is how many connections a process keeps beyond its event workers: the HTTP
+// path (webhook receive, entitlement reads), River's producers, leader and maintenance, and the
+// notice queue. A pool of workers alone would make a webhook wait behind a busy worker pool.
+const ReservedConns = 32
+
+// DefaultWorkers is the worker count Open sizes the pool for until SizePool is told otherwise.
+const DefaultWorkers = 8
+
+// SizePool sizes the pool for a process that runs workers event handlers at once (each holds a
+// connection for its transaction) and returns the size.
+func SizePool(sqlDB *sql.DB, workers int) int {
+	n := workers + ReservedConns
+	sqlDB.SetMaxOpenConns(n)
+	sqlDB.SetMaxIdleConns(n)
+	return n
 }
 
 // slowQuery is the duration above which a statement is logged as slow.

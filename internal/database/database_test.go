@@ -42,3 +42,23 @@ func TestOpenLogsOnlyFailedStatements(t *testing.T) {
 		t.Errorf("a bound value reached the log: %s", out)
 	}
 }
+
+// The pool grows with the workers so that the HTTP path keeps its connections.
+func TestSizePoolReservesConnectionsBeyondTheWorkers(t *testing.T) {
+	t.Parallel()
+	db, err := database.Open(context.Background(), testenv.DatabaseURL(t), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sqlDB := database.SQL(db)
+	t.Cleanup(func() { sqlDB.Close() })
+	if got, want := sqlDB.Stats().MaxOpenConnections, database.DefaultWorkers+database.ReservedConns; got != want {
+		t.Errorf("Open: max open connections = %d, want %d", got, want)
+	}
+	for _, workers := range []int{1, 8, 32} {
+		n := database.SizePool(sqlDB, workers)
+		if got := sqlDB.Stats().MaxOpenConnections; n != workers+database.ReservedConns || got != n {
+			t.Errorf("SizePool(%d) = %d, pool max %d; want %d for both", workers, n, got, workers+database.ReservedConns)
+		}
+	}
+}
