@@ -72,15 +72,18 @@ func run(args []string) int {
 	return exitUsage
 }
 
-// loadConfig parses the command's flags and the configuration; on failure it prints one line and
-// returns the exit code.
-func loadConfig(name string, args []string) (*config.Config, int) {
+// loadConfig parses the command's flags and the configuration, with serve's own requirements
+// (tokens, a webhook secret) when serving; on failure it prints one line and returns the exit code.
+func loadConfig(name string, args []string, serving bool) (*config.Config, int) {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	path := fs.String("config", "", "YAML configuration file (default $BILLING_CONFIG)")
 	if err := fs.Parse(args); err != nil {
 		return nil, exitUsage
 	}
 	cfg, err := config.Load(*path)
+	if err == nil && serving {
+		err = cfg.ValidateServe()
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err.Error())
 		return nil, exitUsage
@@ -145,7 +148,7 @@ func openDatabase(ctx context.Context, cfg *config.Config, logger *slog.Logger) 
 }
 
 func migrate(args []string) int {
-	cfg, code := loadConfig("migrate", args)
+	cfg, code := loadConfig("migrate", args, false)
 	if cfg == nil {
 		return code
 	}
@@ -166,7 +169,7 @@ func migrate(args []string) int {
 }
 
 func serve(args []string) int {
-	cfg, code := loadConfig("serve", args)
+	cfg, code := loadConfig("serve", args, true)
 	if cfg == nil {
 		return code
 	}

@@ -21,7 +21,9 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/spf13/viper"
 )
 
@@ -29,6 +31,14 @@ const envPrefix = "BILLING"
 
 // ConfigEnv names the environment variable consulted when Load gets no path.
 const ConfigEnv = "BILLING_CONFIG"
+
+// MinTokenLength is the shortest accepted API or admin token, in characters: long enough that a
+// random token cannot be guessed over the network.
+const MinTokenLength = 32
+
+// MaxWebhookTolerance caps stripe.webhook_tolerance: a longer window only widens the time in
+// which a captured signed request can be replayed.
+const MaxWebhookTolerance = time.Hour
 
 // Config is the complete service configuration. Fields holding secrets are
 // marked; LogValue never prints them.
@@ -319,8 +329,8 @@ func splitList(s string) []string {
 	return out
 }
 
-// Validate checks every rule and returns the first violation as *Error, or
-// nil. Messages never echo secret values.
+// Validate checks every rule that holds for all commands and returns the first
+// violation as *Error, or nil. Messages never echo secret values.
 func (c *Config) Validate() error {
 	if err := c.validate(); err != nil {
 		return err // keep nil untyped below
@@ -328,9 +338,42 @@ func (c *Config) Validate() error {
 	return nil
 }
 
+// ValidateServe checks Validate's rules, then what serving needs and other commands
+// (migrate, trigger) do not: API and admin tokens, and a webhook signing secret.
+func (c *Config) ValidateServe() error {
+	if err := c.validate(); err != nil {
+		return err
+	}
+	if err := c.validateServe(); err != nil {
+		return err
+	}
+	return nil
+}
+
+func (c *Config) validateServe() *Error {
+	// Without tokens the API and the admin pages answer no one, and without a signing secret
+	// every webhook is refused: a service that looks up but does nothing.
+	if len(c.Auth.APITokens) == 0 {
+		return errorf("auth.api_tokens", "is required to serve (the app backend's bearer tokens)")
+	}
+	if len(c.Auth.AdminTokens) == 0 {
+		return errorf("auth.admin_tokens", "is required to serve (admins' bearer tokens)")
+	}
+	if len(c.Stripe.WebhookSecrets.Test) == 0 && len(c.Stripe.WebhookSecrets.Live) == 0 {
+		// Name the key of the configured mode: that is the one an operator is most likely missing.
+		return errorf("stripe.webhook_secrets."+c.Stripe.Mode,
+			"is required to serve: set stripe.webhook_secrets.test or stripe.webhook_secrets.live")
+	}
+	return nil
+}
+
 func (c *Config) validate() *Error {
 	if _, _, err := net.SplitHostPort(c.HTTP.Addr); err != nil {
 		return errorf("http.addr", "invalid listen address %q (want host:port or :port)", c.HTTP.Addr)
+	}
+
+	if err := checkDatabaseURL(c.Database.URL); err != nil {
+		return err
 	}
 
 	if c.Stripe.Mode != "test" && c.Stripe.Mode != "live" {
@@ -345,8 +388,17 @@ func (c *Config) validate() *Error {
 			return errorf("stripe.secret_key", "is a %s_%s_ key but stripe.mode is %s", kind, mode, c.Stripe.Mode)
 		}
 	}
+	if c.Stripe.Mode == "live" && c.Database.URL == "" {
+		// The embedded cluster lives in the working directory and is meant for development: live
+		// payments must not depend on it.
+		return errorf("database.url", "is required when stripe.mode is live (the embedded database is for development only)")
+	}
 	if err := checkHTTPURL("stripe.api_url", c.Stripe.APIURL); err != nil {
 		return err
+	}
+	if u, _ := url.Parse(c.Stripe.APIURL); c.Stripe.Mode == "live" && u.Scheme != "https" {
+		// The live secret key travels in every request's header.
+		return errorf("stripe.api_url", "must be an https:// URL when stripe.mode is live")
 	}
 	for _, s := range []struct {
 		key  string
@@ -364,8 +416,11 @@ func (c *Config) validate() *Error {
 	if c.Stripe.WebhookTolerance <= 0 {
 		return errorf("stripe.webhook_tolerance", "must be > 0, got %s", c.Stripe.WebhookTolerance)
 	}
+	if c.Stripe.WebhookTolerance > MaxWebhookTolerance {
+		return errorf("stripe.webhook_tolerance", "must be at most %s, got %s", MaxWebhookTolerance, c.Stripe.WebhookTolerance)
+	}
 
-	// An empty token would let an empty bearer authenticate.
+	// An empty token would let an empty bearer authenticate; a short one can be guessed.
 	for _, s := range []struct {
 		key  string
 		list []string
@@ -377,6 +432,16 @@ func (c *Config) validate() *Error {
 			if strings.TrimSpace(t) == "" {
 				return errorf(s.key, "entry %d is empty", i+1)
 			}
+			if utf8.RuneCountInString(t) < MinTokenLength {
+				return errorf(s.key, "entry %d is too short: tokens need at least %d characters", i+1, MinTokenLength)
+			}
+		}
+	}
+	// A token in both lists would authenticate as admin only, so the app backend holding it would
+	// be refused: whoever configured it meant one role or the other.
+	for i, t := range c.Auth.AdminTokens {
+		if slices.Contains(c.Auth.APITokens, t) {
+			return errorf("auth.admin_tokens", "entry %d is also in auth.api_tokens; a token must have one role", i+1)
 		}
 	}
 
@@ -446,6 +511,64 @@ func stripeKeyParts(k string) (kind, mode string, ok bool) {
 		return "", "", false
 	}
 	return parts[0], parts[1], true
+}
+
+// checkDatabaseURL accepts an empty value (the embedded cluster), a postgres:// or
+// postgresql:// URL naming a host, or a keyword/value string ("host=db dbname=billing"), which
+// the driver has always accepted. The driver's own parser decides what is well-formed, so
+// nothing that connects today is refused. Messages are fixed: the value holds a password, and
+// parse errors may quote it.
+func checkDatabaseURL(s string) *Error {
+	if s == "" {
+		return nil
+	}
+	isURL := strings.HasPrefix(s, "postgres://") || strings.HasPrefix(s, "postgresql://")
+	if _, err := pgconn.ParseConfig(s); err != nil {
+		if isURL {
+			return errorf("database.url", "is not a PostgreSQL URL the driver accepts (want postgres://user:password@host:port/dbname?param=value, special characters percent-encoded, a numeric port and known parameter values)")
+		}
+		return errorf("database.url", "must be a postgres:// or postgresql:// URL (postgres://user:password@host:port/dbname) or a keyword/value string (host=… dbname=…)")
+	}
+	if isURL && !urlNamesHost(s) {
+		return errorf("database.url", "names no host (want postgres://user:password@host:port/dbname)")
+	}
+	return nil
+}
+
+// urlNamesHost reports whether a postgres:// URL the driver accepted names a host, in its
+// authority (host[:port][,host[:port]…]) or as a host or hostaddr query parameter (a socket
+// directory). Without one the driver would silently use PGHOST or a local socket.
+func urlNamesHost(s string) bool {
+	p, ok := strings.CutPrefix(s, "postgresql://")
+	if !ok {
+		p, _ = strings.CutPrefix(s, "postgres://")
+	}
+	// As the driver does: an '@' before the first '/' ends the user information.
+	if i := strings.IndexAny(p, "@/"); i >= 0 && p[i] == '@' {
+		p = p[i+1:]
+	}
+	authority, query := p, ""
+	if i := strings.IndexAny(p, "/?"); i >= 0 {
+		authority = p[:i]
+		if j := strings.IndexByte(p, '?'); j >= 0 {
+			query = p[j+1:]
+		}
+	}
+	for _, hp := range strings.Split(authority, ",") {
+		if strings.HasPrefix(hp, "[") {
+			return true // an IPv6 address; the driver refuses an empty one
+		}
+		if host, _, _ := strings.Cut(hp, ":"); host != "" {
+			return true
+		}
+	}
+	for _, kv := range strings.Split(query, "&") {
+		k, v, _ := strings.Cut(kv, "=")
+		if (k == "host" || k == "hostaddr") && v != "" {
+			return true
+		}
+	}
+	return false
 }
 
 func checkHTTPURL(key, s string) *Error {

@@ -26,6 +26,15 @@ func clearEnv(t *testing.T) {
 	}
 }
 
+// Tokens of valid configurations: each is exactly MinTokenLength characters, so that the
+// tests also pin the boundary.
+const (
+	tokA   = "tokA-0123456789abcdef0123456789a"
+	tokB   = "tokB-0123456789abcdef0123456789a"
+	admTok = "adm1-0123456789abcdef0123456789a"
+	admTk2 = "adm2-0123456789abcdef0123456789a"
+)
+
 func setEnv(t *testing.T, env map[string]string) {
 	t.Helper()
 	for k, v := range env {
@@ -90,16 +99,16 @@ database:
 stripe:
   mode: live
   secret_key: sk_live_yaml
-  api_url: http://localhost:12111
+  api_url: https://stripe-proxy.internal:8443
   webhook_secrets:
     test: [whsec_t1, whsec_t2]
     live: "whsec_l1, whsec_l2"
   webhook_tolerance: 2m
 auth:
   api_tokens:
-    - tokA
-    - tokB
-  admin_tokens: adm1,adm2
+    - ` + tokA + `
+    - ` + tokB + `
+  admin_tokens: ` + admTok + `,` + admTk2 + `
 portal:
   return_url: https://example.com/account
 worker:
@@ -127,12 +136,12 @@ func TestLoadYAML(t *testing.T) {
 		want.Database.URL = "postgres://u:p@db/billing"
 		want.Stripe.Mode = "live"
 		want.Stripe.SecretKey = "sk_live_yaml"
-		want.Stripe.APIURL = "http://localhost:12111"
+		want.Stripe.APIURL = "https://stripe-proxy.internal:8443"
 		want.Stripe.WebhookSecrets.Test = []string{"whsec_t1", "whsec_t2"}
 		want.Stripe.WebhookSecrets.Live = []string{"whsec_l1", "whsec_l2"}
 		want.Stripe.WebhookTolerance = 2 * time.Minute
-		want.Auth.APITokens = []string{"tokA", "tokB"}
-		want.Auth.AdminTokens = []string{"adm1", "adm2"}
+		want.Auth.APITokens = []string{tokA, tokB}
+		want.Auth.AdminTokens = []string{admTok, admTk2}
 		want.Portal.ReturnURL = "https://example.com/account"
 		want.Worker.MaxAttempts = 7
 		want.Worker.RetryDelay = 10 * time.Millisecond
@@ -188,7 +197,7 @@ func TestEnvOverridesYAML(t *testing.T) {
 		"BILLING_STRIPE_MODE":                 "test",
 		"BILLING_STRIPE_SECRET_KEY":           "rk_test_env",
 		"BILLING_STRIPE_WEBHOOK_SECRETS_TEST": "whsec_e1",
-		"BILLING_AUTH_API_TOKENS":             "e1, e2 ,,e3",
+		"BILLING_AUTH_API_TOKENS":             tokA + ", " + tokB + " ,," + tokA + "3",
 		"BILLING_WORKER_MAX_ATTEMPTS":         "1",
 		"BILLING_WORKER_RETRY_DELAY":          "1s",
 		"BILLING_WORKER_CONCURRENCY":          "4",
@@ -207,7 +216,7 @@ func TestEnvOverridesYAML(t *testing.T) {
 	if got := c.Stripe.WebhookSecrets.Test; !reflect.DeepEqual(got, []string{"whsec_e1"}) {
 		t.Fatalf("webhook test = %q", got)
 	}
-	if got := c.Auth.APITokens; !reflect.DeepEqual(got, []string{"e1", "e2", "e3"}) {
+	if got := c.Auth.APITokens; !reflect.DeepEqual(got, []string{tokA, tokB, tokA + "3"}) {
 		t.Fatalf("api tokens = %q", got)
 	}
 	// Keys not in the environment keep their YAML values.
@@ -223,9 +232,9 @@ func TestEnvLists(t *testing.T) {
 		get              func(*Config) []string
 		want             []string
 	}{
-		{"api tokens", "BILLING_AUTH_API_TOKENS", "a,b,c", func(c *Config) []string { return c.Auth.APITokens }, []string{"a", "b", "c"}},
-		{"admin tokens trimmed", "BILLING_AUTH_ADMIN_TOKENS", " x , y ", func(c *Config) []string { return c.Auth.AdminTokens }, []string{"x", "y"}},
-		{"single value", "BILLING_AUTH_API_TOKENS", "only", func(c *Config) []string { return c.Auth.APITokens }, []string{"only"}},
+		{"api tokens", "BILLING_AUTH_API_TOKENS", tokA + "," + tokB, func(c *Config) []string { return c.Auth.APITokens }, []string{tokA, tokB}},
+		{"admin tokens trimmed", "BILLING_AUTH_ADMIN_TOKENS", " " + admTok + " , " + admTk2 + " ", func(c *Config) []string { return c.Auth.AdminTokens }, []string{admTok, admTk2}},
+		{"single value", "BILLING_AUTH_API_TOKENS", tokA, func(c *Config) []string { return c.Auth.APITokens }, []string{tokA}},
 		{"webhook live", "BILLING_STRIPE_WEBHOOK_SECRETS_LIVE", "whsec_1,whsec_2", func(c *Config) []string { return c.Stripe.WebhookSecrets.Live }, []string{"whsec_1", "whsec_2"}},
 		{"blank entries dropped", "BILLING_STRIPE_WEBHOOK_SECRETS_TEST", ",whsec_a,,", func(c *Config) []string { return c.Stripe.WebhookSecrets.Test }, []string{"whsec_a"}},
 	}
@@ -290,18 +299,18 @@ func TestFileVariants(t *testing.T) {
 		{
 			name: "api tokens comma separated",
 			env: func(t *testing.T) map[string]string {
-				return map[string]string{"BILLING_AUTH_API_TOKENS_FILE": writeFile(t, "tok", "t1,t2\nt3\n")}
+				return map[string]string{"BILLING_AUTH_API_TOKENS_FILE": writeFile(t, "tok", tokA+","+tokB+"\n"+tokA+"3\n")}
 			},
 			get:  func(c *Config) any { return c.Auth.APITokens },
-			want: []string{"t1", "t2", "t3"},
+			want: []string{tokA, tokB, tokA + "3"},
 		},
 		{
 			name: "admin tokens",
 			env: func(t *testing.T) map[string]string {
-				return map[string]string{"BILLING_AUTH_ADMIN_TOKENS_FILE": writeFile(t, "adm", "root\n")}
+				return map[string]string{"BILLING_AUTH_ADMIN_TOKENS_FILE": writeFile(t, "adm", admTok+"\n")}
 			},
 			get:  func(c *Config) any { return c.Auth.AdminTokens },
-			want: []string{"root"},
+			want: []string{admTok},
 		},
 		{
 			name: "webhook live",
@@ -378,7 +387,7 @@ func TestLoadErrors(t *testing.T) {
 	}{
 		{name: "unknown mode", env: map[string]string{"BILLING_STRIPE_MODE": "prod"}, key: "stripe.mode"},
 		{name: "live key in test mode", env: map[string]string{"BILLING_STRIPE_SECRET_KEY": "sk_live_abc123"}, key: "stripe.secret_key", secret: "abc123"},
-		{name: "test key in live mode", env: map[string]string{"BILLING_STRIPE_MODE": "live", "BILLING_STRIPE_SECRET_KEY": "rk_test_abc123"}, key: "stripe.secret_key", secret: "abc123"},
+		{name: "test key in live mode", env: map[string]string{"BILLING_STRIPE_MODE": "live", "BILLING_DATABASE_URL": "postgres://db/billing", "BILLING_STRIPE_SECRET_KEY": "rk_test_abc123"}, key: "stripe.secret_key", secret: "abc123"},
 		{name: "publishable key", env: map[string]string{"BILLING_STRIPE_SECRET_KEY": "pk_test_abc123"}, key: "stripe.secret_key", secret: "abc123"},
 		{name: "key without mode", env: map[string]string{"BILLING_STRIPE_SECRET_KEY": "sk_abc123"}, key: "stripe.secret_key", secret: "abc123"},
 		{name: "relative api url", env: map[string]string{"BILLING_STRIPE_API_URL": "api.stripe.com"}, key: "stripe.api_url"},
@@ -389,6 +398,15 @@ func TestLoadErrors(t *testing.T) {
 		{name: "malformed tolerance", env: map[string]string{"BILLING_STRIPE_WEBHOOK_TOLERANCE": "5 minutes"}, key: "stripe.webhook_tolerance"},
 		{name: "zero tolerance", env: map[string]string{"BILLING_STRIPE_WEBHOOK_TOLERANCE": "0s"}, key: "stripe.webhook_tolerance"},
 		{name: "unitless tolerance in yaml", yaml: "stripe:\n  webhook_tolerance: 300\n", key: "stripe.webhook_tolerance"},
+		{name: "negative tolerance", env: map[string]string{"BILLING_STRIPE_WEBHOOK_TOLERANCE": "-5m"}, key: "stripe.webhook_tolerance"},
+		{name: "tolerance above an hour", env: map[string]string{"BILLING_STRIPE_WEBHOOK_TOLERANCE": "1h0m1s"}, key: "stripe.webhook_tolerance"},
+		{name: "tolerance of a day", env: map[string]string{"BILLING_STRIPE_WEBHOOK_TOLERANCE": "24h"}, key: "stripe.webhook_tolerance"},
+		{name: "http api url in live mode", env: map[string]string{"BILLING_STRIPE_MODE": "live", "BILLING_DATABASE_URL": "postgres://db/billing", "BILLING_STRIPE_API_URL": "http://api.stripe.com"}, key: "stripe.api_url"},
+		{name: "live mode on the embedded database", env: map[string]string{"BILLING_STRIPE_MODE": "live", "BILLING_STRIPE_SECRET_KEY": "sk_live_abc123"}, key: "database.url", secret: "abc123"},
+		{name: "one-character api token", env: map[string]string{"BILLING_AUTH_API_TOKENS": "x"}, key: "auth.api_tokens"},
+		{name: "31-character admin token", env: map[string]string{"BILLING_AUTH_ADMIN_TOKENS": admTok[:31]}, key: "auth.admin_tokens", secret: admTok[:31]},
+		{name: "short token after a good one", env: map[string]string{"BILLING_AUTH_API_TOKENS": tokA + ",short-secret-token"}, key: "auth.api_tokens", secret: "short-secret-token"},
+		{name: "token in both lists", env: map[string]string{"BILLING_AUTH_API_TOKENS": tokA + "," + tokB, "BILLING_AUTH_ADMIN_TOKENS": admTok + "," + tokB}, key: "auth.admin_tokens", secret: tokB},
 		{name: "relative return url", env: map[string]string{"BILLING_PORTAL_RETURN_URL": "/account"}, key: "portal.return_url"},
 		{name: "max attempts zero", env: map[string]string{"BILLING_WORKER_MAX_ATTEMPTS": "0"}, key: "worker.max_attempts"},
 		{name: "max attempts garbage", env: map[string]string{"BILLING_WORKER_MAX_ATTEMPTS": "three"}, key: "worker.max_attempts"},
@@ -446,12 +464,15 @@ func TestLoadAccepts(t *testing.T) {
 	}{
 		{"rk_test_ in test mode", map[string]string{"BILLING_STRIPE_SECRET_KEY": "rk_test_x"}, func(c *Config) bool { return c.Stripe.SecretKey == "rk_test_x" }},
 		{"sk_test_ in test mode", map[string]string{"BILLING_STRIPE_SECRET_KEY": "sk_test_x"}, func(c *Config) bool { return c.Stripe.SecretKey == "sk_test_x" }},
-		{"sk_live_ in live mode", map[string]string{"BILLING_STRIPE_MODE": "live", "BILLING_STRIPE_SECRET_KEY": "sk_live_x"}, func(c *Config) bool { return c.Stripe.Mode == "live" }},
-		{"rk_live_ with upper-case mode", map[string]string{"BILLING_STRIPE_MODE": "LIVE", "BILLING_STRIPE_SECRET_KEY": "rk_live_x"}, func(c *Config) bool { return c.Stripe.Mode == "live" }},
+		{"sk_live_ in live mode", map[string]string{"BILLING_STRIPE_MODE": "live", "BILLING_STRIPE_SECRET_KEY": "sk_live_x", "BILLING_DATABASE_URL": "postgres://db/billing"}, func(c *Config) bool { return c.Stripe.Mode == "live" }},
+		{"rk_live_ with upper-case mode", map[string]string{"BILLING_STRIPE_MODE": "LIVE", "BILLING_STRIPE_SECRET_KEY": "rk_live_x", "BILLING_DATABASE_URL": "postgres://db/billing"}, func(c *Config) bool { return c.Stripe.Mode == "live" }},
 		{"bool false", map[string]string{"BILLING_POLICY_PAST_DUE_ENTITLED": "false"}, func(c *Config) bool { return !c.Policy.PastDueEntitled }},
 		{"smtps with from", map[string]string{"BILLING_MAIL_SMTP_URL": "smtps://mail.example.com", "BILLING_MAIL_FROM": "Billing <b@example.com>"}, func(c *Config) bool { return c.Mail.From == "Billing <b@example.com>" }},
 		{"test retry delay", map[string]string{"BILLING_WORKER_RETRY_DELAY": "10ms"}, func(c *Config) bool { return c.Worker.RetryDelay == 10*time.Millisecond }},
 		{"stripe-mock api url", map[string]string{"BILLING_STRIPE_API_URL": "http://127.0.0.1:12111"}, func(c *Config) bool { return c.Stripe.APIURL == "http://127.0.0.1:12111" }},
+		{"https api url in live mode", map[string]string{"BILLING_STRIPE_MODE": "live", "BILLING_DATABASE_URL": "postgres://db/billing", "BILLING_STRIPE_API_URL": "https://stripe-proxy.internal:8443"}, func(c *Config) bool { return c.Stripe.APIURL == "https://stripe-proxy.internal:8443" }},
+		{"tolerance of an hour", map[string]string{"BILLING_STRIPE_WEBHOOK_TOLERANCE": "1h"}, func(c *Config) bool { return c.Stripe.WebhookTolerance == time.Hour }},
+		{"tokens of 32 characters", map[string]string{"BILLING_AUTH_API_TOKENS": tokA, "BILLING_AUTH_ADMIN_TOKENS": admTok}, func(c *Config) bool { return len(c.Auth.APITokens) == 1 && len(c.Auth.AdminTokens) == 1 }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -501,9 +522,21 @@ func TestValidate(t *testing.T) {
 		{"live key", func(c *Config) { c.Stripe.SecretKey = "sk_live_x" }, "stripe.secret_key"},
 		{"key with empty tail", func(c *Config) { c.Stripe.SecretKey = "sk_test_" }, "stripe.secret_key"},
 		{"empty api url", func(c *Config) { c.Stripe.APIURL = "" }, "stripe.api_url"},
-		{"empty api token", func(c *Config) { c.Auth.APITokens = []string{"a", ""} }, "auth.api_tokens"},
+		{"empty api token", func(c *Config) { c.Auth.APITokens = []string{tokA, ""} }, "auth.api_tokens"},
 		{"blank admin token", func(c *Config) { c.Auth.AdminTokens = []string{" "} }, "auth.admin_tokens"},
 		{"zero tolerance", func(c *Config) { c.Stripe.WebhookTolerance = 0 }, "stripe.webhook_tolerance"},
+		{"negative tolerance", func(c *Config) { c.Stripe.WebhookTolerance = -time.Second }, "stripe.webhook_tolerance"},
+		{"tolerance above an hour", func(c *Config) { c.Stripe.WebhookTolerance = time.Hour + time.Nanosecond }, "stripe.webhook_tolerance"},
+		{"short api token", func(c *Config) { c.Auth.APITokens = []string{"x"} }, "auth.api_tokens"},
+		{"31 multi-byte characters", func(c *Config) { c.Auth.AdminTokens = []string{strings.Repeat("é", 31)} }, "auth.admin_tokens"},
+		{"shared token", func(c *Config) { c.Auth.APITokens = []string{tokA}; c.Auth.AdminTokens = []string{tokA} }, "auth.admin_tokens"},
+		{"live over http", func(c *Config) {
+			c.Stripe.Mode = "live"
+			c.Database.URL = "postgres://db/billing"
+			c.Stripe.APIURL = "http://localhost:12111"
+		}, "stripe.api_url"},
+		{"live without database", func(c *Config) { c.Stripe.Mode = "live" }, "database.url"},
+		{"malformed database url", func(c *Config) { c.Database.URL = "postgres://%zz" }, "database.url"},
 		{"zero retry delay", func(c *Config) { c.Worker.RetryDelay = 0 }, "worker.retry_delay"},
 		{"rescue too soon", func(c *Config) { c.Worker.RescueAfter = time.Millisecond }, "worker.rescue_after"},
 		{"negative attempts", func(c *Config) { c.Worker.MaxAttempts = -1 }, "worker.max_attempts"},
@@ -518,6 +551,131 @@ func TestValidate(t *testing.T) {
 			tt.mutate(c)
 			wantKeyErr(t, c.Validate(), tt.key)
 		})
+	}
+}
+
+// TestDatabaseURL: what the driver cannot use, or a URL without a host, stops start-up with one
+// line naming database.url and never the password; what connects today keeps working.
+func TestDatabaseURL(t *testing.T) {
+	bad := []struct{ name, url string }{
+		{"bad escape", "postgres://%zz"},
+		{"bad escape in the password", "postgres://u:hunter2%zz@db/billing"},
+		{"port not a number", "postgres://u:hunter2@db:port/billing"},
+		{"port out of range", "postgres://u:hunter2@db:99999/billing"},
+		{"no host", "postgres://u:hunter2@/billing"},
+		{"no authority", "postgresql:///billing"},
+		{"port only", "postgres://u:hunter2@:5432/billing"},
+		{"other scheme", "mysql://u:hunter2@db/billing"},
+		{"http scheme", "http://u:hunter2@db/billing"},
+		{"not a connection string", "hunter2 at db"},
+		{"bad sslmode", "postgres://u:hunter2@db/billing?sslmode=sometimes"},
+		{"bad keyword/value", "host=db password='hunter2"},
+	}
+	for _, tt := range bad {
+		t.Run(tt.name, func(t *testing.T) {
+			clearEnv(t)
+			t.Setenv("BILLING_DATABASE_URL", tt.url)
+			c, err := Load("")
+			if c != nil {
+				t.Errorf("Load returned a config alongside an error")
+			}
+			wantKeyErr(t, err, "database.url")
+			if strings.Contains(err.Error(), "hunter2") {
+				t.Fatalf("error leaks the password: %v", err)
+			}
+		})
+	}
+	good := []string{
+		"postgres://billing:pw@db:5432/billing?sslmode=require",
+		"postgresql://billing@db/billing",
+		"postgres://db",
+		"postgres://u:p%40ss@[::1]:5432/billing",
+		"postgres://db1:5432,db2:5433/billing?target_session_attrs=read-write",
+		"postgres:///billing?host=/run/postgresql",
+		"host=db port=5432 user=billing password='p w' dbname=billing sslmode=disable",
+	}
+	for _, u := range good {
+		t.Run("accepts "+u, func(t *testing.T) {
+			clearEnv(t)
+			t.Setenv("BILLING_DATABASE_URL", u)
+			c, err := Load("")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.Database.URL != u {
+				t.Fatalf("database.url = %q", c.Database.URL)
+			}
+		})
+	}
+}
+
+// servingConfig is validConfig plus what serve needs.
+func servingConfig() *Config {
+	c := validConfig()
+	c.Auth.APITokens = []string{tokA}
+	c.Auth.AdminTokens = []string{admTok}
+	c.Stripe.WebhookSecrets.Test = []string{"whsec_test"}
+	return c
+}
+
+// TestValidateServe: serve refuses to start without tokens or a webhook secret, while the other
+// commands (Validate alone) accept such a configuration.
+func TestValidateServe(t *testing.T) {
+	t.Parallel()
+	if err := servingConfig().ValidateServe(); err != nil {
+		t.Fatalf("serving config rejected: %v", err)
+	}
+	liveOnly := servingConfig()
+	liveOnly.Stripe.WebhookSecrets.Test = nil
+	liveOnly.Stripe.WebhookSecrets.Live = []string{"whsec_live"}
+	if err := liveOnly.ValidateServe(); err != nil {
+		t.Fatalf("a live secret alone rejected: %v", err)
+	}
+	if err := validConfig().Validate(); err != nil {
+		t.Fatalf("migrate and trigger must not need tokens or secrets: %v", err)
+	}
+	tests := []struct {
+		name   string
+		mutate func(*Config)
+		key    string
+	}{
+		{"no api tokens", func(c *Config) { c.Auth.APITokens = nil }, "auth.api_tokens"},
+		{"no admin tokens", func(c *Config) { c.Auth.AdminTokens = nil }, "auth.admin_tokens"},
+		{"no tokens at all", func(c *Config) { c.Auth.APITokens, c.Auth.AdminTokens = nil, nil }, "auth.api_tokens"},
+		{"no webhook secret in test mode", func(c *Config) { c.Stripe.WebhookSecrets.Test = nil }, "stripe.webhook_secrets.test"},
+		{"no webhook secret in live mode", func(c *Config) {
+			c.Stripe.Mode = "live"
+			c.Database.URL = "postgres://db/billing"
+			c.Stripe.WebhookSecrets.Test = nil
+		}, "stripe.webhook_secrets.live"},
+		// Validate's rules still apply, and come first.
+		{"bad mode without tokens", func(c *Config) { c.Stripe.Mode = "prod"; c.Auth.APITokens = nil }, "stripe.mode"},
+		{"short token", func(c *Config) { c.Auth.APITokens = []string{"x"} }, "auth.api_tokens"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			c := servingConfig()
+			tt.mutate(c)
+			wantKeyErr(t, c.ValidateServe(), tt.key)
+		})
+	}
+}
+
+// TestTokenErrorsNameNoToken: a refused token is named by its position only.
+func TestTokenErrorsNameNoToken(t *testing.T) {
+	t.Parallel()
+	for _, c := range []*Config{
+		func() *Config { c := servingConfig(); c.Auth.AdminTokens = []string{admTok, tokA}; return c }(),
+		func() *Config { c := servingConfig(); c.Auth.APITokens = []string{tokA, "short-secret"}; return c }(),
+	} {
+		err := c.ValidateServe()
+		if err == nil {
+			t.Fatal("config accepted")
+		}
+		if msg := err.Error(); strings.Contains(msg, tokA) || strings.Contains(msg, "short-secret") || !strings.Contains(msg, "entry 2") {
+			t.Fatalf("want the entry's position and no token, got %q", msg)
+		}
 	}
 }
 
@@ -562,8 +720,8 @@ func TestLogValueRedactsSecrets(t *testing.T) {
 	c.Stripe.APIURL = "https://user:URLPASSWORD@api.stripe.com"
 	c.Stripe.WebhookSecrets.Test = []string{"whsec_TESTSECRET"}
 	c.Stripe.WebhookSecrets.Live = []string{"whsec_LIVESECRET", "whsec_LIVESECRET2"}
-	c.Auth.APITokens = []string{"APITOKEN"}
-	c.Auth.AdminTokens = []string{"ADMINTOKEN"}
+	c.Auth.APITokens = []string{"APITOKEN-0123456789abcdef0123456"}
+	c.Auth.AdminTokens = []string{"ADMINTOKEN-0123456789abcdef01234"}
 	c.Portal.ReturnURL = "https://example.com/account"
 	c.Mail.SMTPURL = "smtp://user:SMTPPASSWORD@mail:587"
 	c.Mail.From = "billing@example.com"
@@ -636,7 +794,7 @@ func TestLoadConcurrent(t *testing.T) {
 		if i%2 == 1 {
 			mode, key = "live", "sk_live_x"
 		}
-		path := writeFile(t, "c.yaml", "stripe:\n  mode: "+mode+"\n  secret_key: "+key+"\n")
+		path := writeFile(t, "c.yaml", "database:\n  url: postgres://db/billing\nstripe:\n  mode: "+mode+"\n  secret_key: "+key+"\n")
 		wg.Go(func() {
 			c, err := Load(path)
 			if err == nil && c.Stripe.Mode != mode {

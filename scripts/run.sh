@@ -6,14 +6,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .data
 
-if [ ! -f .data/dev.env ]; then
-  rnd() { head -c "$1" /dev/urandom | od -An -tx1 | tr -d ' \n'; }
-  cat > .data/dev.env <<ENV
-BILLING_STRIPE_WEBHOOK_SECRETS_TEST=whsec_$(rnd 24)
-BILLING_AUTH_API_TOKENS=app_$(rnd 16)
-BILLING_AUTH_ADMIN_TOKENS=admin_$(rnd 16)
-ENV
-fi
+# serve refuses to start without both token lists and a webhook secret, and tokens need 32
+# characters or more: each token is a prefix and 32 random hex digits. Only missing keys are
+# generated, so the values survive restarts and a deleted line comes back.
+rnd() { head -c "$1" /dev/urandom | od -An -tx1 | tr -d ' \n'; }
+touch .data/dev.env
+add_once() { grep -q "^$1=" .data/dev.env || echo "$1=$2" >> .data/dev.env; }
+add_once BILLING_STRIPE_WEBHOOK_SECRETS_TEST "whsec_$(rnd 24)"
+add_once BILLING_AUTH_API_TOKENS "app_$(rnd 16)"
+add_once BILLING_AUTH_ADMIN_TOKENS "admin_$(rnd 16)"
 set -a
 . ./.data/dev.env
 set +a

@@ -41,7 +41,7 @@ import (
 
 const (
 	benchSecret     = "whsec_bench"
-	benchAPIToken   = "app-bench"
+	benchAPIToken   = "app-bench-0123456789abcdef0123456789"
 	benchClients    = 32
 	benchDuration   = 10 * time.Second
 	benchUsers      = 10000

@@ -75,6 +75,12 @@ func TestInvalidConfigurationExitsTwo(t *testing.T) {
 		{"bad duration", map[string]string{"BILLING_WORKER_RETRY_DELAY": "soon"}, "worker.retry_delay"},
 		{"bad url", map[string]string{"BILLING_STRIPE_API_URL": "not a url"}, "stripe.api_url"},
 		{"webhook secret without prefix", map[string]string{"BILLING_STRIPE_WEBHOOK_SECRETS_TEST": "abc"}, "stripe.webhook_secrets.test"},
+		{"serve without tokens", map[string]string{"BILLING_STRIPE_WEBHOOK_SECRETS_TEST": "whsec_e2e"}, "auth.api_tokens"},
+		{"serve without a webhook secret", map[string]string{"BILLING_AUTH_API_TOKENS": e2eAPIToken, "BILLING_AUTH_ADMIN_TOKENS": e2eAdminToken}, "stripe.webhook_secrets.test"},
+		{"short token", map[string]string{"BILLING_AUTH_API_TOKENS": "sk_live_abc"}, "auth.api_tokens"},
+		// The password is the secret the loop checks is not printed.
+		{"malformed database url", map[string]string{"BILLING_DATABASE_URL": "postgres://billing:sk_live_abc@%zz/billing"}, "database.url"},
+		{"live mode on the embedded database", map[string]string{"BILLING_STRIPE_MODE": "live"}, "database.url"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -144,7 +150,7 @@ func TestTriggerReachesTheWorker(t *testing.T) {
 	env := map[string]string{
 		"BILLING_DATABASE_URL":                testenv.DatabaseURL(t),
 		"BILLING_STRIPE_WEBHOOK_SECRETS_TEST": "whsec_e2e",
-		"BILLING_AUTH_ADMIN_TOKENS":           "admin-e2e",
+		"BILLING_AUTH_ADMIN_TOKENS":           e2eAdminToken,
 		"BILLING_STRIPE_API_URL":              testenv.StripeMockURL(t),
 		"BILLING_STRIPE_SECRET_KEY":           "sk_test_123",
 		"BILLING_WORKER_RETRY_DELAY":          "10ms",
@@ -157,7 +163,7 @@ func TestTriggerReachesTheWorker(t *testing.T) {
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		status, body := get(t, p.url("/admin/events/evt_e2e1"), "admin-e2e")
+		status, body := get(t, p.url("/admin/events/evt_e2e1"), e2eAdminToken)
 		var ev struct{ Status string }
 		_ = json.Unmarshal([]byte(body), &ev)
 		if status == 200 && ev.Status == "ignored" {

@@ -92,11 +92,25 @@ func (s *syncBuffer) Write(p []byte) (int, error) {
 }
 func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
 
+// The tokens and webhook secret start gives a service whose test sets none: serve refuses to
+// start without them, and tokens need 32 characters or more.
+const (
+	e2eAPIToken      = "app-e2e-0123456789abcdef0123456789ab"
+	e2eAdminToken    = "admin-e2e-0123456789abcdef0123456789ab"
+	e2eWebhookSecret = "whsec_e2e"
+)
+
 // start runs `billing serve` with env in dir and waits until it is ready.
 func start(t testing.TB, dir string, env map[string]string) *proc {
 	t.Helper()
 	addr := freeAddr(t)
-	full := map[string]string{"BILLING_HTTP_ADDR": addr, "BILLING_LOG_LEVEL": "debug"}
+	full := map[string]string{
+		"BILLING_HTTP_ADDR":                   addr,
+		"BILLING_LOG_LEVEL":                   "debug",
+		"BILLING_AUTH_API_TOKENS":             e2eAPIToken,
+		"BILLING_AUTH_ADMIN_TOKENS":           e2eAdminToken,
+		"BILLING_STRIPE_WEBHOOK_SECRETS_TEST": e2eWebhookSecret,
+	}
 	for k, v := range env {
 		full[k] = v
 	}

@@ -32,8 +32,9 @@ import (
 )
 
 const (
-	relSecret   = "whsec_reliability"
-	relAPIToken = "app-reliability"
+	relSecret     = "whsec_reliability"
+	relAPIToken   = "app-reliability-0123456789abcdef0123"
+	relAdminToken = "admin-reliability-0123456789abcdef01"
 
 	evCreated      = "customer.subscription.created"
 	evUpdated      = "customer.subscription.updated"
@@ -70,6 +71,7 @@ func relEnv(t *testing.T, url string) map[string]string {
 		"BILLING_STRIPE_API_URL":              testenv.StripeMockURL(t),
 		"BILLING_STRIPE_SECRET_KEY":           "sk_test_reliability",
 		"BILLING_AUTH_API_TOKENS":             relAPIToken,
+		"BILLING_AUTH_ADMIN_TOKENS":           relAdminToken,
 		"BILLING_WORKER_RETRY_DELAY":          "10ms",
 		"BILLING_WORKER_RESCUE_AFTER":         "2s",
 	}

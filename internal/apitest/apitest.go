@@ -148,10 +148,11 @@ func (w testWriter) Write(b []byte) (int, error) {
 	return len(b), nil
 }
 
-// Tokens of the app backend and of an admin in Server.
+// Tokens of the app backend and of an admin in Server; as long as the configuration requires
+// (32 characters or more), so that they could also configure a real service.
 const (
-	AppToken   = "app-token-for-tests"
-	AdminToken = "admin-token-for-tests"
+	AppToken   = "app-token-for-tests-0123456789abcdef"
+	AdminToken = "admin-token-for-tests-0123456789abcdef"
 )
 
 // Server is the service's real echo instance (error handler, middleware) with mount's routes on
