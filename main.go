@@ -12,9 +12,9 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 	"time"
 
@@ -23,6 +23,7 @@ import (
 	"billing/config"
 	"billing/internal/app"
 	"billing/internal/database"
+	"billing/internal/httpserver"
 	"billing/internal/logging"
 	"billing/internal/pgcluster"
 	"billing/internal/stripeclient"
@@ -205,14 +206,9 @@ func serve(args []string) int {
 		return exitFailure
 	}
 
-	srv := &http.Server{
-		Addr:              cfg.HTTP.Addr,
-		Handler:           a.Echo,
-		ReadHeaderTimeout: 10 * time.Second,
-		ReadTimeout:       30 * time.Second,
-		WriteTimeout:      30 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-	}
+	// Timeouts and header limit come from httpserver, where they are kept consistent with the
+	// handlers' outbound budget.
+	srv := httpserver.NewHTTPServer(cfg.HTTP.Addr, a.Echo)
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.ListenAndServe() }()
 	logger.Info("listening", "addr", cfg.HTTP.Addr)
@@ -226,15 +222,29 @@ func serve(args []string) int {
 		exit = exitFailure
 	}
 
-	// Stop accepting and let in-flight requests finish, then let in-flight jobs finish.
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), 25*time.Second)
-	defer cancel()
-	if err := srv.Shutdown(shutdownCtx); err != nil {
-		logger.Error("http shutdown", "error", err)
-	}
-	if err := a.Stop(shutdownCtx); err != nil {
-		logger.Error("worker shutdown", "error", err)
-	}
+	// Stop accepting and let in-flight requests finish, and let in-flight jobs finish, at the
+	// same time and each within its own budget: slow requests cannot use up the workers' time,
+	// nor the reverse. Jobs that requests enqueue meanwhile are in the database and run later.
+	const (
+		httpDrain   = 20 * time.Second
+		workerDrain = 20 * time.Second
+	)
+	var drained sync.WaitGroup
+	drained.Go(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), httpDrain)
+		defer cancel()
+		if err := srv.Shutdown(ctx); err != nil {
+			logger.Error("http shutdown", "error", err)
+		}
+	})
+	drained.Go(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), workerDrain)
+		defer cancel()
+		if err := a.Stop(ctx); err != nil {
+			logger.Error("worker shutdown", "error", err)
+		}
+	})
+	drained.Wait()
 	logger.Info("stopped")
 	return exit
 }

@@ -90,7 +90,7 @@ func (h *Handlers) put(c echo.Context) error {
 	}
 	// Once the link is being made, finish recording it even if the client goes away: Stripe may
 	// already have created the customer.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request().Context()), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request().Context()), httpserver.OutboundBudget)
 	defer cancel()
 	cust, created, err := h.Ensure(ctx, userID, req.Email, req.Name)
 	if err != nil {

@@ -6,12 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/labstack/echo/v4"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/riverqueue/river"
 	"gorm.io/gorm"
 
 	"billing/internal/apierr"
@@ -86,12 +88,15 @@ func (i *Inbox) listEvents(c echo.Context) error {
 }
 
 func (i *Inbox) getEvent(c echo.Context) error {
-	id := c.Param("event_id")
+	id, err := eventIDParam(c)
+	if err != nil {
+		return err
+	}
 	var rows []struct {
 		EventView
 		Raw string `gorm:"column:payload"`
 	}
-	err := i.cfg.DB.WithContext(c.Request().Context()).
+	err = i.cfg.DB.WithContext(c.Request().Context()).
 		Raw(`SELECT `+eventColumns+`, payload::text AS payload FROM webhook_events WHERE event_id = ?`, id).Scan(&rows).Error
 	if err != nil {
 		return dbError(err, "load event")
@@ -108,7 +113,10 @@ func (i *Inbox) getEvent(c echo.Context) error {
 var ErrNotReplayable = errors.New("event is not failed")
 
 func (i *Inbox) replayEvent(c echo.Context) error {
-	id := c.Param("event_id")
+	id, err := eventIDParam(c)
+	if err != nil {
+		return err
+	}
 	status, err := i.Replay(c.Request().Context(), id)
 	switch {
 	case errors.Is(err, gorm.ErrRecordNotFound):
@@ -171,32 +179,67 @@ func (i *Inbox) DeadLetters(ctx context.Context, limit int) ([]DeadLetter, error
 	return out, nil
 }
 
-// RegisterGauges adds gauges read from the database at scrape time.
-func (i *Inbox) RegisterGauges(reg prometheus.Registerer) {
-	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "billing_webhook_dead_letters",
-		Help: "Dead-lettered events waiting for an admin.",
-	}, func() float64 {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		var n int64
-		if err := i.cfg.DB.WithContext(ctx).Raw(`SELECT count(*) FROM webhook_dead_letters`).Scan(&n).Error; err != nil {
-			return -1
-		}
-		return float64(n)
-	}))
-	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "billing_webhook_events_pending",
-		Help: "Stored events not yet processed.",
-	}, func() float64 {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		var n int64
-		if err := i.cfg.DB.WithContext(ctx).Raw(`SELECT count(*) FROM webhook_events WHERE status = 'received'`).Scan(&n).Error; err != nil {
-			return -1
-		}
-		return float64(n)
-	}))
+// RegisterGauges registers the backlog gauges (billing_webhook_dead_letters,
+// billing_webhook_events_pending) with reg, and the periodic River job that counts them. A
+// scrape reads the last count and never queries the database: /metrics is unauthenticated and
+// may be scraped at any rate. River runs periodic jobs on its elected leader only, so only one
+// replica counts. River accepts workers and periodic jobs added after the client is built, as
+// long as it has not started.
+func (i *Inbox) RegisterGauges(reg prometheus.Registerer, workers *river.Workers, periodic *river.PeriodicJobBundle) {
+	reg.MustRegister(&backlogCollector{b: i.metrics.backlog, now: i.cfg.Now})
+	river.AddWorker(workers, &backlogCounter{inbox: i})
+	periodic.Add(river.NewPeriodicJob(river.PeriodicInterval(backlogInterval), func() (river.JobArgs, *river.InsertOpts) {
+		return BacklogArgs{}, nil
+	}, &river.PeriodicJobOpts{RunOnStart: true}))
+}
+
+// BacklogArgs is the periodic job that counts the backlog for the gauges.
+type BacklogArgs struct{}
+
+func (BacklogArgs) Kind() string { return "webhook_backlog_count" }
+
+func (BacklogArgs) InsertOpts() river.InsertOpts {
+	// A failed count is not retried: the next period counts again.
+	return river.InsertOpts{Queue: QueueWebhooks, MaxAttempts: 1}
+}
+
+type backlogCounter struct {
+	river.WorkerDefaults[BacklogArgs]
+	inbox *Inbox
+}
+
+func (w *backlogCounter) Work(ctx context.Context, _ *river.Job[BacklogArgs]) error {
+	return w.inbox.RefreshGauges(ctx)
+}
+
+// RefreshGauges counts the dead letters and the events not yet processed, for the gauges.
+func (i *Inbox) RefreshGauges(ctx context.Context) error {
+	var n struct {
+		DeadLetters int64
+		Pending     int64
+	}
+	err := i.cfg.DB.WithContext(ctx).Raw(`
+		SELECT (SELECT count(*) FROM webhook_dead_letters) AS dead_letters,
+		       (SELECT count(*) FROM webhook_events WHERE status = 'received') AS pending`).Scan(&n).Error
+	if err != nil {
+		return fmt.Errorf("count webhook backlog: %w", err)
+	}
+	i.metrics.backlog.set(float64(n.DeadLetters), float64(n.Pending), i.cfg.Now())
+	return nil
+}
+
+// eventIDParam is the event id of the URL. echo gives a path parameter as sent (still escaped)
+// when the path has escapes that differ from the default encoding, such as %2F; decode it then.
+func eventIDParam(c echo.Context) (string, error) {
+	id := c.Param("event_id")
+	if c.Request().URL.RawPath == "" {
+		return id, nil
+	}
+	decoded, err := url.PathUnescape(id)
+	if err != nil {
+		return "", apierr.New(apierr.CodeInvalidRequest, "event id in the URL is not a valid percent-encoded path segment")
+	}
+	return decoded, nil
 }
 
 func dbError(err error, what string) error {

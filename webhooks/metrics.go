@@ -1,6 +1,9 @@
 package webhooks
 
 import (
+	"sync"
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -13,6 +16,8 @@ type Metrics struct {
 	failures  *prometheus.CounterVec
 	dead      *prometheus.CounterVec
 	lag       *prometheus.HistogramVec
+	// backlog is exported by RegisterGauges; it lives here so that the counting job reaches it.
+	backlog *backlog
 }
 
 // NewMetrics registers the inbox's metrics with reg (nil: unregistered, for tests).
@@ -43,6 +48,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Time from receipt to the committed processing of an event.",
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 1800},
 		}, []string{"type"}),
+		backlog: &backlog{},
 	}
 	if reg != nil {
 		reg.MustRegister(m.received, m.rejected, m.processed, m.failures, m.dead, m.lag)
@@ -55,4 +61,59 @@ func mode(livemode bool) string {
 		return "live"
 	}
 	return "test"
+}
+
+// backlogInterval is how often River's leader counts the backlog; backlogFresh is how long a
+// count is exported. A replica that is not the leader has no count and exports nothing; one that
+// lost the leadership stops exporting once its count is older than backlogFresh. The window
+// spans several periods so that a busy webhooks queue, which delays the counting job, does not
+// hide the gauges exactly when the backlog grows.
+const (
+	backlogInterval = 30 * time.Second
+	backlogFresh    = 5 * time.Minute
+)
+
+var (
+	deadLettersDesc = prometheus.NewDesc("billing_webhook_dead_letters",
+		"Dead-lettered events waiting for an admin. Counted every 30s by the replica that is River's leader; "+
+			"other replicas export nothing (or their last count, for up to 5m): aggregate with max().", nil, nil)
+	pendingDesc = prometheus.NewDesc("billing_webhook_events_pending",
+		"Stored events not yet processed. Counted every 30s by the replica that is River's leader; "+
+			"other replicas export nothing (or their last count, for up to 5m): aggregate with max().", nil, nil)
+)
+
+// backlog is the last count of the backlog.
+type backlog struct {
+	mu          sync.Mutex
+	deadLetters float64
+	pending     float64
+	countedAt   time.Time // zero: never counted
+}
+
+func (b *backlog) set(deadLetters, pending float64, at time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.deadLetters, b.pending, b.countedAt = deadLetters, pending, at
+}
+
+// backlogCollector exports the last count while it is fresh; it never queries anything.
+type backlogCollector struct {
+	b   *backlog
+	now func() time.Time
+}
+
+func (c *backlogCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- deadLettersDesc
+	ch <- pendingDesc
+}
+
+func (c *backlogCollector) Collect(ch chan<- prometheus.Metric) {
+	c.b.mu.Lock()
+	deadLetters, pending, at := c.b.deadLetters, c.b.pending, c.b.countedAt
+	c.b.mu.Unlock()
+	if at.IsZero() || c.now().Sub(at) > backlogFresh {
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(deadLettersDesc, prometheus.GaugeValue, deadLetters)
+	ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, pending)
 }

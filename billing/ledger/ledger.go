@@ -47,6 +47,7 @@ import (
 	"gorm.io/gorm"
 
 	"billing/internal/apierr"
+	"billing/internal/httpserver"
 	"billing/internal/stripeclient"
 )
 
@@ -56,8 +57,9 @@ const keyWindow = 23 * time.Hour
 
 // callTimeout bounds one request's ledger section (lock, Stripe call with stripe-go's own
 // retries, completion). It is detached from the client's context: once Stripe may have acted,
-// the answer is recorded even if the client has gone.
-const callTimeout = 2 * time.Minute
+// the answer is recorded even if the client has gone. It is the server's outbound budget, which
+// ends while the answer can still be written.
+const callTimeout = httpserver.OutboundBudget
 
 // Row states.
 const (

@@ -98,7 +98,6 @@ func New(opts Options) (*App, error) {
 		Metrics:     webhooks.NewMetrics(reg),
 		Now:         now,
 	})
-	inbox.RegisterGauges(reg)
 
 	workers := river.NewWorkers()
 	inbox.AddWorkers(workers)
@@ -118,6 +117,7 @@ func New(opts Options) (*App, error) {
 		return nil, err
 	}
 	inbox.SetJobs(riverClient)
+	inbox.RegisterGauges(reg, workers, riverClient.PeriodicJobs())
 
 	// Domain packages: billing owns subscription state and handles the six events; customers,
 	// the ledger and the portal call out to Stripe.

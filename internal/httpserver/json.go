@@ -1,6 +1,7 @@
 package httpserver
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"io"
@@ -34,12 +35,15 @@ func DecodeJSON(c echo.Context, v any, allowEmpty bool) error {
 		}
 		return apierr.New(apierr.CodeInvalidJSON, "request body must be a JSON object")
 	}
-	dec := json.NewDecoder(strings.NewReader(string(data)))
+	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		return apierr.Wrap(err, apierr.CodeInvalidJSON, "request body is not valid JSON for this endpoint: %s", jsonProblem(err))
 	}
-	if dec.More() {
+	// Only whitespace may follow the value. dec.More() is not enough: it is false for a stray
+	// '}' or ']', so `{"a":1}}` would pass.
+	var rest json.RawMessage
+	if err := dec.Decode(&rest); !errors.Is(err, io.EOF) {
 		return apierr.New(apierr.CodeInvalidJSON, "request body has data after the JSON object")
 	}
 	return nil

@@ -8,11 +8,9 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
-	"strconv"
 	"time"
 
 	"github.com/labstack/echo/v4"
-	"github.com/labstack/echo/v4/middleware"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
@@ -27,6 +25,11 @@ type Options struct {
 	Logger   *slog.Logger
 	Registry *prometheus.Registry
 	Ready    ReadyFunc
+	// WriteTimeout is the server's; an answer finished after it is logged as not written.
+	// Zero means WriteTimeout.
+	WriteTimeout time.Duration
+	// Now is the request log's clock, for tests; nil means time.Now.
+	Now func() time.Time
 }
 
 // New returns an echo instance with the service's middleware and /healthz, /readyz, /metrics.
@@ -38,45 +41,24 @@ func New(opts Options) *echo.Echo {
 
 	duration := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "billing_http_request_duration_seconds",
-		Help:    "HTTP request duration by route, method and status.",
+		Help:    "HTTP request duration by route (the matched route's pattern, or unmatched), method (the standard ones, or other) and status.",
 		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
 	}, []string{"route", "method", "status"})
 	opts.Registry.MustRegister(duration)
 
-	e.Use(middleware.RequestIDWithConfig(middleware.RequestIDConfig{
-		Generator: newRequestID,
-	}))
+	writeTimeout := opts.WriteTimeout
+	if writeTimeout <= 0 {
+		writeTimeout = WriteTimeout
+	}
+	now := opts.Now
+	if now == nil {
+		now = time.Now
+	}
+	e.Use(requestID())
+	e.Use(securityHeaders)
+	// The request log is outside the recoverer so that a panic's 500 is logged like any answer.
+	e.Use(requestLog(opts.Logger, duration, writeTimeout, now))
 	e.Use(recoverer(opts.Logger))
-	e.Use(func(next echo.HandlerFunc) echo.HandlerFunc {
-		return func(c echo.Context) error {
-			start := time.Now()
-			err := next(c)
-			if err != nil {
-				// Let the error handler write the answer now so that the status we log is the real one.
-				c.Error(err)
-			}
-			status := c.Response().Status
-			elapsed := time.Since(start)
-			route := c.Path()
-			if route == "" {
-				route = "unmatched"
-			}
-			duration.WithLabelValues(route, c.Request().Method, strconv.Itoa(status)).Observe(elapsed.Seconds())
-			level := slog.LevelInfo
-			if route == "/healthz" || route == "/readyz" || route == "/metrics" {
-				level = slog.LevelDebug
-			}
-			opts.Logger.LogAttrs(c.Request().Context(), level, "http request",
-				slog.String("method", c.Request().Method),
-				slog.String("path", c.Request().URL.Path),
-				slog.String("route", route),
-				slog.Int("status", status),
-				slog.Duration("duration", elapsed),
-				slog.String("request_id", c.Response().Header().Get(echo.HeaderXRequestID)),
-			)
-			return nil
-		}
-	})
 
 	e.GET("/healthz", func(c echo.Context) error {
 		return c.JSON(http.StatusOK, map[string]string{"status": "ok"})
@@ -92,6 +74,18 @@ func New(opts Options) *echo.Echo {
 	})
 	e.GET("/metrics", echo.WrapHandler(promhttp.HandlerFor(opts.Registry, promhttp.HandlerOpts{})))
 	return e
+}
+
+// securityHeaders: no answer of this API is meant for a cache (they are per caller, and the
+// admin ones carry event payloads), and none may be content-sniffed into something else.
+// Handlers may still override either header.
+func securityHeaders(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		h := c.Response().Header()
+		h.Set("X-Content-Type-Options", "nosniff")
+		h.Set("Cache-Control", "no-store")
+		return next(c)
+	}
 }
 
 // ErrNotReady marks a readiness failure whose message may be shown to the caller

@@ -11,19 +11,36 @@ import (
 
 	"github.com/stripe/stripe-go/v79"
 	"github.com/stripe/stripe-go/v79/client"
+
+	"billing/internal/httpserver"
 )
 
 // APIVersion is the Stripe API version sent on every call. It is not configurable: it is the
 // version the pinned stripe-go release was generated for.
 const APIVersion = stripe.APIVersion
 
+// A call to Stripe is tried up to Retries+1 times, each try bounded by TryTimeout, with
+// stripe-go's backoff (at most maxRetryDelay) between tries. CallBudget, the worst case of one
+// call, fits in the server's OutboundBudget, so that a call is not cut mid-retry by the
+// request's deadline, and so that its answer can still be written to the client.
+const (
+	TryTimeout = 20 * time.Second
+	Retries    = 2
+	// maxRetryDelay is stripe-go's cap on the sleep between two tries.
+	maxRetryDelay = 5 * time.Second
+	CallBudget    = (Retries+1)*TryTimeout + Retries*maxRetryDelay
+)
+
+// A compile-time check: the conversion fails if CallBudget does not fit in OutboundBudget.
+const _ = uint64(httpserver.OutboundBudget - CallBudget)
+
 // New returns a client for apiURL with secretKey. stripe-go retries network errors and 5xx
 // answers itself, with the same Idempotency-Key on each retry.
 func New(apiURL, secretKey string, logger *slog.Logger) *client.API {
 	cfg := &stripe.BackendConfig{
 		URL:               stripe.String(apiURL),
-		MaxNetworkRetries: stripe.Int64(2),
-		HTTPClient:        &http.Client{Timeout: 30 * time.Second},
+		MaxNetworkRetries: stripe.Int64(Retries),
+		HTTPClient:        &http.Client{Timeout: TryTimeout},
 		LeveledLogger:     leveled{logger.With("component", "stripe")},
 	}
 	backends := &stripe.Backends{
