@@ -5,6 +5,7 @@ package webhooks
 //
 //	go test -run '^$' -fuzz '^FuzzVerifySignature$' ./webhooks/
 //	go test -run '^$' -fuzz '^FuzzDecodeEnvelope$' ./webhooks/
+//	go test -run '^$' -fuzz '^FuzzCheckKeys$' ./internal/jsonkeys/
 
 import (
 	"bytes"
@@ -16,6 +17,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -24,6 +26,8 @@ import (
 
 	"github.com/stripe/stripe-go/v79/webhook"
 
+	"billing/internal/apierr"
+	"billing/internal/jsonkeys"
 	"billing/internal/stripeevents"
 )
 
@@ -176,6 +180,13 @@ func FuzzVerifySignature(f *testing.F) {
 			t.Fatalf("header %q: undocumented error %v", header, err)
 		}
 
+		// With the two configured secrets split into one test and one live secret, the answer is
+		// the same, and (below) the modes are exactly those whose secret matches.
+		modes, merr := VerifySignatureModes(payload, header, fuzzSecrets[:1], fuzzSecrets[1:], fuzzTolerance, fuzzNow)
+		if merr != err || (merr == nil) != (modes != 0) {
+			t.Fatalf("header %q: VerifySignatureModes says %v (modes %b), VerifySignature %v", header, merr, modes, err)
+		}
+
 		// Given the parse, the answer is exactly the specified one.
 		h, perr := parseSignatureHeader(header)
 		if perr != nil {
@@ -189,14 +200,17 @@ func FuzzVerifySignature(f *testing.F) {
 			if h.timestamp <= 0 || len(h.signatures) == 0 || len(h.signatures) > maxSignatures {
 				t.Fatalf("header %q parsed to t=%d with %d signatures", header, h.timestamp, len(h.signatures))
 			}
-			matched := false
-			for _, s := range fuzzSecrets {
+			matched, wantModes := false, Modes(0)
+			for i, s := range fuzzSecrets {
 				want := fuzzSign(s, h.timestamp, payload)
 				for _, got := range h.signatures {
 					if len(got) != sha256.Size {
 						t.Fatalf("header %q: parsed a %d-byte signature", header, len(got))
 					}
-					matched = matched || bytes.Equal(got, want)
+					if bytes.Equal(got, want) {
+						matched = true
+						wantModes |= [...]Modes{ModeTest, ModeLive}[i]
+					}
 				}
 			}
 			age := fuzzNow.Sub(time.Unix(h.timestamp, 0))
@@ -209,6 +223,13 @@ func FuzzVerifySignature(f *testing.F) {
 			}
 			if err != want {
 				t.Fatalf("header %q (t=%d, signature matches: %v, age %s): got %v, want %v", header, h.timestamp, matched, age, err, want)
+			}
+			if err == nil && modes != wantModes {
+				t.Fatalf("header %q: modes %b, want %b", header, modes, wantModes)
+			}
+			// No secret at all verifies nothing, and says no more than a wrong secret.
+			if m, e := VerifySignatureModes(payload, header, nil, nil, fuzzTolerance, fuzzNow); m != 0 || e != ErrBadSignature {
+				t.Fatalf("header %q without secrets: modes %b, %v", header, m, e)
 			}
 		}
 
@@ -316,7 +337,8 @@ func abs(n int64) int64 {
 // bytes, a livemode, a non-empty data.object that is valid JSON, a created no later than the
 // year 9999), and that the worker's decoding
 // of the stored payload (decodeEvent) agrees with it: it refuses the same bodies, and for the
-// others carries the same id, type, object and created time.
+// others carries the same id, type, object and created time. It also checks the receive path's
+// reading of a verified body, readEvent (see checkReadEvent).
 func FuzzDecodeEnvelope(f *testing.F) {
 	now := time.Unix(1717200000, 0)
 	for _, typ := range []string{"customer.subscription.created", "customer.subscription.updated", "customer.subscription.deleted",
@@ -359,12 +381,26 @@ func FuzzDecodeEnvelope(f *testing.F) {
 		`{"id":"evt_1","id":"evt_2","object":"event","type":"t","livemode":true,"data":{"object":{}}}`,
 		"{\"id\":\"evt_\xff\",\"object\":\"event\",\"type\":\"t\",\"livemode\":true,\"data\":{\"object\":{}}}",
 		`  {"id":"evt_1","object":"event","type":"t","livemode":true,"data":{"object":  [ ] }}  `,
+		// Keys that encoding/json and jsonb read differently, and bodies jsonkeys refuses.
+		`{"id":"evt_1","object":"event","type":"t","TYPE":"u","livemode":false,"data":{"object":{}}}`,
+		`{"id":"evt_1","ID":"evt_2","object":"event","type":"t","livemode":false,"data":{"object":{}}}`,
+		`{"id":"evt_1","object":"event","type":"t","livemode":true,"Livemode":false,"data":{"object":{}}}`,
+		`{"id":"evt_1","object":"event","type":"t","livemode":false,"data":{"object":{"a":1,"A":2}}}`,
+		`{"id":"evt_1","object":"event","type":"t","livemode":false,"data":{"object":{}},"DATA":{"object":{"x":1}}}`,
+		`{"id":"evt_1","object":"event","\u0074ype":"t","type":"u","livemode":false,"data":{"object":{}}}`,
+		"{\"id\":\"evt_1\",\"object\":\"event\",\"type\":\"t\",\"livemode\":false,\"data\":{\"object\":{\"k\":1,\"\u212a\":2}}}",
+		`{"ID":"evt_1","Object":"event","TYPE":"t","livemode":false,"data":{"object":{}}}`,
+		`{"id":"evt_1","object":"event","type":"t","livemode":false,"data":{"object":{}}} {}`,
+		`{"id":"evt_1","object":"event","type":"t","livemode":false,"data":{"object":{}}}x`,
+		`{"id":"evt_1","object":"event","type":"t","livemode":false,"data":{"object":` + strings.Repeat("[", 70) + strings.Repeat("]", 70) + `}}`,
+		`{"id":"evt_1","object":"event","type":"t","livemode":false,"data":{"object":{"n":1e400}}}`,
 	} {
 		f.Add([]byte(s))
 	}
 
 	f.Fuzz(func(t *testing.T, body []byte) {
 		env, err := decodeEnvelope(body)
+		checkReadEvent(t, body, env, err)
 		stored := storedEvent{EventID: env.ID, Type: env.Type, Payload: body}
 		ev, derr := decodeEvent(stored)
 		if err != nil {
@@ -405,4 +441,68 @@ func FuzzDecodeEnvelope(f *testing.F) {
 		}
 		_ = env.apiVersion()
 	})
+}
+
+// checkReadEvent checks the receive path's reading of a verified body against decodeEnvelope's
+// (env, err) and jsonkeys.Check: readEvent accepts exactly what both accept, with the same
+// envelope, answers ambiguous_json for duplicate keys and invalid_event otherwise; and what it
+// accepts, a reader of exact keys (as jsonb is) reads as decodeEnvelope does: the one key that
+// folds to "id", "object", "type", "livemode" or "data" holds what decodeEnvelope read.
+func checkReadEvent(t *testing.T, body []byte, env envelope, err error) {
+	t.Helper()
+	renv, code, rerr := readEvent(body)
+	kerr := jsonkeys.Check(body)
+	switch {
+	case kerr != nil:
+		want := apierr.CodeNotAnEvent
+		if errors.Is(kerr, jsonkeys.ErrDuplicateKey) {
+			want = apierr.CodeAmbiguousJSON
+		}
+		if rerr == nil || code != want {
+			t.Fatalf("body %q: jsonkeys says %v, readEvent %q %v", body, kerr, code, rerr)
+		}
+		return
+	case err != nil:
+		if rerr == nil || code != apierr.CodeNotAnEvent {
+			t.Fatalf("body %q: decodeEnvelope says %v, readEvent %q %v", body, err, code, rerr)
+		}
+		return
+	case rerr != nil:
+		t.Fatalf("body %q: readEvent refuses (%q %v) what decodeEnvelope and jsonkeys accept", body, code, rerr)
+	}
+	if !reflect.DeepEqual(renv, env) {
+		t.Fatalf("body %q: readEvent's envelope %+v differs from decodeEnvelope's %+v", body, renv, env)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(body, &m); err != nil {
+		t.Fatalf("body %q accepted, but not an object of exact keys: %v", body, err)
+	}
+	var object any
+	if err := json.Unmarshal(env.Data.Object, &object); err != nil {
+		t.Fatalf("data.object %q: %v", env.Data.Object, err)
+	}
+	data, _ := foldLookup(t, m, "data").(map[string]any)
+	for k, want := range map[string]any{"id": env.ID, "object": env.Object, "type": env.Type, "livemode": *env.Livemode} {
+		if got := foldLookup(t, m, k); got != want {
+			t.Fatalf("body %q: %s is %v for an exact reader, %v for decodeEnvelope", body, k, got, want)
+		}
+	}
+	if got := foldLookup(t, data, "object"); !reflect.DeepEqual(got, object) {
+		t.Fatalf("body %q: data.object is %v for an exact reader, %v for decodeEnvelope", body, got, object)
+	}
+}
+
+// foldLookup returns the value of the only key of m that equals k under case folding.
+func foldLookup(t *testing.T, m map[string]any, k string) any {
+	t.Helper()
+	var found []string
+	for key := range m {
+		if strings.EqualFold(key, k) {
+			found = append(found, key)
+		}
+	}
+	if len(found) != 1 {
+		t.Fatalf("keys %q fold to %q in an accepted body, want exactly one", found, k)
+	}
+	return m[found[0]]
 }

@@ -44,8 +44,8 @@ func TestReceiveAnswers(t *testing.T) {
 		{"valid event", valid, sign(valid, testSecret, now), 200, "received", true},
 		{"older rotated secret still verifies", subEvent("evt_rot", now), sign(subEvent("evt_rot", now), testSecretOld, now), 200, "received", true},
 		{"live event with live secret", live, sign(live, liveSecret, now), 200, "received", true},
-		{"live event signed with a test secret", live, sign(live, testSecret, now), 400, "invalid_signature", false},
-		{"test event signed with the live secret", valid, sign(valid, liveSecret, now), 400, "invalid_signature", false},
+		{"live event signed with a test secret", live, sign(live, testSecret, now), 400, "livemode_mismatch", false},
+		{"test event signed with the live secret", valid, sign(valid, liveSecret, now), 400, "livemode_mismatch", false},
 		{"unhandled type is stored as ignored", unknown, sign(unknown, testSecret, now), 200, "ignored", true},
 		{"no signature header", valid, "", 400, "missing_signature", false},
 		{"header without v1", valid, fmt.Sprintf("t=%d", now.Unix()), 400, "malformed_signature", false},
@@ -92,13 +92,15 @@ func TestReceiveAnswers(t *testing.T) {
 	}
 }
 
-func TestReceiveNoSecretForMode(t *testing.T) {
+// A live event while only test secrets are configured: its signature matches no secret, and the
+// answer is the one of any wrong signature (it does not say that live mode has no secret).
+func TestReceiveModeWithoutSecret(t *testing.T) {
 	t.Parallel()
 	h2 := newHarnessWithSecrets(t, []string{testSecret}, nil)
 	live := stripeevents.SubscriptionEvent("evt_l", effectType, time.Now(), true, stripeevents.Subscription{ID: "sub_l", Status: "active"})
 	got := h2.post(live, stripeevents.SignatureHeader(live, liveSecret, time.Now()))
-	if got.Status != 400 || got.errorCode() != "no_secret_for_mode" {
-		t.Fatalf("got %d %v, want 400 no_secret_for_mode", got.Status, got.Body)
+	if got.Status != 400 || got.errorCode() != "invalid_signature" {
+		t.Fatalf("got %d %v, want 400 invalid_signature", got.Status, got.Body)
 	}
 	if n := h2.count(`SELECT count(*) FROM webhook_events`); n != 0 {
 		t.Errorf("%d events stored", n)

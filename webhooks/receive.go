@@ -19,6 +19,7 @@ import (
 	"billing/internal/apierr"
 	"billing/internal/database"
 	"billing/internal/jobs"
+	"billing/internal/jsonkeys"
 )
 
 // MaxBodyBytes caps a delivery. Stripe's events are a few KB; 1 MiB leaves room for large
@@ -69,6 +70,23 @@ func decodeEnvelope(body []byte) (envelope, error) {
 	return env, nil
 }
 
+// readEvent reads a verified body. jsonkeys.Check comes first: decodeEnvelope matches keys
+// case-insensitively and PostgreSQL's jsonb keeps the last of exact duplicates, so a body with
+// "type" and "TYPE", or two "id", could be checked as one event and stored as another.
+func readEvent(body []byte) (envelope, apierr.Code, error) {
+	if err := jsonkeys.Check(body); err != nil {
+		if errors.Is(err, jsonkeys.ErrDuplicateKey) {
+			return envelope{}, apierr.CodeAmbiguousJSON, fmt.Errorf("body is ambiguous JSON: %w", err)
+		}
+		return envelope{}, apierr.CodeNotAnEvent, fmt.Errorf("body is not a JSON event: %w", err)
+	}
+	env, err := decodeEnvelope(body)
+	if err != nil {
+		return env, apierr.CodeNotAnEvent, err
+	}
+	return env, "", nil
+}
+
 // maxCreated (9999-12-31T23:59:59Z) bounds an event's "created": beyond, pgx silently wraps the
 // timestamp or PostgreSQL refuses it (a 500 that Stripe would retry for days).
 const maxCreated = 253402300799
@@ -108,23 +126,25 @@ func (i *Inbox) receive(c echo.Context) error {
 	if _, err := parseSignatureHeader(header); err != nil {
 		return i.reject(apierr.CodeMalformedSignature, err, "the Stripe-Signature header is malformed: expected t=<timestamp>,v1=<hex signature>")
 	}
-	env, err := decodeEnvelope(body)
-	if err != nil {
-		return i.reject(apierr.CodeNotAnEvent, err, "%s", err.Error())
-	}
-	// livemode is read before verification only to choose which secrets to try; a forged value
-	// gains nothing, since the other mode's secrets must then verify the body.
-	secrets := i.secrets(*env.Livemode)
-	if len(secrets) == 0 {
-		return i.reject(apierr.CodeNoSecretForMode, nil, "no webhook secret is configured for %s-mode events", mode(*env.Livemode))
-	}
-	switch err := VerifySignature(body, header, secrets, i.cfg.Tolerance, i.cfg.Now()); {
+	// Verify before reading anything of the body, with the secrets of both modes: an unsigned
+	// caller learns neither how a parser reads its body nor which modes have secrets.
+	modes, err := VerifySignatureModes(body, header, i.secrets(false), i.secrets(true), i.cfg.Tolerance, i.cfg.Now())
+	switch {
 	case errors.Is(err, ErrStaleTimestamp):
 		return i.reject(apierr.CodeStaleTimestamp, err, "the signature timestamp is more than %s from the current time", i.cfg.Tolerance)
 	case errors.Is(err, ErrBadSignature):
-		return i.reject(apierr.CodeInvalidSignature, err, "no signature matches a %s-mode webhook secret", mode(*env.Livemode))
+		return i.reject(apierr.CodeInvalidSignature, err, "no signature matches a configured webhook secret")
 	case err != nil:
 		return i.reject(apierr.CodeMalformedSignature, err, "the Stripe-Signature header is malformed")
+	}
+	env, code, err := readEvent(body)
+	if err != nil {
+		return i.reject(code, err, "%s", err.Error())
+	}
+	// The mode is the signer's: a secret of one mode never gets an event of the other stored.
+	if !modes.Has(*env.Livemode) {
+		return i.reject(apierr.CodeLivemodeMismatch, nil, "the event has livemode %t but is signed with a %s-mode webhook secret",
+			*env.Livemode, mode(!*env.Livemode))
 	}
 
 	result, err := i.store(c.Request().Context(), env, body)

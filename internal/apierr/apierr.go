@@ -43,7 +43,10 @@ const (
 	CodeInvalidSignature   Code = "invalid_signature"
 	CodeStaleTimestamp     Code = "timestamp_outside_tolerance"
 	CodeNotAnEvent         Code = "invalid_event"
-	CodeNoSecretForMode    Code = "no_secret_for_mode"
+	// A body whose objects repeat a key, exactly or in another case: readers disagree on it.
+	CodeAmbiguousJSON Code = "ambiguous_json"
+	// A verified event whose livemode is not the mode of the secret that signed it.
+	CodeLivemodeMismatch Code = "livemode_mismatch"
 
 	// Money.
 	CodeIdempotencyConflict   Code = "idempotency_conflict"
@@ -97,7 +100,8 @@ var statuses = map[Code]int{
 	CodeInvalidSignature:      http.StatusBadRequest,
 	CodeStaleTimestamp:        http.StatusBadRequest,
 	CodeNotAnEvent:            http.StatusBadRequest,
-	CodeNoSecretForMode:       http.StatusBadRequest,
+	CodeAmbiguousJSON:         http.StatusBadRequest,
+	CodeLivemodeMismatch:      http.StatusBadRequest,
 	CodeIdempotencyConflict:   http.StatusConflict,
 	CodeCardDeclined:          http.StatusPaymentRequired,
 	CodeAuthenticationRequire: http.StatusPaymentRequired,
