@@ -97,11 +97,48 @@ func (s *Service) lockSubscription(ctx context.Context, tx *gorm.DB, subscriptio
 	if row == nil {
 		return nil, fmt.Errorf("lock subscription %s: row not found after insert", subscriptionID)
 	}
+	if row.Livemode != livemode {
+		return nil, livemodeMismatch("subscription %s is a %s-mode object; the event is %s-mode",
+			subscriptionID, modeName(row.Livemode), modeName(livemode))
+	}
+	if err := checkCustomerMode(ctx, tx, customerID, livemode); err != nil {
+		return nil, err
+	}
 	return row, nil
 }
 
-func (s *Service) loadSubscriptionTx(ctx context.Context, tx *gorm.DB, subscriptionID string) (*Subscription, error) {
-	row, err := scanSubscription(ctx, tx, subscriptionByID, subscriptionID)
+// checkCustomerMode refuses an event that names a linked customer of the other mode: a test-mode
+// event must never attach a subscription to a live customer's user, nor the reverse.
+func checkCustomerMode(ctx context.Context, tx *gorm.DB, customerID string, livemode bool) error {
+	var other bool
+	err := tx.Statement.ConnPool.QueryRowContext(ctx,
+		`SELECT EXISTS (SELECT 1 FROM customers WHERE stripe_customer_id = $1 AND livemode <> $2)`,
+		customerID, livemode).Scan(&other)
+	if err != nil {
+		return fmt.Errorf("check mode of customer %s: %w", customerID, err)
+	}
+	if other {
+		return livemodeMismatch("customer %s is a %s-mode object; the event is %s-mode",
+			customerID, modeName(!livemode), modeName(livemode))
+	}
+	return nil
+}
+
+// livemodeMismatch is the permanent failure of an event that names an object of the other mode:
+// dead-lettered with the reason livemode_mismatch, never applied.
+func livemodeMismatch(format string, args ...any) error {
+	return webhooks.PermanentReason(webhooks.FailureLivemodeMismatch, fmt.Errorf(format, args...))
+}
+
+func modeName(livemode bool) string {
+	if livemode {
+		return "live"
+	}
+	return "test"
+}
+
+func (s *Service) loadSubscriptionTx(ctx context.Context, tx *gorm.DB, subscriptionID string, livemode bool) (*Subscription, error) {
+	row, err := scanSubscription(ctx, tx, subscriptionByID+` AND s.livemode = $2`, subscriptionID, livemode)
 	if err != nil {
 		return nil, fmt.Errorf("load subscription %s: %w", subscriptionID, err)
 	}
@@ -159,7 +196,6 @@ func (s *Service) handleSubscriptionEvent(ctx context.Context, tx *gorm.DB, ev w
 	res := tx.WithContext(ctx).Exec(`
 		UPDATE subscriptions SET
 		  stripe_customer_id = @customer,
-		  livemode = @livemode,
 		  status_since = CASE WHEN sub_event_created IS NULL OR status IS DISTINCT FROM CAST(@status AS text)
 		                      THEN CAST(@created AS timestamptz) ELSE status_since END,
 		  status = @status,
@@ -177,7 +213,7 @@ func (s *Service) handleSubscriptionEvent(ctx context.Context, tx *gorm.DB, ev w
 		  sub_event_created = @created,
 		  sub_event_rank = @rank,
 		  updated_at = @now
-		WHERE subscription_id = @id AND `+newerThanStored("sub")+`
+		WHERE subscription_id = @id AND livemode = @livemode AND `+newerThanStored("sub")+`
 		  AND (status NOT IN ('canceled', 'incomplete_expired') OR CAST(@status AS text) IN ('canceled', 'incomplete_expired'))`,
 		map[string]any{
 			"id":                   obj.ID,
@@ -227,11 +263,11 @@ func (s *Service) handleSubscriptionEvent(ctx context.Context, tx *gorm.DB, ev w
 func (s *Service) trialWillEnd(ctx context.Context, tx *gorm.DB, ev webhooks.Event, subscriptionID string) error {
 	err := tx.WithContext(ctx).Exec(`
 		UPDATE subscriptions SET trial_will_end_at = GREATEST(trial_will_end_at, CAST(? AS timestamptz))
-		WHERE subscription_id = ?`, ev.Created.UTC(), subscriptionID).Error
+		WHERE subscription_id = ? AND livemode = ?`, ev.Created.UTC(), subscriptionID, ev.Livemode).Error
 	if err != nil {
 		return fmt.Errorf("record trial_will_end of %s: %w", subscriptionID, err)
 	}
-	cur, err := s.loadSubscriptionTx(ctx, tx, subscriptionID)
+	cur, err := s.loadSubscriptionTx(ctx, tx, subscriptionID, ev.Livemode)
 	if err != nil {
 		return err
 	}
@@ -308,9 +344,10 @@ func (s *Service) handleInvoiceEvent(ctx context.Context, tx *gorm.DB, ev webhoo
 		  inv_event_created = @created,
 		  inv_event_rank = @rank,
 		  updated_at = @now
-		WHERE subscription_id = @id AND `+newerThanStored("inv"),
+		WHERE subscription_id = @id AND livemode = @livemode AND `+newerThanStored("inv"),
 		map[string]any{
 			"id":                 subscriptionID,
+			"livemode":           ev.Livemode,
 			"hold":               failed,
 			"hold_since":         holdSince,
 			"invoice_id":         inv.ID,

@@ -419,15 +419,17 @@ func TestCustomerSubscriptionStatus(t *testing.T) {
 	e.mustHandle(t, created("e1", 1, s1), deleted("e2", 2, s1.with(StatusCanceled)))
 	tests := []struct {
 		customer, sub string
+		livemode      bool
 		status        string
 		found         bool
 	}{
-		{"cus_1", "sub_1", StatusCanceled, true},
-		{"cus_2", "sub_1", "", false},
-		{"cus_1", "sub_nope", "", false},
+		{"cus_1", "sub_1", false, StatusCanceled, true},
+		{"cus_1", "sub_1", true, "", false}, // the other mode never sees it
+		{"cus_2", "sub_1", false, "", false},
+		{"cus_1", "sub_nope", false, "", false},
 	}
 	for _, tc := range tests {
-		status, found, err := e.svc.CustomerSubscriptionStatus(context.Background(), tc.customer, tc.sub)
+		status, found, err := e.svc.CustomerSubscriptionStatus(context.Background(), tc.customer, tc.livemode, tc.sub)
 		if err != nil || status != tc.status || found != tc.found {
 			t.Errorf("(%s, %s) = %q %v %v, want %q %v", tc.customer, tc.sub, status, found, err, tc.status, tc.found)
 		}

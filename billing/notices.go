@@ -81,7 +81,7 @@ func (s *Service) enqueueNotice(ctx context.Context, tx *gorm.DB, in noticeInput
 	if s.jobs == nil {
 		return errNoInserter
 	}
-	recipient, err := recipientFor(ctx, tx, in.StripeCustomerID)
+	recipient, err := recipientFor(ctx, tx, in.StripeCustomerID, in.Livemode)
 	if err != nil {
 		return err
 	}
@@ -131,13 +131,14 @@ func (s *Service) enqueueNotice(ctx context.Context, tx *gorm.DB, in noticeInput
 	return nil
 }
 
-// recipientFor is the email of the user linked to a Stripe customer, or "" when there is none.
-func recipientFor(ctx context.Context, db *gorm.DB, stripeCustomerID string) (string, error) {
+// recipientFor is the email of the user linked to a Stripe customer of the given mode, or ""
+// when there is none.
+func recipientFor(ctx context.Context, db *gorm.DB, stripeCustomerID string, livemode bool) (string, error) {
 	if stripeCustomerID == "" {
 		return "", nil
 	}
 	var emails []string
-	err := db.WithContext(ctx).Raw(`SELECT email FROM customers WHERE stripe_customer_id = ?`, stripeCustomerID).
+	err := db.WithContext(ctx).Raw(`SELECT email FROM customers WHERE stripe_customer_id = ? AND livemode = ?`, stripeCustomerID, livemode).
 		Scan(&emails).Error
 	if err != nil {
 		return "", fmt.Errorf("load email of customer %s: %w", stripeCustomerID, err)
@@ -187,6 +188,7 @@ type noticeRow struct {
 	ID               int64   `gorm:"column:id"`
 	Recipient        string  `gorm:"column:recipient"`
 	StripeCustomerID *string `gorm:"column:stripe_customer_id"`
+	Livemode         bool    `gorm:"column:livemode"`
 	Delivery         *string `gorm:"column:delivery"`
 }
 
@@ -206,7 +208,7 @@ func (w *NoticeWorker) Work(ctx context.Context, job *river.Job[NoticeArgs]) err
 
 func (w *NoticeWorker) deliver(ctx context.Context, tx *gorm.DB, a NoticeArgs) error {
 	var rows []noticeRow
-	err := tx.Raw(`SELECT id, recipient, stripe_customer_id, delivery FROM notices WHERE id = ? FOR UPDATE`, a.NoticeID).
+	err := tx.Raw(`SELECT id, recipient, stripe_customer_id, livemode, delivery FROM notices WHERE id = ? FOR UPDATE`, a.NoticeID).
 		Scan(&rows).Error
 	if err != nil {
 		return fmt.Errorf("load notice %d: %w", a.NoticeID, err)
@@ -222,7 +224,7 @@ func (w *NoticeWorker) deliver(ctx context.Context, tx *gorm.DB, a NoticeArgs) e
 	to := n.Recipient
 	if to == "" && n.StripeCustomerID != nil {
 		// The customer may have been linked since the event was processed.
-		if to, err = recipientFor(ctx, tx, *n.StripeCustomerID); err != nil {
+		if to, err = recipientFor(ctx, tx, *n.StripeCustomerID, n.Livemode); err != nil {
 			return err
 		}
 	}

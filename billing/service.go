@@ -107,13 +107,14 @@ func (s *Service) Register(reg *webhooks.Registry) {
 	reg.Register(EventInvoicePaymentSucceeded, invoices)
 }
 
-// CustomerSubscriptionStatus returns the local status of a subscription of a Stripe customer;
-// found is false when the subscription is unknown or belongs to another customer.
-func (s *Service) CustomerSubscriptionStatus(ctx context.Context, stripeCustomerID, subscriptionID string) (status string, found bool, err error) {
+// CustomerSubscriptionStatus returns the local status of a subscription of a Stripe customer of
+// the given mode; found is false when the subscription is unknown, of the other mode, or belongs
+// to another customer.
+func (s *Service) CustomerSubscriptionStatus(ctx context.Context, stripeCustomerID string, livemode bool, subscriptionID string) (status string, found bool, err error) {
 	var rows []string
 	err = s.db.WithContext(ctx).Raw(
-		`SELECT status FROM subscriptions WHERE subscription_id = ? AND stripe_customer_id = ?`,
-		subscriptionID, stripeCustomerID).Scan(&rows).Error
+		`SELECT status FROM subscriptions WHERE subscription_id = ? AND stripe_customer_id = ? AND livemode = ?`,
+		subscriptionID, stripeCustomerID, livemode).Scan(&rows).Error
 	if err != nil {
 		return "", false, fmt.Errorf("load subscription %s: %w", subscriptionID, err)
 	}

@@ -138,10 +138,12 @@ func (s *Service) queryCustomerSubscriptions(ctx context.Context, query string, 
 
 // customerWithSubscriptions loads a user's linked customer and its subscriptions in one
 // statement: the entitlement read is the app's hottest path, one round trip instead of two.
+// Only subscriptions of the customer's own mode join: a row of the other mode that names the
+// same customer id never reaches the entitlement.
 func (s *Service) customerWithSubscriptions(ctx context.Context, userID string) (*customers.Customer, []Subscription, error) {
 	stripeIDs, livemodes, rows, err := s.queryCustomerSubscriptions(ctx, `
 		SELECT c.stripe_customer_id, c.livemode, `+subscriptionColumns+`
-		FROM customers c LEFT JOIN subscriptions s ON s.stripe_customer_id = c.stripe_customer_id
+		FROM customers c LEFT JOIN subscriptions s ON s.stripe_customer_id = c.stripe_customer_id AND s.livemode = c.livemode
 		WHERE c.user_id = $1 AND c.stripe_customer_id IS NOT NULL
 		ORDER BY s.created_at, s.subscription_id`, userID)
 	if err != nil {
@@ -258,7 +260,7 @@ func (s *Service) Holds(ctx context.Context) ([]HoldView, error) {
 	// The WHERE clause is a cheap superset (it matches the partial index); Hold() decides.
 	_, _, subs, err := s.queryCustomerSubscriptions(ctx, `
 		SELECT c.stripe_customer_id, coalesce(c.livemode, false), `+subscriptionColumns+`
-		FROM subscriptions s LEFT JOIN customers c ON c.stripe_customer_id = s.stripe_customer_id
+		FROM subscriptions s LEFT JOIN customers c ON c.stripe_customer_id = s.stripe_customer_id AND c.livemode = s.livemode
 		WHERE s.status NOT IN ('canceled', 'incomplete_expired')
 		  AND (s.payment_hold OR s.status IN ('past_due', 'unpaid'))`)
 	if err != nil {

@@ -28,7 +28,10 @@ import (
 // stored by the inbox, processed by its River worker (handler effects, notice jobs and the
 // "processed" mark in one transaction), and notices sent by the NoticeWorker.
 
-const pathSecret = "whsec_billing_path_test"
+const (
+	pathSecret     = "whsec_billing_path_test"
+	pathLiveSecret = "whsec_billing_path_live"
+)
 
 type webhookPath struct {
 	t    *testing.T
@@ -50,7 +53,7 @@ func newWebhookPath(t *testing.T) *webhookPath {
 
 	reg := webhooks.NewRegistry()
 	inbox := webhooks.New(webhooks.Config{
-		DB: db, Logger: logger, Registry: reg, TestSecrets: []string{pathSecret},
+		DB: db, Logger: logger, Registry: reg, TestSecrets: []string{pathSecret}, LiveSecrets: []string{pathLiveSecret},
 		Tolerance: 5 * time.Minute, MaxAttempts: 3, RetryDelay: time.Millisecond,
 		Metrics: webhooks.NewMetrics(prometheus.NewRegistry()),
 	})

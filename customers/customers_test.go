@@ -120,7 +120,7 @@ func TestUnfinishedLinkIsFinished(t *testing.T) {
 		v := newEnv(t, false)
 		// A crash after the row, before (or during) the Stripe call.
 		v.exec(`INSERT INTO customers (user_id, email, name) VALUES ('u1', 'old@example.com', 'Old')`)
-		if _, err := Get(context.Background(), v.db, "u1"); !errors.Is(err, ErrNotFound) {
+		if _, err := Get(context.Background(), v.db, "u1", false); !errors.Is(err, ErrNotFound) {
 			t.Fatalf("Get of an unfinished link: %v, want ErrNotFound", err)
 		}
 		rec := v.put("u1", body{"email": "new@example.com", "name": "New"})
@@ -135,11 +135,11 @@ func TestUnfinishedLinkIsFinished(t *testing.T) {
 		if ups := v.proxy.Filter(http.MethodPost, customersPath+"/"+id); len(ups) != 1 || ups[0].Form.Get("email") != "new@example.com" {
 			t.Errorf("updates %+v", ups)
 		}
-		cust, err := Get(context.Background(), v.db, "u1")
+		cust, err := Get(context.Background(), v.db, "u1", false)
 		if err != nil || cust.StripeID() != id || cust.Email != "new@example.com" {
 			t.Errorf("Get = %+v, %v", cust, err)
 		}
-		if byID, err := ByStripeID(context.Background(), v.db, id); err != nil || byID.UserID != "u1" {
+		if byID, err := ByStripeID(context.Background(), v.db, id, false); err != nil || byID.UserID != "u1" {
 			t.Errorf("ByStripeID = %+v, %v", byID, err)
 		}
 	})
@@ -249,7 +249,7 @@ func TestLookupsSeeOnlyLinkedCustomers(t *testing.T) {
 		{"halfway", ErrNotFound},
 		{"nobody", ErrNotFound},
 	} {
-		c, err := Get(ctx, v.db, tc.user)
+		c, err := Get(ctx, v.db, tc.user, false)
 		if !errors.Is(err, tc.wantErr) {
 			t.Errorf("Get(%s) error %v, want %v", tc.user, err, tc.wantErr)
 		}
@@ -257,10 +257,10 @@ func TestLookupsSeeOnlyLinkedCustomers(t *testing.T) {
 			t.Errorf("Get(%s) = %+v", tc.user, c)
 		}
 	}
-	if c, err := ByStripeID(ctx, v.db, "cus_1"); err != nil || c.UserID != "linked" {
+	if c, err := ByStripeID(ctx, v.db, "cus_1", false); err != nil || c.UserID != "linked" {
 		t.Errorf("ByStripeID = %+v, %v", c, err)
 	}
-	if _, err := ByStripeID(ctx, v.db, "cus_nope"); !errors.Is(err, ErrNotFound) {
+	if _, err := ByStripeID(ctx, v.db, "cus_nope", false); !errors.Is(err, ErrNotFound) {
 		t.Errorf("ByStripeID of unknown: %v", err)
 	}
 }

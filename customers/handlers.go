@@ -139,6 +139,11 @@ func (h *Handlers) Ensure(ctx context.Context, userID, email, name string) (*Cus
 			// Dropped by a concurrent request whose create Stripe refused, while we waited.
 			return apierr.New(apierr.CodeConflict, "the customer link of user %s changed meanwhile; repeat the request", userID)
 		}
+		if cust.Livemode != h.livemode {
+			// Linked (or being linked) in the other mode: neither finish it with this mode's key
+			// nor move it over.
+			return ModeConflict(userID, cust.Livemode)
+		}
 		if cust.StripeCustomerID == nil {
 			id, err := h.findOrCreate(ctx, &cust)
 			var refused createRefused

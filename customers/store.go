@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"gorm.io/gorm"
+
+	"billing/internal/apierr"
 )
 
 // ErrNotFound means no customer is linked to the user (or Stripe customer) asked for.
@@ -29,8 +31,10 @@ type Customer struct {
 
 func (Customer) TableName() string { return "customers" }
 
-// Get returns the linked customer of a user, or ErrNotFound.
-func Get(ctx context.Context, db *gorm.DB, userID string) (*Customer, error) {
+// Get returns the linked customer of a user in the given mode, ErrNotFound, or a
+// livemode_conflict *apierr.Error when the user is linked to a customer of the other mode: a
+// service running in one mode never charges, refunds or opens a portal for the other's customer.
+func Get(ctx context.Context, db *gorm.DB, userID string, livemode bool) (*Customer, error) {
 	var c Customer
 	err := db.WithContext(ctx).Where("user_id = ? AND stripe_customer_id IS NOT NULL", userID).Take(&c).Error
 	if errors.Is(err, gorm.ErrRecordNotFound) {
@@ -39,7 +43,21 @@ func Get(ctx context.Context, db *gorm.DB, userID string) (*Customer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load customer of user %q: %w", userID, err)
 	}
+	if c.Livemode != livemode {
+		return nil, ModeConflict(userID, c.Livemode)
+	}
 	return &c, nil
+}
+
+// ModeConflict is the answer to a request of one mode about a user linked in the other.
+func ModeConflict(userID string, linkedLivemode bool) error {
+	linked, service := "test", "live"
+	if linkedLivemode {
+		linked, service = "live", "test"
+	}
+	return apierr.New(apierr.CodeLivemodeConflict,
+		"user %s is linked to a %s-mode Stripe customer; this service runs in %s mode", userID, linked, service).
+		With("user_id", userID)
 }
 
 // StripeID is the Stripe customer id of a linked customer ("" for a link still being made).
@@ -50,10 +68,10 @@ func (c *Customer) StripeID() string {
 	return *c.StripeCustomerID
 }
 
-// ByStripeID returns the customer linked to a Stripe customer id, or ErrNotFound.
-func ByStripeID(ctx context.Context, db *gorm.DB, stripeCustomerID string) (*Customer, error) {
+// ByStripeID returns the customer linked to a Stripe customer id of the given mode, or ErrNotFound.
+func ByStripeID(ctx context.Context, db *gorm.DB, stripeCustomerID string, livemode bool) (*Customer, error) {
 	var c Customer
-	err := db.WithContext(ctx).Where("stripe_customer_id = ?", stripeCustomerID).Take(&c).Error
+	err := db.WithContext(ctx).Where("stripe_customer_id = ? AND livemode = ?", stripeCustomerID, livemode).Take(&c).Error
 	if errors.Is(err, gorm.ErrRecordNotFound) {
 		return nil, ErrNotFound
 	}

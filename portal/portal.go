@@ -26,8 +26,9 @@ import (
 
 // SubscriptionLookup reads the local mirror of subscriptions; billing implements it.
 type SubscriptionLookup interface {
-	// CustomerSubscriptionStatus returns the status of subscriptionID when it belongs to stripeCustomerID; found=false otherwise.
-	CustomerSubscriptionStatus(ctx context.Context, stripeCustomerID, subscriptionID string) (status string, found bool, err error)
+	// CustomerSubscriptionStatus returns the status of subscriptionID when it belongs to
+	// stripeCustomerID in that mode; found=false otherwise.
+	CustomerSubscriptionStatus(ctx context.Context, stripeCustomerID string, livemode bool, subscriptionID string) (status string, found bool, err error)
 }
 
 // Deps are what the portal endpoints need from main.
@@ -35,6 +36,8 @@ type Deps struct {
 	DB            *gorm.DB
 	Stripe        *client.API
 	Subscriptions SubscriptionLookup
+	// Livemode is the mode of the service (stripe.mode): users linked in the other mode get 409.
+	Livemode bool
 	// DefaultReturnURL is config portal.return_url: where Stripe sends the customer back.
 	DefaultReturnURL string
 	Logger           *slog.Logger
@@ -45,13 +48,14 @@ type Service struct {
 	db        *gorm.DB
 	stripe    *client.API
 	subs      SubscriptionLookup
+	livemode  bool
 	returnURL string
 	log       *slog.Logger
 }
 
 // New returns the portal service. Logger defaults to a discarding logger.
 func New(d Deps) *Service {
-	s := &Service{db: d.DB, stripe: d.Stripe, subs: d.Subscriptions, returnURL: d.DefaultReturnURL, log: d.Logger}
+	s := &Service{db: d.DB, stripe: d.Stripe, subs: d.Subscriptions, livemode: d.Livemode, returnURL: d.DefaultReturnURL, log: d.Logger}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -123,7 +127,7 @@ func (s *Service) postCancel(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	status, found, err := s.subs.CustomerSubscriptionStatus(ctx, cust.StripeID(), subID)
+	status, found, err := s.subs.CustomerSubscriptionStatus(ctx, cust.StripeID(), cust.Livemode, subID)
 	if err != nil {
 		return database.APIError(err, "look up subscription")
 	}
@@ -161,7 +165,7 @@ func (s *Service) postCancel(c echo.Context) error {
 }
 
 func (s *Service) customer(ctx context.Context, userID string) (*customers.Customer, error) {
-	cust, err := customers.Get(ctx, s.db, userID)
+	cust, err := customers.Get(ctx, s.db, userID, s.livemode)
 	if errors.Is(err, customers.ErrNotFound) {
 		return nil, apierr.New(apierr.CodeNoCustomer, "user %s has no Stripe customer", userID)
 	}

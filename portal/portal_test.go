@@ -36,10 +36,10 @@ func TestMain(m *testing.M) {
 // has the production one).
 type sqlSubscriptions struct{ db *gorm.DB }
 
-func (s sqlSubscriptions) CustomerSubscriptionStatus(ctx context.Context, stripeCustomerID, subscriptionID string) (string, bool, error) {
+func (s sqlSubscriptions) CustomerSubscriptionStatus(ctx context.Context, stripeCustomerID string, livemode bool, subscriptionID string) (string, bool, error) {
 	var statuses []string
-	err := s.db.WithContext(ctx).Raw(`SELECT status FROM subscriptions WHERE subscription_id = ? AND stripe_customer_id = ?`,
-		subscriptionID, stripeCustomerID).Scan(&statuses).Error
+	err := s.db.WithContext(ctx).Raw(`SELECT status FROM subscriptions WHERE subscription_id = ? AND stripe_customer_id = ? AND livemode = ?`,
+		subscriptionID, stripeCustomerID, livemode).Scan(&statuses).Error
 	if err != nil || len(statuses) == 0 {
 		return "", false, err
 	}
@@ -48,7 +48,7 @@ func (s sqlSubscriptions) CustomerSubscriptionStatus(ctx context.Context, stripe
 
 type failingSubscriptions struct{}
 
-func (failingSubscriptions) CustomerSubscriptionStatus(context.Context, string, string) (string, bool, error) {
+func (failingSubscriptions) CustomerSubscriptionStatus(context.Context, string, bool, string) (string, bool, error) {
 	return "", false, errors.New("lookup broke")
 }
 
@@ -287,5 +287,21 @@ func TestAnswers503WhenTheDatabaseIsDown(t *testing.T) {
 	expectError(t, v.post(appToken, cancelPath("u1", "sub_active"), ""), http.StatusServiceUnavailable, "database_unavailable")
 	if n := len(v.proxy.Requests()); n != 0 {
 		t.Errorf("called Stripe %d times", n)
+	}
+}
+
+// A service of one mode opens no portal for a user linked in the other.
+func TestPortalRefusesACustomerOfTheOtherMode(t *testing.T) {
+	t.Parallel()
+	v := newEnv(t, defaultURL, nil)
+	v.exec(`INSERT INTO customers (user_id, stripe_customer_id, email, livemode) VALUES ('u_live', 'cus_live', 'l@example.com', true)`)
+	v.exec(`INSERT INTO subscriptions (subscription_id, stripe_customer_id, livemode, status) VALUES ('sub_live', 'cus_live', true, 'active')`)
+	expectError(t, v.post(appToken, "/v1/customers/u_live/portal-sessions", ""), http.StatusConflict, "livemode_conflict")
+	expectError(t, v.post(appToken, cancelPath("u_live", "sub_live"), ""), http.StatusConflict, "livemode_conflict")
+	// A live row under a test customer's id is not that test customer's subscription.
+	v.exec(`INSERT INTO subscriptions (subscription_id, stripe_customer_id, livemode, status) VALUES ('sub_live_u1', 'cus_u1', true, 'active')`)
+	expectError(t, v.post(appToken, cancelPath("u1", "sub_live_u1"), ""), http.StatusNotFound, "not_found")
+	if n := len(v.proxy.Requests()); n != 0 {
+		t.Errorf("%d calls reached Stripe", n)
 	}
 }

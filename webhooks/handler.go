@@ -88,8 +88,12 @@ func (r *Registry) Types() []string {
 }
 
 // permanentError marks a failure that no retry can fix (a malformed object): the event is
-// dead-lettered at once instead of burning its attempts.
-type permanentError struct{ err error }
+// dead-lettered at once instead of burning its attempts. reason, when set, is a stable
+// snake_case word that leads the event's failure_reason and labels the dead-letter metric.
+type permanentError struct {
+	reason string
+	err    error
+}
 
 func (e *permanentError) Error() string { return e.err.Error() }
 func (e *permanentError) Unwrap() error { return e.err }
@@ -102,8 +106,29 @@ func Permanent(err error) error {
 	return &permanentError{err: err}
 }
 
+// PermanentReason marks err as permanent with a stable reason, e.g. FailureLivemodeMismatch.
+func PermanentReason(reason string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &permanentError{reason: reason, err: err}
+}
+
 // IsPermanent reports whether err was marked with Permanent.
 func IsPermanent(err error) bool {
 	var p *permanentError
 	return errors.As(err, &p)
 }
+
+// failureReason is the stable reason of a permanent error ("" when it has none).
+func failureReason(err error) string {
+	var p *permanentError
+	if errors.As(err, &p) {
+		return p.reason
+	}
+	return ""
+}
+
+// FailureLivemodeMismatch is the failure reason of an event that names an object of the other
+// mode (a test-mode event and a live subscription or customer): dead-lettered, never applied.
+const FailureLivemodeMismatch = "livemode_mismatch"

@@ -183,6 +183,9 @@ func deref(s *string) string {
 // or can never succeed. The job is then cancelled so River stops retrying it.
 func (i *Inbox) recordFailure(ctx context.Context, job *river.Job[ProcessEventArgs], ev storedEvent, attempts int, cause error) error {
 	reason := cause.Error()
+	if r := failureReason(cause); r != "" {
+		reason = r + ": " + reason
+	}
 	if len(reason) > 2000 {
 		reason = reason[:2000]
 	}
@@ -234,6 +237,9 @@ func (i *Inbox) recordFailure(ctx context.Context, job *river.Job[ProcessEventAr
 	kind := "max_attempts"
 	if permanent {
 		kind = "permanent"
+		if r := failureReason(cause); r != "" {
+			kind = r
+		}
 	}
 	i.metrics.dead.WithLabelValues(ev.Type, kind).Inc()
 	i.log.Error("webhook event dead-lettered", "event_id", id, "type", ev.Type, "attempts", attempts, "permanent", permanent, "error", cause)

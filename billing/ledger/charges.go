@@ -125,7 +125,7 @@ func (s *Service) charge(ctx context.Context, req chargeRequest) reply {
 		return reply{err: err}
 	}
 	if !found {
-		cust, err := customers.Get(ctx, s.db, req.UserID)
+		cust, err := customers.Get(ctx, s.db, req.UserID, s.livemode)
 		if errors.Is(err, customers.ErrNotFound) {
 			return reply{err: apierr.New(apierr.CodeNoCustomer, "user %s has no Stripe customer; PUT /v1/customers/%s first", req.UserID, req.UserID)}
 		}
@@ -141,6 +141,9 @@ func (s *Service) charge(ctx context.Context, req chargeRequest) reply {
 		} else if !found {
 			return reply{err: apierr.Internal(fmt.Errorf("charge row of order %q vanished after insert", req.OrderID))}
 		}
+	}
+	if row.Livemode != s.livemode {
+		return reply{err: modeConflict("order "+req.OrderID, row.Livemode)}
 	}
 	if row.RequestHash != hash {
 		return reply{err: chargeConflict(row, req)}

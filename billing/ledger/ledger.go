@@ -228,3 +228,13 @@ func lookupFailed(err error, what string) *apierr.Error {
 func refused(err error, code apierr.Code, format string, args ...any) *apierr.Error {
 	return apierr.Wrap(stripeclient.Redact(err), code, format, args...)
 }
+
+// modeConflict answers a request about a ledger row of the other mode: a live service never
+// finishes, repeats or refunds a test-mode charge with its live key, nor the reverse.
+func modeConflict(what string, rowLivemode bool) error {
+	row, service := "test", "live"
+	if rowLivemode {
+		row, service = "live", "test"
+	}
+	return apierr.New(apierr.CodeLivemodeConflict, "%s was recorded in %s mode; this service runs in %s mode", what, row, service)
+}

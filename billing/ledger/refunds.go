@@ -62,6 +62,7 @@ type refundRow struct {
 	Status         *string
 	StripeRefundID *string
 	Answer         *string
+	Livemode       bool
 	CreatedAt      time.Time
 }
 
@@ -120,6 +121,9 @@ func (s *Service) refund(ctx context.Context, req refundRequest) reply {
 			return reply{err: apierr.Internal(fmt.Errorf("refund row %s/%s vanished after insert", req.OrderID, req.RefundID))}
 		}
 	}
+	if row.Livemode != s.livemode {
+		return reply{err: modeConflict("refund "+req.RefundID+" of order "+req.OrderID, row.Livemode)}
+	}
 	if row.RequestHash != hash {
 		return reply{err: apierr.New(apierr.CodeIdempotencyConflict,
 			"refund_id %s of order %s was already used with other values; use a new refund_id for a different refund",
@@ -157,6 +161,9 @@ func (s *Service) reserveRefund(ctx context.Context, req refundRequest, hash str
 		if res.RowsAffected == 0 {
 			return apierr.New(apierr.CodeNotFound, "no charge for order %s", req.OrderID).With("order_id", req.OrderID)
 		}
+		if ch.Livemode != s.livemode {
+			return modeConflict("order "+req.OrderID, ch.Livemode)
+		}
 		if _, found, err := s.loadRefund(ctx, tx, req.OrderID, req.RefundID, false); err != nil {
 			return err
 		} else if found {
@@ -189,9 +196,9 @@ func (s *Service) reserveRefund(ctx context.Context, req refundRequest, hash str
 		}
 		now := s.now().UTC()
 		err := tx.Exec(`
-			INSERT INTO refunds (order_id, refund_id, amount, reason, request_hash, idempotency_key, state, created_at, updated_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-			req.OrderID, req.RefundID, amount, req.Reason, hash, RefundKey(req.OrderID, req.RefundID), statePending, now, now).Error
+			INSERT INTO refunds (order_id, refund_id, amount, reason, request_hash, idempotency_key, livemode, state, created_at, updated_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+			req.OrderID, req.RefundID, amount, req.Reason, hash, RefundKey(req.OrderID, req.RefundID), ch.Livemode, statePending, now, now).Error
 		if isUniqueViolation(err) {
 			// The primary key cannot clash (checked under the charge lock): the key did.
 			return apierr.New(apierr.CodeIdempotencyConflict,

@@ -72,6 +72,10 @@ const (
 	// Stripe's minimum): final for that order/refund id, so not a 5xx that invites retries.
 	CodeChargeFailed Code = "charge_failed"
 	CodeRefundFailed Code = "refund_failed"
+
+	// A request of this service's mode (stripe.mode) reached state of the other mode: a user
+	// linked to a test customer while the service runs live, or the reverse. Test and live never mix.
+	CodeLivemodeConflict Code = "livemode_conflict"
 )
 
 var statuses = map[Code]int{
@@ -119,6 +123,7 @@ var statuses = map[Code]int{
 	CodeInvalidSubscriptionID: http.StatusBadRequest,
 	CodeChargeFailed:          http.StatusUnprocessableEntity,
 	CodeRefundFailed:          http.StatusUnprocessableEntity,
+	CodeLivemodeConflict:      http.StatusConflict,
 }
 
 // Status is the HTTP status of a code; an unknown code is a 500 so that a forgotten entry is loud.

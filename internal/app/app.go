@@ -133,7 +133,7 @@ func New(opts Options) (*App, error) {
 	subs.Register(registry)
 	customers.NewHandlers(customers.Deps{DB: db, Stripe: stripe, Livemode: livemode, Logger: logger, Now: now}).Mount(v1)
 	ledger.New(ledger.Deps{DB: db, Stripe: stripe, Livemode: livemode, Logger: logger, Now: now}).Mount(v1)
-	portal.New(portal.Deps{DB: db, Stripe: stripe, Subscriptions: subs, DefaultReturnURL: cfg.Portal.ReturnURL, Logger: logger}).Mount(v1)
+	portal.New(portal.Deps{DB: db, Stripe: stripe, Subscriptions: subs, Livemode: livemode, DefaultReturnURL: cfg.Portal.ReturnURL, Logger: logger}).Mount(v1)
 	subs.MountAPI(v1)
 	subs.MountAdmin(adminAPI)
 
