@@ -1,7 +1,8 @@
-// Package app assembles the service from its parts: the HTTP server, the webhook inbox, the
-// domain packages and River, on one database pool. main and the end-to-end tests both build
-// the service through New, so the tests run the exact wiring that production runs.
-package app
+package main
+
+// The composition root: the service assembled from its parts (the HTTP server, the webhook inbox,
+// the domain packages and River) on one database pool. It lives in package main, above every
+// package it wires; the end-to-end tests in test/ run this binary, so they exercise this wiring.
 
 import (
 	"context"
@@ -18,7 +19,6 @@ import (
 	"gorm.io/gorm"
 
 	"billing/billing"
-	"billing/billing/ledger"
 	"billing/config"
 	"billing/customers"
 	"billing/internal/auth"
@@ -26,13 +26,14 @@ import (
 	"billing/internal/httpserver"
 	"billing/internal/jobs"
 	"billing/internal/stripeclient"
+	"billing/ledger"
 	"billing/migrations"
 	"billing/portal"
 	"billing/webhooks"
 )
 
-// Options are the inputs of New.
-type Options struct {
+// appOptions are the inputs of newApp.
+type appOptions struct {
 	Config *config.Config
 	DB     *gorm.DB
 	Logger *slog.Logger
@@ -50,8 +51,8 @@ type App struct {
 	log      *slog.Logger
 }
 
-// New wires the service. It starts nothing: Start runs the workers, and main serves Echo.
-func New(opts Options) (*App, error) {
+// newApp wires the service. It starts nothing: Start runs the workers, and main serves Echo.
+func newApp(opts appOptions) (*App, error) {
 	cfg, db, logger := opts.Config, opts.DB, opts.Logger
 	now := opts.Now
 	if now == nil {

@@ -21,7 +21,6 @@ import (
 	"gorm.io/gorm"
 
 	"billing/config"
-	"billing/internal/app"
 	"billing/internal/database"
 	"billing/internal/httpserver"
 	"billing/internal/logging"
@@ -194,7 +193,7 @@ func serve(args []string) int {
 		return exitFailure
 	}
 
-	a, err := app.New(app.Options{Config: cfg, DB: db, Logger: logger})
+	a, err := newApp(appOptions{Config: cfg, DB: db, Logger: logger})
 	if err != nil {
 		logger.Error("assemble service", "error", err)
 		return exitFailure

@@ -14,6 +14,7 @@ import (
 	"billing/customers"
 	"billing/internal/apierr"
 	"billing/internal/database"
+	"billing/internal/ids"
 )
 
 // MountAPI adds, on the /v1 group (app-token auth applied by main):
@@ -39,7 +40,7 @@ func (s *Service) MountAdmin(admin *echo.Group) {
 // userIDParam validates the user id like PUT /v1/customers/{user_id} does (400 invalid_user_id).
 func userIDParam(c echo.Context) (string, error) {
 	id := c.Param("user_id")
-	if err := customers.CheckUserID(id); err != nil {
+	if err := ids.CheckUser(id); err != nil {
 		return "", err
 	}
 	return id, nil

@@ -16,6 +16,7 @@ import (
 	"billing/internal/apierr"
 	"billing/internal/database"
 	"billing/internal/httpserver"
+	"billing/internal/ids"
 	"billing/internal/stripeclient"
 )
 
@@ -75,7 +76,7 @@ type customerResponse struct {
 
 func (h *Handlers) put(c echo.Context) error {
 	userID := c.Param("user_id")
-	if err := CheckUserID(userID); err != nil {
+	if err := ids.CheckUser(userID); err != nil {
 		return err
 	}
 	var req putRequest

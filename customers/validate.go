@@ -2,28 +2,12 @@ package customers
 
 import (
 	"net/mail"
-	"regexp"
 	"strings"
 	"unicode"
 	"unicode/utf8"
 
 	"billing/internal/apierr"
 )
-
-// idPattern is the shape of every identifier the app backend gives us (user, order, refund and
-// subscription ids): safe in URLs, in Stripe search queries and in idempotency keys.
-var idPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,100}$`)
-
-// ValidID reports whether s has the shape of an identifier of the API ([A-Za-z0-9_-]{1,100}).
-func ValidID(s string) bool { return idPattern.MatchString(s) }
-
-// CheckUserID returns a 400 invalid_user_id unless id is a valid user id.
-func CheckUserID(id string) error {
-	if !ValidID(id) {
-		return apierr.New(apierr.CodeInvalidUserID, "user_id must be 1 to 100 characters of A-Z, a-z, 0-9, _ and -")
-	}
-	return nil
-}
 
 // Stripe's limits for customer fields.
 const (

@@ -8,8 +8,8 @@ import (
 	"unicode"
 	"unicode/utf8"
 
-	"billing/customers"
 	"billing/internal/apierr"
+	"billing/internal/ids"
 )
 
 // MaxAmount is Stripe's largest amount in minor units (eight digits).
@@ -66,12 +66,7 @@ func idField(raw json.RawMessage, name string, code apierr.Code) (string, error)
 	return s, checkID(s, name, code)
 }
 
-func checkID(s, name string, code apierr.Code) error {
-	if !customers.ValidID(s) {
-		return apierr.New(code, "%s must be 1 to 100 characters of A-Z, a-z, 0-9, _ and -", name)
-	}
-	return nil
-}
+func checkID(s, name string, code apierr.Code) error { return ids.Check(s, name, code) }
 
 // amountField decodes an amount in minor units: a JSON integer from 1 to MaxAmount. Strings,
 // fractions and exponents (100.0, 1e2) are refused rather than converted, so that a client

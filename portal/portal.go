@@ -21,6 +21,7 @@ import (
 	"billing/internal/apierr"
 	"billing/internal/database"
 	"billing/internal/httpserver"
+	"billing/internal/ids"
 	"billing/internal/stripeclient"
 )
 
@@ -79,7 +80,7 @@ type sessionResponse struct {
 
 func (s *Service) postSession(c echo.Context) error {
 	userID := c.Param("user_id")
-	if err := customers.CheckUserID(userID); err != nil {
+	if err := ids.CheckUser(userID); err != nil {
 		return err
 	}
 	var req sessionRequest
@@ -116,11 +117,11 @@ func (s *Service) postSession(c echo.Context) error {
 
 func (s *Service) postCancel(c echo.Context) error {
 	userID, subID := c.Param("user_id"), c.Param("subscription_id")
-	if err := customers.CheckUserID(userID); err != nil {
+	if err := ids.CheckUser(userID); err != nil {
 		return err
 	}
-	if !customers.ValidID(subID) {
-		return apierr.New(apierr.CodeInvalidSubscriptionID, "subscription_id must be 1 to 100 characters of A-Z, a-z, 0-9, _ and -")
+	if err := ids.CheckSubscription(subID); err != nil {
+		return err
 	}
 	ctx := c.Request().Context()
 	cust, err := s.customer(ctx, userID)
