@@ -132,7 +132,7 @@ func newApp(opts appOptions) (*App, error) {
 		Registerer:      reg,
 	})
 	subs.Register(registry)
-	customers.NewHandlers(customers.Deps{DB: db, Stripe: stripe, Livemode: livemode, Logger: logger, Now: now}).Mount(v1)
+	customers.NewHandlers(customers.Deps{DB: db, Accounts: subs, Stripe: stripe, Livemode: livemode, Logger: logger, Now: now}).Mount(v1)
 	ledger.New(ledger.Deps{DB: db, Stripe: stripe, Livemode: livemode, Logger: logger, Now: now}).Mount(v1)
 	portal.New(portal.Deps{DB: db, Stripe: stripe, Subscriptions: subs, Livemode: livemode, DefaultReturnURL: cfg.Portal.ReturnURL, Logger: logger}).Mount(v1)
 	subs.MountAPI(v1)

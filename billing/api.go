@@ -11,7 +11,6 @@ import (
 
 	"github.com/labstack/echo/v4"
 
-	"billing/customers"
 	"billing/internal/apierr"
 	"billing/internal/database"
 	"billing/internal/ids"
@@ -19,10 +18,10 @@ import (
 
 // MountAPI adds, on the /v1 group (app-token auth applied by main):
 //
-//	GET /customers/:user_id              → CustomerView
 //	GET /customers/:user_id/entitlement  → Entitlement
+//
+// GET /customers/:user_id (the link with its subscriptions) is the customers package's.
 func (s *Service) MountAPI(v1 *echo.Group) {
-	v1.GET("/customers/:user_id", s.getCustomer)
 	v1.GET("/customers/:user_id/entitlement", s.getEntitlement)
 }
 
@@ -46,18 +45,6 @@ func userIDParam(c echo.Context) (string, error) {
 	return id, nil
 }
 
-func (s *Service) getCustomer(c echo.Context) error {
-	userID, err := userIDParam(c)
-	if err != nil {
-		return err
-	}
-	v, err := s.Customer(c.Request().Context(), userID)
-	if err != nil {
-		return readError(err, userID)
-	}
-	return c.JSON(http.StatusOK, v)
-}
-
 func (s *Service) getEntitlement(c echo.Context) error {
 	userID, err := userIDParam(c)
 	if err != nil {
@@ -72,7 +59,7 @@ func (s *Service) getEntitlement(c echo.Context) error {
 
 // readError answers a failed read: 404 for an unknown user, 503 when the database is down.
 func readError(err error, userID string) error {
-	if errors.Is(err, customers.ErrNotFound) {
+	if errors.Is(err, ErrNoCustomer) {
 		return apierr.New(apierr.CodeNotFound, "no customer for user %q", userID)
 	}
 	return database.APIError(err, "load customer "+userID)

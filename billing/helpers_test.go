@@ -182,6 +182,16 @@ func (e *env) totalNotices(t *testing.T) (rows, jobs int) {
 	return int(n), int(j)
 }
 
+// customerView is the view GET /v1/customers/{user_id} answers (served by the customers package).
+func (e *env) customerView(t *testing.T, userID string) CustomerView {
+	t.Helper()
+	v, err := e.svc.Customer(context.Background(), userID)
+	if err != nil {
+		t.Fatalf("customer view of %s: %v", userID, err)
+	}
+	return *v
+}
+
 // get performs a GET against the mounted routes and decodes a JSON answer into out (if non-nil).
 func (e *env) get(t *testing.T, path string, out any) (int, []byte) {
 	t.Helper()

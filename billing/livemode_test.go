@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"billing/customers"
 	"billing/internal/stripeevents"
 	"billing/webhooks"
 )
@@ -146,9 +145,8 @@ func TestReadsShowOnlyTheCustomersOwnMode(t *testing.T) {
 	if got := e.entitlement(t, "u_r"); !strings.Contains(got, `"entitled":false`) || !strings.Contains(got, `"status":"none"`) || strings.Contains(got, "sub_live") {
 		t.Errorf("entitlement shows the live row: %s", got)
 	}
-	var view CustomerView
-	if code, body := e.get(t, "/v1/customers/u_r", &view); code != http.StatusOK || len(view.Subscriptions) != 0 {
-		t.Errorf("customer view: %d %s", code, body)
+	if view, err := e.svc.Customer(context.Background(), "u_r"); err != nil || len(view.Subscriptions) != 0 {
+		t.Errorf("customer view: %+v, %v", view, err)
 	}
 	var holds holdsBody
 	if code, body := e.get(t, "/admin/holds", &holds); code != http.StatusOK || len(holds.Holds) != 1 {
@@ -221,7 +219,7 @@ func (p *webhookPath) deliverMode(payload []byte, live bool) string {
 func (e *env) entitlement(t *testing.T, userID string) string {
 	t.Helper()
 	ent, err := e.svc.Entitlement(context.Background(), userID)
-	if err != nil && !errors.Is(err, customers.ErrNotFound) {
+	if err != nil && !errors.Is(err, ErrNoCustomer) {
 		t.Fatalf("entitlement of %s: %v", userID, err)
 	}
 	b, _ := json.Marshal(ent)

@@ -3,11 +3,11 @@ package billing
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
 
-	"billing/customers"
 )
 
 // SubscriptionView is one subscription in GET /v1/customers/{user_id}.
@@ -136,11 +136,21 @@ func (s *Service) queryCustomerSubscriptions(ctx context.Context, query string, 
 	return stripeIDs, livemodes, subs, rows.Err()
 }
 
+// ErrNoCustomer means the user has no linked Stripe customer.
+var ErrNoCustomer = errors.New("no customer is linked to the user")
+
+// linkedCustomer is the customer side of a customer view.
+type linkedCustomer struct {
+	UserID           string
+	StripeCustomerID *string
+	Livemode         bool
+}
+
 // customerWithSubscriptions loads a user's linked customer and its subscriptions in one
 // statement: the entitlement read is the app's hottest path, one round trip instead of two.
 // Only subscriptions of the customer's own mode join: a row of the other mode that names the
 // same customer id never reaches the entitlement.
-func (s *Service) customerWithSubscriptions(ctx context.Context, userID string) (*customers.Customer, []Subscription, error) {
+func (s *Service) customerWithSubscriptions(ctx context.Context, userID string) (*linkedCustomer, []Subscription, error) {
 	stripeIDs, livemodes, rows, err := s.queryCustomerSubscriptions(ctx, `
 		SELECT c.stripe_customer_id, c.livemode, `+subscriptionColumns+`
 		FROM customers c LEFT JOIN subscriptions s ON s.stripe_customer_id = c.stripe_customer_id AND s.livemode = c.livemode
@@ -150,9 +160,9 @@ func (s *Service) customerWithSubscriptions(ctx context.Context, userID string) 
 		return nil, nil, fmt.Errorf("load customer of user %q: %w", userID, err)
 	}
 	if len(rows) == 0 {
-		return nil, nil, customers.ErrNotFound
+		return nil, nil, ErrNoCustomer
 	}
-	c := &customers.Customer{UserID: userID, StripeCustomerID: stripeIDs[0], Livemode: livemodes[0]}
+	c := &linkedCustomer{UserID: userID, StripeCustomerID: stripeIDs[0], Livemode: livemodes[0]}
 	subs := make([]Subscription, 0, len(rows))
 	for _, r := range rows {
 		if r.SubscriptionID != "" {
@@ -162,7 +172,7 @@ func (s *Service) customerWithSubscriptions(ctx context.Context, userID string) 
 	return c, subs, nil
 }
 
-// Customer returns the customer view of a user, or customers.ErrNotFound when the user has no
+// Customer returns the customer view of a user, or ErrNoCustomer when the user has no
 // linked Stripe customer. Local state only: Stripe is never called.
 func (s *Service) Customer(ctx context.Context, userID string) (*CustomerView, error) {
 	c, subs, err := s.customerWithSubscriptions(ctx, userID)
@@ -183,7 +193,7 @@ func (s *Service) Customer(ctx context.Context, userID string) (*CustomerView, e
 	return v, nil
 }
 
-// Entitlement answers whether a user is entitled now, or customers.ErrNotFound for an unknown
+// Entitlement answers whether a user is entitled now, or ErrNoCustomer for an unknown
 // user. Local state only: Stripe is never called.
 func (s *Service) Entitlement(ctx context.Context, userID string) (*Entitlement, error) {
 	v, err := s.Customer(ctx, userID)

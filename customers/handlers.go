@@ -13,6 +13,7 @@ import (
 	"github.com/stripe/stripe-go/v79/client"
 	"gorm.io/gorm"
 
+	"billing/billing"
 	"billing/internal/apierr"
 	"billing/internal/database"
 	"billing/internal/httpserver"
@@ -26,18 +27,26 @@ import (
 // duration of the call itself.
 const keyWindow = 23 * time.Hour
 
-// Deps are what the customers endpoint needs from main.
+// Accounts is the billing side of GET /v1/customers/{user_id}: the user's subscriptions and
+// entitlement, read from local state (billing.Service implements it).
+type Accounts interface {
+	Customer(ctx context.Context, userID string) (*billing.CustomerView, error)
+}
+
+// Deps are what the customers endpoints need from main.
 type Deps struct {
 	DB       *gorm.DB
+	Accounts Accounts
 	Stripe   *client.API
 	Livemode bool
 	Logger   *slog.Logger
 	Now      func() time.Time
 }
 
-// Handlers serves PUT /v1/customers/{user_id}.
+// Handlers serves PUT and GET /v1/customers/{user_id}.
 type Handlers struct {
 	db       *gorm.DB
+	accounts Accounts
 	stripe   *client.API
 	livemode bool
 	log      *slog.Logger
@@ -47,7 +56,7 @@ type Handlers struct {
 // NewHandlers returns the customers endpoint. Logger and Now default to a discarding logger and
 // time.Now.
 func NewHandlers(d Deps) *Handlers {
-	h := &Handlers{db: d.DB, stripe: d.Stripe, livemode: d.Livemode, log: d.Logger, now: d.Now}
+	h := &Handlers{db: d.DB, accounts: d.Accounts, stripe: d.Stripe, livemode: d.Livemode, log: d.Logger, now: d.Now}
 	if h.log == nil {
 		h.log = slog.New(slog.DiscardHandler)
 	}
@@ -61,6 +70,23 @@ func NewHandlers(d Deps) *Handlers {
 // Mount adds the routes to v1, the /v1 group behind the app backend's authentication.
 func (h *Handlers) Mount(v1 *echo.Group) {
 	v1.PUT("/customers/:user_id", h.put)
+	v1.GET("/customers/:user_id", h.get)
+}
+
+// get answers the user's link with its subscriptions and entitlement, from local state only.
+func (h *Handlers) get(c echo.Context) error {
+	userID := c.Param("user_id")
+	if err := ids.CheckUser(userID); err != nil {
+		return err
+	}
+	v, err := h.accounts.Customer(c.Request().Context(), userID)
+	if errors.Is(err, billing.ErrNoCustomer) {
+		return apierr.New(apierr.CodeNotFound, "no customer for user %q", userID)
+	}
+	if err != nil {
+		return database.APIError(err, "load customer "+userID)
+	}
+	return c.JSON(http.StatusOK, v)
 }
 
 type putRequest struct {

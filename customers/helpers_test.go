@@ -9,6 +9,7 @@ import (
 	"github.com/labstack/echo/v4"
 	"gorm.io/gorm"
 
+	"billing/billing"
 	"billing/internal/apitest"
 	"billing/internal/stripeclient"
 	"billing/internal/stripetest"
@@ -46,6 +47,7 @@ func (v *env) mount(db *gorm.DB) {
 	logger := apitest.Logger(v.t, slog.LevelWarn)
 	h := NewHandlers(Deps{
 		DB:       db,
+		Accounts: billing.New(billing.Deps{DB: db, Logger: logger}),
 		Stripe:   stripeclient.New(v.proxy.URL, "sk_test_customers", logger),
 		Livemode: v.livemode,
 		Logger:   logger,
