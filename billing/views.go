@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"slices"
 	"time"
-
 )
 
 // SubscriptionView is one subscription in GET /v1/customers/{user_id}.
