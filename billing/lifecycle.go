@@ -2,14 +2,13 @@ package billing
 
 import (
 	"context"
-	"database/sql"
-	"errors"
 	"fmt"
 	"log/slog"
 	"time"
 
 	"gorm.io/gorm"
 
+	"billing/internal/database"
 	"billing/webhooks"
 )
 
@@ -59,12 +58,13 @@ func invEventRank(eventType string) int {
 }
 
 // newerThanStored is the ordering guard of a column group ("sub" or "inv"): the event's key
-// (@created, @rank, @event_id) is above the key stored with the group, or none is stored yet.
-// One expression for both groups, so the ordering rule above cannot drift between them.
-func newerThanStored(group string) string {
+// (created, rank, event id: the statement's parameters $created, $rank and $eventID) is above
+// the key stored with the group, or none is stored yet. One expression for both groups, so the
+// ordering rule above cannot drift between them.
+func newerThanStored(group string, created, rank, eventID int) string {
 	return fmt.Sprintf(`(%[1]s_event_created IS NULL
 		OR (%[1]s_event_created, %[1]s_event_rank, %[1]s_event_id COLLATE "C")
-		   < (CAST(@created AS timestamptz), CAST(@rank AS integer), CAST(@event_id AS text) COLLATE "C"))`, group)
+		   < (CAST($%[2]d AS timestamptz), CAST($%[3]d AS integer), CAST($%[4]d AS text) COLLATE "C"))`, group, created, rank, eventID)
 }
 
 // lockSubscription makes sure the row exists (as a placeholder if new) and locks it for the rest
@@ -82,7 +82,7 @@ func (s *Service) lockSubscription(ctx context.Context, tx *gorm.DB, subscriptio
 		  INSERT INTO subscriptions AS s (subscription_id, stripe_customer_id, livemode, status, created_at, updated_at)
 		  VALUES ($1, $2, $3, $4, $5, $5)
 		  ON CONFLICT (subscription_id) DO NOTHING
-		  RETURNING `+subscriptionRowColumns+`, NULL::text
+		  RETURNING `+subscriptionRowColumns+`, NULL::text AS user_id
 		), existing AS (
 		  `+subscriptionByID+` FOR UPDATE
 		)
@@ -150,21 +150,21 @@ func (s *Service) loadSubscriptionTx(ctx context.Context, tx *gorm.DB, subscript
 
 // subscriptionByID selects the subscription $1 in the shape scanSubscription reads (no customer
 // joined: its user id is NULL).
-const subscriptionByID = `SELECT ` + subscriptionRowColumns + `, NULL::text FROM subscriptions s WHERE s.subscription_id = $1`
+const subscriptionByID = `SELECT ` + subscriptionRowColumns + `, NULL::text AS user_id FROM subscriptions s WHERE s.subscription_id = $1`
 
 // scanSubscription runs query, which selects subscriptionColumns (or subscriptionRowColumns and a
 // NULL user id), on the handle's connection or transaction and returns its one row, or nil if
 // there is none.
 func scanSubscription(ctx context.Context, tx *gorm.DB, query string, args ...any) (*Subscription, error) {
-	var sub Subscription
-	err := tx.Statement.ConnPool.QueryRowContext(ctx, query, args...).Scan(sub.scanDest()...)
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, nil
-	}
+	rows, err := tx.Statement.ConnPool.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, err
 	}
-	return &sub, nil
+	subs, err := database.ScanAll[Subscription](rows)
+	if err != nil || len(subs) == 0 {
+		return nil, err
+	}
+	return &subs[0], nil
 }
 
 // handleSubscriptionEvent applies the snapshot of a customer.subscription.* event.
@@ -195,46 +195,30 @@ func (s *Service) handleSubscriptionEvent(ctx context.Context, tx *gorm.DB, ev w
 	cancelAtPeriodEnd := obj.CancelAtPeriodEnd != nil && *obj.CancelAtPeriodEnd
 	res := tx.WithContext(ctx).Exec(`
 		UPDATE subscriptions SET
-		  stripe_customer_id = @customer,
-		  status_since = CASE WHEN sub_event_created IS NULL OR status IS DISTINCT FROM CAST(@status AS text)
-		                      THEN CAST(@created AS timestamptz) ELSE status_since END,
-		  status = @status,
-		  price_id = @price_id,
-		  current_period_start = @period_start,
-		  current_period_end = @period_end,
-		  cancel_at_period_end = @cancel_at_period_end,
-		  cancel_at = @cancel_at,
-		  canceled_at = @canceled_at,
-		  ended_at = @ended_at,
-		  trial_start = @trial_start,
-		  trial_end = @trial_end,
-		  sub_event_id = @event_id,
-		  sub_event_type = @event_type,
-		  sub_event_created = @created,
-		  sub_event_rank = @rank,
-		  updated_at = @now
-		WHERE subscription_id = @id AND livemode = @livemode AND `+newerThanStored("sub")+`
-		  AND (status NOT IN ('canceled', 'incomplete_expired') OR CAST(@status AS text) IN ('canceled', 'incomplete_expired'))`,
-		map[string]any{
-			"id":                   obj.ID,
-			"customer":             customerID,
-			"livemode":             ev.Livemode,
-			"status":               status,
-			"price_id":             nullString(obj.PriceID()),
-			"period_start":         start.Ptr(),
-			"period_end":           end.Ptr(),
-			"cancel_at_period_end": cancelAtPeriodEnd,
-			"cancel_at":            obj.CancelAt.Ptr(),
-			"canceled_at":          obj.CanceledAt.Ptr(),
-			"ended_at":             obj.EndedAt.Ptr(),
-			"trial_start":          obj.TrialStart.Ptr(),
-			"trial_end":            obj.TrialEnd.Ptr(),
-			"event_id":             ev.ID,
-			"event_type":           ev.Type,
-			"created":              ev.Created.UTC(),
-			"rank":                 subEventRank(ev.Type, status),
-			"now":                  s.now(),
-		})
+		  stripe_customer_id = $3,
+		  status_since = CASE WHEN sub_event_created IS NULL OR status IS DISTINCT FROM CAST($4 AS text)
+		                      THEN CAST($17 AS timestamptz) ELSE status_since END,
+		  status = $4,
+		  price_id = $5,
+		  current_period_start = $6,
+		  current_period_end = $7,
+		  cancel_at_period_end = $8,
+		  cancel_at = $9,
+		  canceled_at = $10,
+		  ended_at = $11,
+		  trial_start = $12,
+		  trial_end = $13,
+		  sub_event_id = $14,
+		  sub_event_type = $15,
+		  sub_event_created = $17,
+		  sub_event_rank = $16,
+		  updated_at = $18
+		WHERE subscription_id = $1 AND livemode = $2 AND `+newerThanStored("sub", 17, 16, 14)+`
+		  AND (status NOT IN ('canceled', 'incomplete_expired') OR CAST($4 AS text) IN ('canceled', 'incomplete_expired'))`,
+		obj.ID, ev.Livemode, customerID, // $1–$3
+		status, nullString(obj.PriceID()), start.Ptr(), end.Ptr(), cancelAtPeriodEnd, // $4–$8
+		obj.CancelAt.Ptr(), obj.CanceledAt.Ptr(), obj.EndedAt.Ptr(), obj.TrialStart.Ptr(), obj.TrialEnd.Ptr(), // $9–$13
+		ev.ID, ev.Type, subEventRank(ev.Type, status), ev.Created.UTC(), s.now()) // $14–$18
 	if res.Error != nil {
 		return fmt.Errorf("apply %s %s to subscription %s: %w", ev.Type, ev.ID, obj.ID, res.Error)
 	}
@@ -262,8 +246,8 @@ func (s *Service) handleSubscriptionEvent(ctx context.Context, tx *gorm.DB, ev w
 // trialing: a customer who converted or canceled meanwhile gets no "your trial ends" mail.
 func (s *Service) trialWillEnd(ctx context.Context, tx *gorm.DB, ev webhooks.Event, subscriptionID string) error {
 	err := tx.WithContext(ctx).Exec(`
-		UPDATE subscriptions SET trial_will_end_at = GREATEST(trial_will_end_at, CAST(? AS timestamptz))
-		WHERE subscription_id = ? AND livemode = ?`, ev.Created.UTC(), subscriptionID, ev.Livemode).Error
+		UPDATE subscriptions SET trial_will_end_at = GREATEST(trial_will_end_at, CAST($1 AS timestamptz))
+		WHERE subscription_id = $2 AND livemode = $3`, ev.Created.UTC(), subscriptionID, ev.Livemode).Error
 	if err != nil {
 		return fmt.Errorf("record trial_will_end of %s: %w", subscriptionID, err)
 	}
@@ -331,37 +315,23 @@ func (s *Service) handleInvoiceEvent(ctx context.Context, tx *gorm.DB, ev webhoo
 	}
 	res := tx.WithContext(ctx).Exec(`
 		UPDATE subscriptions SET
-		  payment_hold = @hold,
-		  payment_hold_since = @hold_since,
-		  latest_invoice_id = @invoice_id,
-		  attempt_count = @attempt_count,
-		  next_payment_attempt = @next_attempt,
-		  amount_due = @amount_due,
-		  currency = @currency,
-		  hosted_invoice_url = @hosted_invoice_url,
-		  inv_event_id = @event_id,
-		  inv_event_type = @event_type,
-		  inv_event_created = @created,
-		  inv_event_rank = @rank,
-		  updated_at = @now
-		WHERE subscription_id = @id AND livemode = @livemode AND `+newerThanStored("inv"),
-		map[string]any{
-			"id":                 subscriptionID,
-			"livemode":           ev.Livemode,
-			"hold":               failed,
-			"hold_since":         holdSince,
-			"invoice_id":         inv.ID,
-			"attempt_count":      inv.AttemptCount,
-			"next_attempt":       nextAttempt,
-			"amount_due":         inv.AmountDue,
-			"currency":           inv.Currency,
-			"hosted_invoice_url": inv.HostedInvoiceURL,
-			"event_id":           ev.ID,
-			"event_type":         ev.Type,
-			"created":            ev.Created.UTC(),
-			"rank":               invEventRank(ev.Type),
-			"now":                s.now(),
-		})
+		  payment_hold = $3,
+		  payment_hold_since = $4,
+		  latest_invoice_id = $5,
+		  attempt_count = $6,
+		  next_payment_attempt = $7,
+		  amount_due = $8,
+		  currency = $9,
+		  hosted_invoice_url = $10,
+		  inv_event_id = $11,
+		  inv_event_type = $12,
+		  inv_event_created = $13,
+		  inv_event_rank = $14,
+		  updated_at = $15
+		WHERE subscription_id = $1 AND livemode = $2 AND `+newerThanStored("inv", 13, 14, 11),
+		subscriptionID, ev.Livemode, // $1–$2
+		failed, holdSince, inv.ID, inv.AttemptCount, nextAttempt, inv.AmountDue, inv.Currency, inv.HostedInvoiceURL, // $3–$10
+		ev.ID, ev.Type, ev.Created.UTC(), invEventRank(ev.Type), s.now()) // $11–$15
 	if res.Error != nil {
 		return fmt.Errorf("apply %s %s to subscription %s: %w", ev.Type, ev.ID, subscriptionID, res.Error)
 	}

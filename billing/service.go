@@ -113,7 +113,7 @@ func (s *Service) Register(reg *webhooks.Registry) {
 func (s *Service) CustomerSubscriptionStatus(ctx context.Context, stripeCustomerID string, livemode bool, subscriptionID string) (status string, found bool, err error) {
 	var rows []string
 	err = s.db.WithContext(ctx).Raw(
-		`SELECT status FROM subscriptions WHERE subscription_id = ? AND stripe_customer_id = ? AND livemode = ?`,
+		`SELECT status FROM subscriptions WHERE subscription_id = $1 AND stripe_customer_id = $2 AND livemode = $3`,
 		subscriptionID, stripeCustomerID, livemode).Scan(&rows).Error
 	if err != nil {
 		return "", false, fmt.Errorf("load subscription %s: %w", subscriptionID, err)

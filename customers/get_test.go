@@ -3,6 +3,8 @@ package customers
 import (
 	"net/http"
 	"testing"
+
+	"billing/internal/apitest"
 )
 
 // GET /v1/customers/{user_id} is served here, with the subscriptions and entitlement that billing
@@ -26,4 +28,8 @@ func TestGetCustomer(t *testing.T) {
 		ent["entitled"] != true || ent["subscription_id"] != "sub_1" {
 		t.Errorf("customer view: %v", body)
 	}
+
+	// The database being down is an outage the caller should retry.
+	v.mount(apitest.UnreachableDB(t))
+	expectError(t, v.doAs(appToken, http.MethodGet, "/v1/customers/u1", nil), http.StatusServiceUnavailable, "database_unavailable")
 }

@@ -35,18 +35,29 @@ func (Customer) TableName() string { return "customers" }
 // livemode_conflict *apierr.Error when the user is linked to a customer of the other mode: a
 // service running in one mode never charges, refunds or opens a portal for the other's customer.
 func Get(ctx context.Context, db *gorm.DB, userID string, livemode bool) (*Customer, error) {
-	var c Customer
-	err := db.WithContext(ctx).Where("user_id = ? AND stripe_customer_id IS NOT NULL", userID).Take(&c).Error
-	if errors.Is(err, gorm.ErrRecordNotFound) {
-		return nil, ErrNotFound
-	}
+	c, err := one(ctx, db, `SELECT * FROM customers WHERE user_id = $1 AND stripe_customer_id IS NOT NULL`, userID)
 	if err != nil {
 		return nil, fmt.Errorf("load customer of user %q: %w", userID, err)
+	}
+	if c == nil {
+		return nil, ErrNotFound
 	}
 	if c.Livemode != livemode {
 		return nil, ModeConflict(userID, c.Livemode)
 	}
-	return &c, nil
+	return c, nil
+}
+
+// one runs a query for at most one customer row; nil when there is none.
+func one(ctx context.Context, db *gorm.DB, query string, args ...any) (*Customer, error) {
+	var rows []Customer
+	if err := db.WithContext(ctx).Raw(query, args...).Scan(&rows).Error; err != nil {
+		return nil, err
+	}
+	if len(rows) == 0 {
+		return nil, nil
+	}
+	return &rows[0], nil
 }
 
 // ModeConflict is the answer to a request of one mode about a user linked in the other.
@@ -70,13 +81,12 @@ func (c *Customer) StripeID() string {
 
 // ByStripeID returns the customer linked to a Stripe customer id of the given mode, or ErrNotFound.
 func ByStripeID(ctx context.Context, db *gorm.DB, stripeCustomerID string, livemode bool) (*Customer, error) {
-	var c Customer
-	err := db.WithContext(ctx).Where("stripe_customer_id = ? AND livemode = ?", stripeCustomerID, livemode).Take(&c).Error
-	if errors.Is(err, gorm.ErrRecordNotFound) {
-		return nil, ErrNotFound
-	}
+	c, err := one(ctx, db, `SELECT * FROM customers WHERE stripe_customer_id = $1 AND livemode = $2`, stripeCustomerID, livemode)
 	if err != nil {
 		return nil, fmt.Errorf("load customer %q: %w", stripeCustomerID, err)
 	}
-	return &c, nil
+	if c == nil {
+		return nil, ErrNotFound
+	}
+	return c, nil
 }
