@@ -364,8 +364,29 @@ func (c *Config) validateServe() *Error {
 		return errorf("stripe.webhook_secrets."+c.Stripe.Mode,
 			"is required to serve: set stripe.webhook_secrets.test or stripe.webhook_secrets.live")
 	}
+	// config.example.yaml's placeholders pass every shape check; served, they would be publicly
+	// known credentials.
+	for _, s := range []struct {
+		key  string
+		list []string
+	}{
+		{"auth.api_tokens", c.Auth.APITokens},
+		{"auth.admin_tokens", c.Auth.AdminTokens},
+		{"stripe.webhook_secrets.test", c.Stripe.WebhookSecrets.Test},
+		{"stripe.webhook_secrets.live", c.Stripe.WebhookSecrets.Live},
+		{"stripe.secret_key", []string{c.Stripe.SecretKey}},
+	} {
+		for i, v := range s.list {
+			if strings.Contains(v, placeholderMark) {
+				return errorf(s.key, "entry %d is still the example configuration's placeholder; generate a real value", i+1)
+			}
+		}
+	}
 	return nil
 }
+
+// placeholderMark marks the values of config.example.yaml that must be replaced.
+const placeholderMark = "REPLACE"
 
 func (c *Config) validate() *Error {
 	if _, _, err := net.SplitHostPort(c.HTTP.Addr); err != nil {

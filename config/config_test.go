@@ -651,6 +651,16 @@ func TestValidateServe(t *testing.T) {
 		// Validate's rules still apply, and come first.
 		{"bad mode without tokens", func(c *Config) { c.Stripe.Mode = "prod"; c.Auth.APITokens = nil }, "stripe.mode"},
 		{"short token", func(c *Config) { c.Auth.APITokens = []string{"x"} }, "auth.api_tokens"},
+		{"example api token", func(c *Config) {
+			c.Auth.APITokens = []string{"REPLACE-ME-api-token-with-32-or-more-random-characters"}
+		}, "auth.api_tokens"},
+		{"example admin token", func(c *Config) {
+			c.Auth.AdminTokens = []string{"REPLACE-ME-admin-token-with-32-or-more-random-characters"}
+		}, "auth.admin_tokens"},
+		{"example webhook secret", func(c *Config) {
+			c.Stripe.WebhookSecrets.Test = []string{"whsec_REPLACE_ME_with_the_signing_secret_of_the_test_endpoint"}
+		}, "stripe.webhook_secrets.test"},
+		{"example secret key", func(c *Config) { c.Stripe.SecretKey = "sk_test_REPLACE_ME" }, "stripe.secret_key"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
