@@ -37,6 +37,7 @@ FUZZFLAGS = -run '^$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIM
 fuzz:
 	$(GO) test $(FUZZFLAGS) -fuzz '^FuzzVerifySignature$$' ./webhooks/
 	$(GO) test $(FUZZFLAGS) -fuzz '^FuzzDecodeEnvelope$$' ./webhooks/
+	$(GO) test $(FUZZFLAGS) -fuzz '^FuzzCheckKeys$$' ./internal/jsonkeys/
 	$(GO) test $(FUZZFLAGS) -fuzz '^FuzzDecodeObject$$' ./billing/
 	$(GO) test $(FUZZFLAGS) -fuzz '^FuzzHandleEvent$$' ./billing/
 

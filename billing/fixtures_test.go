@@ -11,9 +11,9 @@ import (
 	"billing/webhooks"
 )
 
-// testdata/stripe-events holds real Stripe event payloads of older API versions (see SOURCES.md
-// there, copied from /work/shared/fixtures/stripe-events). Each is processed as if its
-// api_version were the pinned one.
+// The repository's testdata/stripe-events holds real Stripe event payloads of older API versions
+// (SOURCES.md there gives each one's origin and license). Each is processed as if its api_version
+// were the pinned one.
 
 type fixture struct {
 	file string
@@ -22,7 +22,7 @@ type fixture struct {
 
 func loadFixtures(t *testing.T) []fixture {
 	t.Helper()
-	paths, err := filepath.Glob(filepath.Join("testdata", "stripe-events", "*.json"))
+	paths, err := filepath.Glob(filepath.Join("..", "testdata", "stripe-events", "*.json"))
 	if err != nil || len(paths) == 0 {
 		t.Fatalf("no fixtures found: %v", err)
 	}

@@ -20,7 +20,8 @@ import (
 	"billing/internal/database"
 )
 
-// EventView is one entry of the admin event log (INTERFACE §3).
+// EventView is one entry of the admin event log. Its JSON fields, nulls included, are part of
+// the admin API.
 type EventView struct {
 	EventID       string          `json:"event_id"`
 	Type          string          `json:"type"`
@@ -71,15 +72,15 @@ func (i *Inbox) listEvents(c echo.Context) error {
 		if !eventStatuses[s] {
 			return apierr.New(apierr.CodeInvalidRequest, "status must be one of received, processed, failed, ignored")
 		}
-		sql += ` AND status = ?`
 		args = append(args, s)
+		sql += ` AND status = $` + strconv.Itoa(len(args))
 	}
 	if t := q.Get("type"); t != "" {
-		sql += ` AND type = ?`
 		args = append(args, t)
+		sql += ` AND type = $` + strconv.Itoa(len(args))
 	}
-	sql += ` ORDER BY received_at DESC, event_id DESC LIMIT ?`
 	args = append(args, limit)
+	sql += ` ORDER BY received_at DESC, event_id DESC LIMIT $` + strconv.Itoa(len(args))
 	events := []EventView{}
 	if err := i.cfg.DB.WithContext(c.Request().Context()).Raw(sql, args...).Scan(&events).Error; err != nil {
 		return dbError(err, "list events")
@@ -97,7 +98,7 @@ func (i *Inbox) getEvent(c echo.Context) error {
 		Raw string `gorm:"column:payload"`
 	}
 	err = i.cfg.DB.WithContext(c.Request().Context()).
-		Raw(`SELECT `+eventColumns+`, payload::text AS payload FROM webhook_events WHERE event_id = ?`, id).Scan(&rows).Error
+		Raw(`SELECT `+eventColumns+`, payload::text AS payload FROM webhook_events WHERE event_id = $1`, id).Scan(&rows).Error
 	if err != nil {
 		return dbError(err, "load event")
 	}
@@ -141,7 +142,7 @@ func (i *Inbox) Replay(ctx context.Context, eventID string) (string, error) {
 	var status string
 	err := i.cfg.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		var rows []string
-		if err := tx.Raw(`SELECT status FROM webhook_events WHERE event_id = ? FOR UPDATE`, eventID).Scan(&rows).Error; err != nil {
+		if err := tx.Raw(`SELECT status FROM webhook_events WHERE event_id = $1 FOR UPDATE`, eventID).Scan(&rows).Error; err != nil {
 			return fmt.Errorf("lock event %s: %w", eventID, err)
 		}
 		if len(rows) == 0 {
@@ -151,11 +152,11 @@ func (i *Inbox) Replay(ctx context.Context, eventID string) (string, error) {
 		if status != "failed" {
 			return ErrNotReplayable
 		}
-		if err := tx.Exec(`UPDATE webhook_events SET status = 'received', attempts = 0, failure_reason = NULL, processed_at = NULL WHERE event_id = ?`,
+		if err := tx.Exec(`UPDATE webhook_events SET status = 'received', attempts = 0, failure_reason = NULL, processed_at = NULL WHERE event_id = $1`,
 			eventID).Error; err != nil {
 			return fmt.Errorf("reset event %s: %w", eventID, err)
 		}
-		if err := tx.Exec(`DELETE FROM webhook_dead_letters WHERE event_id = ?`, eventID).Error; err != nil {
+		if err := tx.Exec(`DELETE FROM webhook_dead_letters WHERE event_id = $1`, eventID).Error; err != nil {
 			return fmt.Errorf("remove dead letter %s: %w", eventID, err)
 		}
 		return i.enqueue(ctx, tx, eventID)
@@ -172,7 +173,7 @@ func (i *Inbox) DeadLetters(ctx context.Context, limit int) ([]DeadLetter, error
 	err := i.cfg.DB.WithContext(ctx).Raw(`
 		SELECT d.event_id, e.type, e.livemode, d.attempts, d.last_error, d.dead_at
 		FROM webhook_dead_letters d JOIN webhook_events e USING (event_id)
-		ORDER BY d.dead_at DESC LIMIT ?`, limit).Scan(&out).Error
+		ORDER BY d.dead_at DESC LIMIT $1`, limit).Scan(&out).Error
 	if err != nil {
 		return nil, fmt.Errorf("list dead letters: %w", err)
 	}

@@ -182,7 +182,7 @@ func TestAdminEventIDsArePercentDecoded(t *testing.T) {
 		if got.Status != http.StatusOK || got.Body["event_id"] != id {
 			t.Errorf("GET %s: %d %v, want event %q", path, got.Status, got.Body, id)
 		}
-		if err := h.db.Exec(`UPDATE webhook_events SET status = 'failed' WHERE event_id = ?`, id).Error; err != nil {
+		if err := h.db.Exec(`UPDATE webhook_events SET status = 'failed' WHERE event_id = $1`, id).Error; err != nil {
 			t.Fatal(err)
 		}
 		got = h.admin(http.MethodPost, path+"/replay", adminToken)

@@ -90,14 +90,14 @@ func build(t *testing.T, db *gorm.DB, testSecrets, liveSecrets []string) *harnes
 	logger := slog.New(slog.DiscardHandler)
 	reg := webhooks.NewRegistry()
 	reg.Register(effectType, webhooks.HandlerFunc(func(ctx context.Context, tx *gorm.DB, ev webhooks.Event) error {
-		return tx.Exec(`INSERT INTO test_effects VALUES (?, 1) ON CONFLICT (event_id) DO UPDATE SET applied = test_effects.applied + 1`, ev.ID).Error
+		return tx.Exec(`INSERT INTO test_effects VALUES ($1, 1) ON CONFLICT (event_id) DO UPDATE SET applied = test_effects.applied + 1`, ev.ID).Error
 	}))
 	reg.Register(failingType, webhooks.HandlerFunc(func(ctx context.Context, tx *gorm.DB, ev webhooks.Event) error {
 		if h.failures.Load() > 0 {
 			h.failures.Add(-1)
 			return errTest
 		}
-		return tx.Exec(`INSERT INTO test_effects VALUES (?, 1) ON CONFLICT (event_id) DO UPDATE SET applied = test_effects.applied + 1`, ev.ID).Error
+		return tx.Exec(`INSERT INTO test_effects VALUES ($1, 1) ON CONFLICT (event_id) DO UPDATE SET applied = test_effects.applied + 1`, ev.ID).Error
 	}))
 	h.inbox = webhooks.New(webhooks.Config{
 		DB: db, Logger: logger, Registry: reg,
@@ -210,7 +210,7 @@ type eventRow struct {
 func (h *harness) event(id string) (eventRow, bool) {
 	h.t.Helper()
 	var rows []eventRow
-	if err := h.db.Raw(`SELECT status, attempts, failure_reason FROM webhook_events WHERE event_id = ?`, id).Scan(&rows).Error; err != nil {
+	if err := h.db.Raw(`SELECT status, attempts, failure_reason FROM webhook_events WHERE event_id = $1`, id).Scan(&rows).Error; err != nil {
 		h.t.Fatalf("load event: %v", err)
 	}
 	if len(rows) == 0 {
@@ -235,6 +235,22 @@ func (h *harness) waitStatus(id, want string) eventRow {
 	}
 }
 
+// waitCount polls until the count query returns want; the deadline only bounds a failing test.
+func (h *harness) waitCount(sql string, want int) {
+	h.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		n := h.count(sql)
+		if n == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			h.t.Fatalf("%s: %d, want %d", sql, n, want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 func (h *harness) count(sql string, args ...any) int {
 	h.t.Helper()
 	var n int
@@ -245,7 +261,7 @@ func (h *harness) count(sql string, args ...any) int {
 }
 
 func (h *harness) applied(id string) int {
-	return h.count(`SELECT coalesce(sum(applied), 0) FROM test_effects WHERE event_id = ?`, id)
+	return h.count(`SELECT coalesce(sum(applied), 0) FROM test_effects WHERE event_id = $1`, id)
 }
 
 func subEvent(id string, created time.Time) []byte {

@@ -19,7 +19,7 @@ type ProcessEventArgs struct {
 	EventID string `json:"event_id"`
 }
 
-func (ProcessEventArgs) Kind() string { return "webhook_event" }
+func (ProcessEventArgs) Kind() string { return JobKindProcessEvent }
 
 // InsertOpts: River's own attempt limit is a backstop above ours. Dead-lettering is decided by
 // webhook_events.attempts (which a replay resets), so River must not discard the job first.
@@ -87,7 +87,7 @@ func (i *Inbox) process(ctx context.Context, job *river.Job[ProcessEventArgs]) e
 		// pick the status index and walk every received event of a backlog for each attempt.
 		err := tx.Raw(`
 			SELECT event_id, type, livemode, api_version, status, payload, attempts, received_at, event_created
-			FROM webhook_events WHERE event_id = ? FOR UPDATE`, id).Scan(&ev).Error
+			FROM webhook_events WHERE event_id = $1 FOR UPDATE`, id).Scan(&ev).Error
 		if err != nil {
 			return fmt.Errorf("lock event %s: %w", id, err)
 		}
@@ -100,8 +100,8 @@ func (i *Inbox) process(ctx context.Context, job *river.Job[ProcessEventArgs]) e
 			return err
 		}
 		if err := tx.Exec(`
-			UPDATE webhook_events SET status = 'processed', processed_at = ?, attempts = ?, failure_reason = NULL
-			WHERE event_id = ?`, i.cfg.Now(), attempts, id).Error; err != nil {
+			UPDATE webhook_events SET status = 'processed', processed_at = $1, attempts = $2, failure_reason = NULL
+			WHERE event_id = $3`, i.cfg.Now(), attempts, id).Error; err != nil {
 			return fmt.Errorf("mark event %s processed: %w", id, err)
 		}
 		return nil
@@ -202,21 +202,21 @@ func (i *Inbox) recordFailure(ctx context.Context, job *river.Job[ProcessEventAr
 	err := i.cfg.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		// Locked by primary key alone, for the same reason as in process.
 		var status []string
-		if err := tx.Raw(`SELECT status FROM webhook_events WHERE event_id = ? FOR UPDATE`, id).Scan(&status).Error; err != nil {
+		if err := tx.Raw(`SELECT status FROM webhook_events WHERE event_id = $1 FOR UPDATE`, id).Scan(&status).Error; err != nil {
 			return err
 		}
 		if stillReceived = len(status) == 1 && status[0] == "received"; !stillReceived {
 			return nil // finished by another job, or deleted, meanwhile: nothing to record
 		}
 		if !dead {
-			return tx.Exec(`UPDATE webhook_events SET attempts = ?, failure_reason = ? WHERE event_id = ?`, attempts, reason, id).Error
+			return tx.Exec(`UPDATE webhook_events SET attempts = $1, failure_reason = $2 WHERE event_id = $3`, attempts, reason, id).Error
 		}
-		if err := tx.Exec(`UPDATE webhook_events SET status = 'failed', attempts = ?, failure_reason = ? WHERE event_id = ?`,
+		if err := tx.Exec(`UPDATE webhook_events SET status = 'failed', attempts = $1, failure_reason = $2 WHERE event_id = $3`,
 			attempts, reason, id).Error; err != nil {
 			return err
 		}
 		return tx.Exec(`
-			INSERT INTO webhook_dead_letters (event_id, attempts, last_error, dead_at) VALUES (?, ?, ?, ?)
+			INSERT INTO webhook_dead_letters (event_id, attempts, last_error, dead_at) VALUES ($1, $2, $3, $4)
 			ON CONFLICT (event_id) DO UPDATE SET attempts = EXCLUDED.attempts, last_error = EXCLUDED.last_error, dead_at = EXCLUDED.dead_at`,
 			id, attempts, reason, i.cfg.Now()).Error
 	})

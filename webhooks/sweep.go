@@ -57,14 +57,14 @@ func (i *Inbox) Sweep(ctx context.Context, minAge time.Duration) (int, error) {
 	err := i.cfg.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		err := tx.Raw(`
 			SELECT e.event_id FROM webhook_events e
-			WHERE e.status = 'received' AND e.received_at < ?
+			WHERE e.status = 'received' AND e.received_at < $1
 			  AND NOT EXISTS (
 			    SELECT 1 FROM river_job j
-			    WHERE j.kind = 'webhook_event' AND j.args->>'event_id' = e.event_id
+			    WHERE j.kind = $2 AND j.args->>'event_id' = e.event_id
 			      AND j.state IN ('available', 'pending', 'retryable', 'running', 'scheduled'))
 			ORDER BY e.received_at
 			LIMIT 1000
-			FOR UPDATE OF e SKIP LOCKED`, i.cfg.Now().Add(-minAge)).Scan(&ids).Error
+			FOR UPDATE OF e SKIP LOCKED`, i.cfg.Now().Add(-minAge), JobKindProcessEvent).Scan(&ids).Error
 		if err != nil {
 			return fmt.Errorf("find events without a job: %w", err)
 		}
