@@ -1,6 +1,6 @@
 package test
 
-// Reliability, end to end (issue #6): the service's promises as measured facts. No acknowledged
+// Reliability, end to end: the service's promises as measured facts. No acknowledged
 // event is lost, each event's effects are applied exactly once, and the final state is right
 // whatever the delivery order — under duplicated, shuffled, concurrent deliveries, with the
 // service SIGKILLed at random moments, across replicas, through a database outage, and with a
@@ -23,6 +23,7 @@ import (
 	"billing/internal/pgcluster"
 	"billing/internal/stripeevents"
 	"billing/internal/testenv"
+	"billing/webhooks"
 )
 
 // The sizes the issue asks for, and no more: the whole test package must stay within minutes on
@@ -322,7 +323,7 @@ func TestWorkerKilledMidTransaction(t *testing.T) {
 	// is written with the attempt's outcome, which this one never gets to).
 	st, _ := eventState(second.ID)
 	var before int
-	if err := db.QueryRow(`SELECT max(attempt) FROM river_job WHERE kind = 'webhook_event' AND args->>'event_id' = $1`, second.ID).Scan(&before); err != nil {
+	if err := db.QueryRow(`SELECT max(attempt) FROM river_job WHERE kind = $1 AND args->>'event_id' = $2`, webhooks.JobKindProcessEvent, second.ID).Scan(&before); err != nil {
 		t.Fatal(err)
 	}
 	if st != "received" || before < 1 {

@@ -63,7 +63,7 @@ const (
 	CodeEventProcessed  Code = "event_already_processed"
 	CodeEventNotFailed  Code = "event_not_failed"
 
-	// Customers, ledger and portal (issue #5).
+	// Customers, ledger and portal.
 	CodeInvalidName           Code = "invalid_name"
 	CodeInvalidDescription    Code = "invalid_description"
 	CodeInvalidRefundReason   Code = "invalid_refund_reason"
