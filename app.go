@@ -25,9 +25,11 @@ import (
 	"billing/internal/database"
 	"billing/internal/httpserver"
 	"billing/internal/jobs"
+	"billing/internal/mail"
 	"billing/internal/stripeclient"
 	"billing/ledger"
 	"billing/migrations"
+	"billing/notices"
 	"billing/portal"
 	"billing/webhooks"
 )
@@ -102,7 +104,7 @@ func newApp(opts appOptions) (*App, error) {
 
 	workers := river.NewWorkers()
 	inbox.AddWorkers(workers)
-	river.AddWorker(workers, billing.NewNoticeWorker(db, billing.MailConfig{SMTPURL: cfg.Mail.SMTPURL, From: cfg.Mail.From}, logger))
+	river.AddWorker(workers, notices.NewWorker(db, mail.Config{SMTPURL: cfg.Mail.SMTPURL, From: cfg.Mail.From}, logger))
 
 	stripe := stripeclient.New(cfg.Stripe.APIURL, cfg.Stripe.SecretKey, logger)
 	livemode := cfg.Stripe.Mode == "live"

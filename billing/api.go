@@ -13,6 +13,7 @@ import (
 
 	"billing/internal/apierr"
 	"billing/internal/database"
+	"billing/internal/display"
 	"billing/internal/ids"
 )
 
@@ -139,9 +140,9 @@ func (s *Service) adminPage(ctx context.Context) (*adminPageView, error) {
 			Livemode:         h.Livemode,
 			Status:           h.Status,
 			HoldReason:       h.HoldReason,
-			Since:            formatTime(h.OnHoldSince),
-			NextRetry:        formatTime(h.NextPaymentAttempt),
-			InvoiceURL:       safeURL(deref(h.HostedInvoiceURL)),
+			Since:            display.Time(h.OnHoldSince),
+			NextRetry:        display.Time(h.NextPaymentAttempt),
+			InvoiceURL:       display.SafeURL(deref(h.HostedInvoiceURL)),
 		}
 		if h.UserID != nil {
 			row.UserID = *h.UserID
@@ -150,7 +151,7 @@ func (s *Service) adminPage(ctx context.Context) (*adminPageView, error) {
 			row.Attempts = strconv.FormatInt(*h.AttemptCount, 10)
 		}
 		if h.AmountDue != nil {
-			row.Amount = formatAmount(h.AmountDue, deref(h.Currency))
+			row.Amount = display.Amount(h.AmountDue, deref(h.Currency))
 		}
 		v.Holds = append(v.Holds, row)
 	}
@@ -169,7 +170,7 @@ func (s *Service) adminPage(ctx context.Context) (*adminPageView, error) {
 				Type:      d.Type,
 				Livemode:  d.Livemode,
 				Attempts:  d.Attempts,
-				DeadAt:    formatTime(&dt),
+				DeadAt:    display.Time(&dt),
 				LastError: d.LastError,
 				ReplayURL: "/admin/events/" + url.PathEscape(d.EventID) + "/replay",
 			})

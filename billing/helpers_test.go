@@ -21,6 +21,7 @@ import (
 	"billing/internal/httpserver"
 	"billing/internal/testenv"
 	"billing/migrations"
+	"billing/notices"
 	"billing/webhooks"
 )
 
@@ -160,11 +161,11 @@ func (e *env) link(t *testing.T, userID, customerID, email string) {
 func (e *env) noticeCount(t *testing.T, eventID, kind string) (rows, jobs int) {
 	t.Helper()
 	var n, j int64
-	if err := e.db.Raw(`SELECT count(*) FROM notices WHERE event_id = ? AND kind = ?`, eventID, kind).Scan(&n).Error; err != nil {
+	if err := e.db.Raw(`SELECT count(*) FROM notices WHERE event_id = $1 AND kind = $2`, eventID, kind).Scan(&n).Error; err != nil {
 		t.Fatal(err)
 	}
-	if err := e.db.Raw(`SELECT count(*) FROM river_job WHERE kind = ? AND args->>'event_id' = ? AND args->>'kind' = ?`,
-		NoticeJobKind, eventID, kind).Scan(&j).Error; err != nil {
+	if err := e.db.Raw(`SELECT count(*) FROM river_job WHERE kind = $1 AND args->>'event_id' = $2 AND args->>'kind' = $3`,
+		notices.JobKind, eventID, kind).Scan(&j).Error; err != nil {
 		t.Fatal(err)
 	}
 	return int(n), int(j)
@@ -176,7 +177,7 @@ func (e *env) totalNotices(t *testing.T) (rows, jobs int) {
 	if err := e.db.Raw(`SELECT count(*) FROM notices`).Scan(&n).Error; err != nil {
 		t.Fatal(err)
 	}
-	if err := e.db.Raw(`SELECT count(*) FROM river_job WHERE kind = ?`, NoticeJobKind).Scan(&j).Error; err != nil {
+	if err := e.db.Raw(`SELECT count(*) FROM river_job WHERE kind = $1`, notices.JobKind).Scan(&j).Error; err != nil {
 		t.Fatal(err)
 	}
 	return int(n), int(j)

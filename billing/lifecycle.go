@@ -9,6 +9,7 @@ import (
 	"gorm.io/gorm"
 
 	"billing/internal/database"
+	"billing/notices"
 	"billing/webhooks"
 )
 
@@ -260,9 +261,9 @@ func (s *Service) trialWillEnd(ctx context.Context, tx *gorm.DB, ev webhooks.Eve
 			"event_id", ev.ID, "subscription_id", subscriptionID, "status", cur.Status)
 		return nil
 	}
-	return s.enqueueNotice(ctx, tx, noticeInput{
+	return s.notices.Enqueue(ctx, tx, notices.Input{
 		EventID:          ev.ID,
-		Kind:             NoticeTrialWillEnd,
+		Kind:             notices.KindTrialWillEnd,
 		SubscriptionID:   cur.SubscriptionID,
 		StripeCustomerID: cur.StripeCustomerID,
 		Livemode:         ev.Livemode,
@@ -351,9 +352,9 @@ func (s *Service) handleInvoiceEvent(ctx context.Context, tx *gorm.DB, ev webhoo
 	if !failed || !applied || IsTerminal(prior.Status) {
 		return nil
 	}
-	in := noticeInput{
+	in := notices.Input{
 		EventID:            ev.ID,
-		Kind:               NoticePaymentFailed,
+		Kind:               notices.KindPaymentFailed,
 		SubscriptionID:     subscriptionID,
 		StripeCustomerID:   customerID,
 		Livemode:           ev.Livemode,
@@ -371,7 +372,7 @@ func (s *Service) handleInvoiceEvent(ctx context.Context, tx *gorm.DB, ev webhoo
 	if inv.CustomerEmail != nil {
 		in.FallbackEmail = *inv.CustomerEmail
 	}
-	return s.enqueueNotice(ctx, tx, in)
+	return s.notices.Enqueue(ctx, tx, in)
 }
 
 func nullString(s string) *string {

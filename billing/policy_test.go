@@ -185,27 +185,3 @@ func TestDecodeLenient(t *testing.T) {
 		t.Errorf("invoice with expanded subscription: %v %v", inv, err)
 	}
 }
-
-func TestFormatAmount(t *testing.T) {
-	t.Parallel()
-	n := func(v int64) *int64 { return &v }
-	tests := []struct {
-		amount   *int64
-		currency string
-		want     string
-	}{
-		{n(2000), "usd", "20.00 USD"},
-		{n(5), "eur", "0.05 EUR"},
-		{n(0), "usd", "0.00 USD"},
-		{n(-150), "usd", "-1.50 USD"},
-		{n(1500), "jpy", "1500 JPY"},
-		{n(1234), "kwd", "1.234 KWD"},
-		{n(7), "", "0.07"},
-		{nil, "usd", ""},
-	}
-	for _, tc := range tests {
-		if got := formatAmount(tc.amount, tc.currency); got != tc.want {
-			t.Errorf("formatAmount(%s, %q) = %q, want %q", ptrInt(tc.amount), tc.currency, got, tc.want)
-		}
-	}
-}

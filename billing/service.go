@@ -1,12 +1,11 @@
 // Package billing keeps the local mirror of Stripe subscriptions and everything derived from
 // it: the subscription state machine driven by webhook events, payment holds, the entitlement
-// policy and its API, the admin holds page, and the customer notices (trial ending, payment
-// failed) sent by a River job.
+// policy and its API, the admin holds page. It decides when a customer notice (trial ending,
+// payment failed) is due and hands it to the notices package inside the event's transaction.
 package billing
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -15,6 +14,7 @@ import (
 	"gorm.io/gorm"
 
 	"billing/internal/jobs"
+	"billing/notices"
 	"billing/webhooks"
 )
 
@@ -35,7 +35,8 @@ type DeadLetterSource interface {
 
 // Deps are what the service needs from main.
 type Deps struct {
-	DB     *gorm.DB
+	DB *gorm.DB
+	// Jobs queues the notices' jobs in the event's transaction.
 	Jobs   jobs.Inserter
 	Logger *slog.Logger
 	// Now is the clock of entitlement decisions (cancel at period end); time.Now when nil.
@@ -50,15 +51,14 @@ type Deps struct {
 // Service is the billing domain: event handlers, entitlement reads and the admin views.
 type Service struct {
 	db          *gorm.DB
-	jobs        jobs.Inserter
 	log         *slog.Logger
 	now         func() time.Time
 	policy      Policy
+	notices     *notices.Enqueuer
 	deadLetters DeadLetterSource
 	pages       *pages
 
-	events  *prometheus.CounterVec
-	notices *prometheus.CounterVec
+	events *prometheus.CounterVec
 }
 
 // New builds the service. It panics on a wiring bug (no database, templates that do not parse).
@@ -72,25 +72,22 @@ func New(d Deps) *Service {
 	if d.Now == nil {
 		d.Now = time.Now
 	}
+	log := d.Logger.With("component", "billing")
 	s := &Service{
 		db:          d.DB,
-		jobs:        d.Jobs,
-		log:         d.Logger.With("component", "billing"),
+		log:         log,
 		now:         d.Now,
 		policy:      Policy{PastDueEntitled: d.PastDueEntitled},
+		notices:     notices.NewEnqueuer(notices.EnqueuerConfig{Jobs: d.Jobs, Logger: log, Now: d.Now, Registerer: d.Registerer}),
 		deadLetters: d.DeadLetters,
 		pages:       mustParsePages(),
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "billing_subscription_events_total",
 			Help: "Subscription and invoice events handled, by type and outcome (applied, stale, terminal, one_off). Counted per attempt: a rolled-back attempt counts too.",
 		}, []string{"type", "outcome"}),
-		notices: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "billing_notices_enqueued_total",
-			Help: "Customer notices enqueued, by kind. Counted per attempt: a rolled-back attempt counts too.",
-		}, []string{"kind"}),
 	}
 	if d.Registerer != nil {
-		d.Registerer.MustRegister(s.events, s.notices)
+		d.Registerer.MustRegister(s.events)
 	}
 	return s
 }
@@ -128,5 +125,3 @@ func (s *Service) CustomerSubscriptionStatus(ctx context.Context, stripeCustomer
 func permanent(format string, args ...any) error {
 	return webhooks.Permanent(fmt.Errorf(format, args...))
 }
-
-var errNoInserter = errors.New("billing: no job inserter configured")

@@ -8,7 +8,6 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,14 +18,17 @@ import (
 
 	"billing/internal/httpserver"
 	"billing/internal/jobs"
+	"billing/internal/mail"
+	"billing/internal/mail/mailtest"
 	"billing/internal/stripeevents"
 	"billing/internal/testenv"
+	"billing/notices"
 	"billing/webhooks"
 )
 
 // The lifecycle through the real webhook path: signed deliveries to POST /webhooks/stripe,
 // stored by the inbox, processed by its River worker (handler effects, notice jobs and the
-// "processed" mark in one transaction), and notices sent by the NoticeWorker.
+// "processed" mark in one transaction), and notices sent by the notices worker to an SMTP server.
 
 const (
 	pathSecret     = "whsec_billing_path_test"
@@ -37,8 +39,7 @@ type webhookPath struct {
 	t    *testing.T
 	db   *gorm.DB
 	e    *echo.Echo
-	mu   sync.Mutex
-	sent []string
+	smtp *mailtest.Server
 }
 
 func newWebhookPath(t *testing.T) *webhookPath {
@@ -57,16 +58,11 @@ func newWebhookPath(t *testing.T) *webhookPath {
 		Tolerance: 5 * time.Minute, MaxAttempts: 3, RetryDelay: time.Millisecond,
 		Metrics: webhooks.NewMetrics(prometheus.NewRegistry()),
 	})
-	notices := NewNoticeWorker(db, MailConfig{SMTPURL: "smtp://127.0.0.1:1", From: "billing@example.com"}, logger)
-	notices.send = func(_ context.Context, _ MailConfig, to string, _ []byte) error {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		p.sent = append(p.sent, to)
-		return nil
-	}
+	srv, pool := mailtest.NewServer(t, false, true)
+	p.smtp = srv
 	workers := river.NewWorkers()
 	inbox.AddWorkers(workers)
-	river.AddWorker(workers, notices)
+	river.AddWorker(workers, notices.NewWorker(db, mail.Config{SMTPURL: "smtp://" + srv.Addr(), From: "billing@example.com", RootCAs: pool}, logger))
 	rc, err := jobs.NewClient(sqlDB, jobs.ClientOptions{
 		Workers:      workers,
 		Queues:       map[string]int{river.QueueDefault: 4, webhooks.QueueWebhooks: 8},
@@ -144,13 +140,16 @@ func (p *webhookPath) waitFor(what, query string, want int, args ...any) {
 
 func (p *webhookPath) processed(ids ...string) {
 	p.t.Helper()
-	p.waitFor("processed events", `SELECT count(*) FROM webhook_events WHERE event_id IN ? AND status = 'processed'`, len(ids), ids)
+	p.waitFor("processed events", `SELECT count(*) FROM webhook_events WHERE event_id = ANY($1) AND status = 'processed'`, len(ids), ids)
 }
 
+// sentTo lists the recipients of the mails the SMTP server received.
 func (p *webhookPath) sentTo() []string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return slices.Clone(p.sent)
+	var to []string
+	for _, m := range p.smtp.Received() {
+		to = append(to, strings.TrimSuffix(strings.TrimPrefix(m.To, "TO:<"), ">"))
+	}
+	return to
 }
 
 func TestLifecycleThroughTheWebhookInbox(t *testing.T) {

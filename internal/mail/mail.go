@@ -1,4 +1,6 @@
-package billing
+// Package mail builds MIME messages and delivers them over SMTP. It knows nothing of what the
+// messages say: the notices package renders them.
+package mail
 
 import (
 	"bytes"
@@ -18,9 +20,29 @@ import (
 	"time"
 )
 
-// buildMessage renders a notice as a MIME message: multipart/alternative with the plain-text
-// and the HTML body, both quoted-printable UTF-8.
-func buildMessage(from, to string, n renderedNotice, date time.Time, idPart string) ([]byte, error) {
+// Config is where mail goes.
+type Config struct {
+	// SMTPURL is smtp://[user:pass@]host[:port] (STARTTLS when the server offers it) or
+	// smtps://[user:pass@]host[:port] (implicit TLS).
+	SMTPURL string
+	From    string
+	// RootCAs verify the server's certificate; nil is the system pool (tests pass their own CA).
+	RootCAs *x509.CertPool
+}
+
+// Enabled reports whether mail can be sent at all: both the server and the sender are set.
+func (c Config) Enabled() bool { return c.SMTPURL != "" && c.From != "" }
+
+// Message is what a mail says: a subject line, and the same content as plain text and HTML.
+type Message struct {
+	Subject string
+	Text    string
+	HTML    string
+}
+
+// Build renders m as a MIME message: multipart/alternative with the plain-text and the HTML
+// body, both quoted-printable UTF-8. idPart makes the Message-ID unique per message.
+func Build(from, to string, m Message, date time.Time, idPart string) ([]byte, error) {
 	fromAddr, err := mail.ParseAddress(from)
 	if err != nil {
 		return nil, fmt.Errorf("from address: %w", err)
@@ -37,8 +59,8 @@ func buildMessage(from, to string, n renderedNotice, date time.Time, idPart stri
 	var body bytes.Buffer
 	mw := multipart.NewWriter(&body)
 	for _, part := range []struct{ typ, content string }{
-		{"text/plain; charset=utf-8", n.Text},
-		{"text/html; charset=utf-8", n.HTML},
+		{"text/plain; charset=utf-8", m.Text},
+		{"text/html; charset=utf-8", m.HTML},
 	} {
 		w, err := mw.CreatePart(textproto.MIMEHeader{
 			"Content-Type":              {part.typ},
@@ -63,7 +85,7 @@ func buildMessage(from, to string, n renderedNotice, date time.Time, idPart stri
 	header := func(k, v string) { fmt.Fprintf(&msg, "%s: %s\r\n", k, v) }
 	header("From", fromAddr.String())
 	header("To", toAddr.String())
-	header("Subject", mime.QEncoding.Encode("utf-8", n.Subject))
+	header("Subject", mime.QEncoding.Encode("utf-8", m.Subject))
 	header("Date", date.Format(time.RFC1123Z))
 	header("Message-ID", fmt.Sprintf("<%s.%d@%s>", idPart, date.UnixNano(), domain))
 	header("MIME-Version", "1.0")
@@ -73,11 +95,10 @@ func buildMessage(from, to string, n renderedNotice, date time.Time, idPart stri
 	return msg.Bytes(), nil
 }
 
-// sendSMTP delivers one message. smtp:// upgrades with STARTTLS when the server offers it;
+// Send delivers one message. smtp:// upgrades with STARTTLS when the server offers it;
 // smtps:// speaks TLS from the start. Credentials in the URL are used with AUTH PLAIN, which
-// net/smtp only sends over TLS (or to localhost).
-// roots is nil in production (the system pool); tests pass their own CA.
-func sendSMTP(ctx context.Context, cfg MailConfig, to string, msg []byte, roots *x509.CertPool) error {
+// net/smtp only sends over TLS (or to localhost). Errors never contain the URL's password.
+func Send(ctx context.Context, cfg Config, to string, msg []byte) error {
 	u, err := url.Parse(cfg.SMTPURL)
 	if err != nil {
 		return fmt.Errorf("mail.smtp_url: invalid URL")
@@ -119,7 +140,7 @@ func sendSMTP(ctx context.Context, cfg MailConfig, to string, msg []byte, roots 
 	if err := conn.SetDeadline(deadline); err != nil {
 		return err
 	}
-	tlsConfig := &tls.Config{ServerName: host, MinVersion: tls.VersionTLS12, RootCAs: roots}
+	tlsConfig := &tls.Config{ServerName: host, MinVersion: tls.VersionTLS12, RootCAs: cfg.RootCAs}
 	if implicitTLS {
 		tc := tls.Client(conn, tlsConfig)
 		if err := tc.HandshakeContext(ctx); err != nil {
