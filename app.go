@@ -18,6 +18,7 @@ import (
 	"github.com/riverqueue/river"
 	"gorm.io/gorm"
 
+	"billing/admin"
 	"billing/billing"
 	"billing/config"
 	"billing/customers"
@@ -130,7 +131,6 @@ func newApp(opts appOptions) (*App, error) {
 		Logger:          logger,
 		Now:             now,
 		PastDueEntitled: cfg.Policy.PastDueEntitled,
-		DeadLetters:     inbox,
 		Registerer:      reg,
 	})
 	subs.Register(registry)
@@ -138,9 +138,12 @@ func newApp(opts appOptions) (*App, error) {
 	ledger.New(ledger.Deps{DB: db, Stripe: stripe, Livemode: livemode, Logger: logger, Now: now}).Mount(v1)
 	portal.New(portal.Deps{DB: db, Stripe: stripe, Subscriptions: subs, Livemode: livemode, DefaultReturnURL: cfg.Portal.ReturnURL, Logger: logger}).Mount(v1)
 	subs.MountAPI(v1)
-	subs.MountAdmin(adminAPI)
 
 	inbox.MountWebhook(e)
+
+	// The admin console reads the holds from billing and the dead letters from the inbox; the
+	// inbox's event log and replay share its /admin group.
+	admin.New(admin.Deps{Holds: subs, DeadLetters: inbox, Logger: logger, Now: now}).Mount(adminAPI)
 	inbox.MountAdmin(adminAPI)
 
 	return &App{Echo: e, River: riverClient, Inbox: inbox, DB: db, Registry: reg, log: logger}, nil

@@ -58,7 +58,6 @@ type env struct {
 	svc   *Service
 	reg   *webhooks.Registry
 	clock *clock
-	dead  *fakeDeadLetters
 	echo  *echo.Echo
 }
 
@@ -67,7 +66,7 @@ type envOpt func(*Deps)
 func withPastDueEntitled(v bool) envOpt { return func(d *Deps) { d.PastDueEntitled = v } }
 
 // newEnv gives a test its own migrated database, a service on it with an insert-only River
-// client, and an echo instance with the API and admin routes mounted (no auth: main adds it).
+// client, and an echo instance with the API routes mounted (no auth: main adds it).
 func newEnv(t *testing.T, opts ...envOpt) *env {
 	t.Helper()
 	db := testenv.DB(t)
@@ -81,14 +80,13 @@ func newEnv(t *testing.T, opts ...envOpt) *env {
 	if err != nil {
 		t.Fatalf("river client: %v", err)
 	}
-	e := &env{db: db, clock: &clock{t: at(0)}, dead: &fakeDeadLetters{}}
+	e := &env{db: db, clock: &clock{t: at(0)}}
 	d := Deps{
 		DB:              db,
 		Jobs:            rc,
 		Logger:          slog.New(slog.DiscardHandler),
 		Now:             e.clock.Now,
 		PastDueEntitled: true,
-		DeadLetters:     e.dead,
 	}
 	for _, o := range opts {
 		o(&d)
@@ -100,7 +98,6 @@ func newEnv(t *testing.T, opts ...envOpt) *env {
 	e.echo = echo.New()
 	e.echo.HTTPErrorHandler = httpserver.ErrorHandler(slog.New(slog.DiscardHandler))
 	e.svc.MountAPI(e.echo.Group("/v1"))
-	e.svc.MountAdmin(e.echo.Group("/admin"))
 	return e
 }
 
@@ -206,24 +203,6 @@ func (e *env) get(t *testing.T, path string, out any) (int, []byte) {
 		}
 	}
 	return rec.Code, body
-}
-
-type fakeDeadLetters struct {
-	mu    sync.Mutex
-	items []webhooks.DeadLetter
-	err   error
-}
-
-func (f *fakeDeadLetters) DeadLetters(_ context.Context, limit int) ([]webhooks.DeadLetter, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.err != nil {
-		return nil, f.err
-	}
-	if len(f.items) > limit {
-		return f.items[:limit], nil
-	}
-	return f.items, nil
 }
 
 // ---- event builders -------------------------------------------------------------------------

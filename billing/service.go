@@ -1,7 +1,8 @@
 // Package billing keeps the local mirror of Stripe subscriptions and everything derived from
 // it: the subscription state machine driven by webhook events, payment holds, the entitlement
-// policy and its API, the admin holds page. It decides when a customer notice (trial ending,
-// payment failed) is due and hands it to the notices package inside the event's transaction.
+// policy and its API, and the holds the admin console lists. It decides when a customer notice
+// (trial ending, payment failed) is due and hands it to the notices package inside the event's
+// transaction.
 package billing
 
 import (
@@ -28,11 +29,6 @@ const (
 	EventInvoicePaymentSucceeded  = "invoice.payment_succeeded"
 )
 
-// DeadLetterSource lists dead-lettered events, newest first: the webhooks inbox.
-type DeadLetterSource interface {
-	DeadLetters(ctx context.Context, limit int) ([]webhooks.DeadLetter, error)
-}
-
 // Deps are what the service needs from main.
 type Deps struct {
 	DB *gorm.DB
@@ -42,26 +38,22 @@ type Deps struct {
 	// Now is the clock of entitlement decisions (cancel at period end); time.Now when nil.
 	Now             func() time.Time
 	PastDueEntitled bool
-	// DeadLetters feeds the admin page; the section says "not available" when nil.
-	DeadLetters DeadLetterSource
 	// Registerer receives the service's metrics; optional.
 	Registerer prometheus.Registerer
 }
 
-// Service is the billing domain: event handlers, entitlement reads and the admin views.
+// Service is the billing domain: event handlers, and the entitlement and holds reads.
 type Service struct {
-	db          *gorm.DB
-	log         *slog.Logger
-	now         func() time.Time
-	policy      Policy
-	notices     *notices.Enqueuer
-	deadLetters DeadLetterSource
-	pages       *pages
+	db      *gorm.DB
+	log     *slog.Logger
+	now     func() time.Time
+	policy  Policy
+	notices *notices.Enqueuer
 
 	events *prometheus.CounterVec
 }
 
-// New builds the service. It panics on a wiring bug (no database, templates that do not parse).
+// New builds the service. It panics on a wiring bug (no database).
 func New(d Deps) *Service {
 	if d.DB == nil {
 		panic("billing: Deps.DB is nil")
@@ -74,13 +66,11 @@ func New(d Deps) *Service {
 	}
 	log := d.Logger.With("component", "billing")
 	s := &Service{
-		db:          d.DB,
-		log:         log,
-		now:         d.Now,
-		policy:      Policy{PastDueEntitled: d.PastDueEntitled},
-		notices:     notices.NewEnqueuer(notices.EnqueuerConfig{Jobs: d.Jobs, Logger: log, Now: d.Now, Registerer: d.Registerer}),
-		deadLetters: d.DeadLetters,
-		pages:       mustParsePages(),
+		db:      d.DB,
+		log:     log,
+		now:     d.Now,
+		policy:  Policy{PastDueEntitled: d.PastDueEntitled},
+		notices: notices.NewEnqueuer(notices.EnqueuerConfig{Jobs: d.Jobs, Logger: log, Now: d.Now, Registerer: d.Registerer}),
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "billing_subscription_events_total",
 			Help: "Subscription and invoice events handled, by type and outcome (applied, stale, terminal, one_off). Counted per attempt: a rolled-back attempt counts too.",
