@@ -1,6 +1,7 @@
-// Package templates embeds the service's server-rendered templates: the admin pages (html/template)
-// and the customer notices (a text/template with the subject and plain-text body, and an
-// html/template with the HTML body, per notice kind).
+// Package templates embeds the service's server-rendered templates: the admin console's pages
+// under admin/ (html/template; package admin) and the customer notices under mail/ (per notice
+// kind, a text/template with the subject and plain-text body and an html/template with the HTML
+// body; package notices).
 package templates
 
 import (
