@@ -104,6 +104,13 @@ type Proxy struct {
 	rules   []*rule
 	seq     int
 	objects map[string][]map[string]any // created objects by collection path
+	routes  []route                     // stateful resources served here, not by stripe-mock
+}
+
+// route serves the requests under a path prefix from the test's own state.
+type route struct {
+	prefix string
+	serve  func(Request) Answer
 }
 
 // New starts a proxy in front of upstreamURL (stripe-mock) and stops it when the test ends.
@@ -221,6 +228,29 @@ func (p *Proxy) Executed(method, path string) int {
 		}
 	}
 	return n
+}
+
+// Handle makes the proxy answer every request whose path is prefix or lies under prefix+"/" with
+// serve, instead of forwarding it to stripe-mock: the way to give a test stateful Stripe
+// resources (lists that page, retrieves of what was created, updates). Faults, gates, canned
+// answers and the idempotency layer still apply first, as for any request. The longest matching
+// prefix wins.
+func (p *Proxy) Handle(prefix string, serve func(Request) Answer) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.routes = append(p.routes, route{prefix: strings.TrimRight(prefix, "/"), serve: serve})
+	sort.SliceStable(p.routes, func(i, j int) bool { return len(p.routes[i].prefix) > len(p.routes[j].prefix) })
+}
+
+func (p *Proxy) routeFor(path string) func(Request) Answer {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, r := range p.routes {
+		if path == r.prefix || strings.HasPrefix(path, r.prefix+"/") {
+			return r.serve
+		}
+	}
+	return nil
 }
 
 func (p *Proxy) addRule(r *rule) {
@@ -349,6 +379,11 @@ var searchQuery = regexp.MustCompile(`^metadata\['([^']+)'\]:'([^']*)'$`)
 func (p *Proxy) execute(req Request, hr *http.Request, body []byte) (int, []byte) {
 	if r := p.take(req.Method, req.Path, func(r *rule) bool { return r.respond != nil }); r != nil {
 		a := r.respond(req)
+		b, _ := json.Marshal(a.Body)
+		return a.Status, b
+	}
+	if serve := p.routeFor(req.Path); serve != nil {
+		a := serve(req)
 		b, _ := json.Marshal(a.Body)
 		return a.Status, b
 	}
