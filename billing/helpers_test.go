@@ -126,7 +126,7 @@ func (e *env) mustHandle(t *testing.T, evs ...webhooks.Event) {
 func (e *env) sub(t *testing.T, id string) *Subscription {
 	t.Helper()
 	var rows []Subscription
-	if err := e.db.Raw(`SELECT s.*, c.user_id FROM subscriptions s LEFT JOIN customers c USING (stripe_customer_id) WHERE subscription_id = ?`, id).Scan(&rows).Error; err != nil {
+	if err := e.db.Raw(`SELECT s.*, c.user_id FROM subscriptions s LEFT JOIN customers c USING (stripe_customer_id) WHERE subscription_id = $1`, id).Scan(&rows).Error; err != nil {
 		t.Fatalf("load subscription %s: %v", id, err)
 	}
 	if len(rows) != 1 {
@@ -146,7 +146,7 @@ func (e *env) countSubs(t *testing.T) int {
 
 func (e *env) link(t *testing.T, userID, customerID, email string) {
 	t.Helper()
-	err := e.db.Exec(`INSERT INTO customers (user_id, stripe_customer_id, email) VALUES (?, ?, ?)
+	err := e.db.Exec(`INSERT INTO customers (user_id, stripe_customer_id, email) VALUES ($1, $2, $3)
 		ON CONFLICT (user_id) DO UPDATE SET stripe_customer_id = EXCLUDED.stripe_customer_id, email = EXCLUDED.email`,
 		userID, nullString(customerID), email).Error
 	if err != nil {

@@ -40,7 +40,7 @@ func inMode(ev webhooks.Event, live bool) webhooks.Event {
 func (e *env) modeRow(t *testing.T, id string) string {
 	t.Helper()
 	var row []map[string]any
-	if err := e.db.Raw(`SELECT to_jsonb(s) - 'updated_at' AS r FROM subscriptions s WHERE subscription_id = ?`, id).Scan(&row).Error; err != nil {
+	if err := e.db.Raw(`SELECT to_jsonb(s) - 'updated_at' AS r FROM subscriptions s WHERE subscription_id = $1`, id).Scan(&row).Error; err != nil {
 		t.Fatal(err)
 	}
 	b, _ := json.Marshal(row)
@@ -86,7 +86,7 @@ func TestEventOfTheOtherModeChangesNothing(t *testing.T) {
 			t.Run(name+"/"+attack.Type, func(t *testing.T) {
 				t.Parallel()
 				e := newEnv(t)
-				if err := e.db.Exec(`INSERT INTO customers (user_id, stripe_customer_id, email, livemode) VALUES ('u_m', 'cus_m', 'm@example.com', ?)`, storedLive).Error; err != nil {
+				if err := e.db.Exec(`INSERT INTO customers (user_id, stripe_customer_id, email, livemode) VALUES ($1, $2, $3, $4)`, "u_m", "cus_m", "m@example.com", storedLive).Error; err != nil {
 					t.Fatal(err)
 				}
 				e.mustHandle(t, inMode(created("own_created", 1, sub), storedLive), inMode(failed("own_failed", 2, inv), storedLive))
@@ -115,7 +115,7 @@ func TestNewSubscriptionNamingACustomerOfTheOtherMode(t *testing.T) {
 	t.Parallel()
 	for _, customerLive := range []bool{false, true} {
 		e := newEnv(t)
-		if err := e.db.Exec(`INSERT INTO customers (user_id, stripe_customer_id, email, livemode) VALUES ('u_c', 'cus_c', 'c@example.com', ?)`, customerLive).Error; err != nil {
+		if err := e.db.Exec(`INSERT INTO customers (user_id, stripe_customer_id, email, livemode) VALUES ($1, $2, $3, $4)`, "u_c", "cus_c", "c@example.com", customerLive).Error; err != nil {
 			t.Fatal(err)
 		}
 		ent := e.entitlement(t, "u_c")
