@@ -46,13 +46,13 @@ type fuzzSeed struct {
 	created int64
 }
 
-// fuzzSeeds are the real fixtures of testdata/stripe-events (the handled types), objects built
-// like the lifecycle tests build them, against the rows FuzzHandleEvent commits first, and
-// malformed and edge-case objects.
+// fuzzSeeds are the real fixtures of the repository's testdata/stripe-events (the handled
+// types), objects built like the lifecycle tests build them, against the rows FuzzHandleEvent
+// commits first, and malformed and edge-case objects.
 func fuzzSeeds(f *testing.F) []fuzzSeed {
 	f.Helper()
 	var out []fuzzSeed
-	paths, err := filepath.Glob(filepath.Join("testdata", "stripe-events", "*.json"))
+	paths, err := filepath.Glob(filepath.Join("..", "testdata", "stripe-events", "*.json"))
 	if err != nil || len(paths) == 0 {
 		f.Fatalf("no fixtures: %v", err)
 	}
