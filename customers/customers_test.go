@@ -119,7 +119,7 @@ func TestUnfinishedLinkIsFinished(t *testing.T) {
 		t.Parallel()
 		v := newEnv(t, false)
 		// A crash after the row, before (or during) the Stripe call.
-		v.exec(`INSERT INTO customers (user_id, email, name) VALUES ('u1', 'old@example.com', 'Old')`)
+		v.exec(`INSERT INTO customers (user_id, email, name) VALUES ('u1', $1, 'Old')`, "old@example.com")
 		if _, err := Get(context.Background(), v.db, "u1", false); !errors.Is(err, ErrNotFound) {
 			t.Fatalf("Get of an unfinished link: %v, want ErrNotFound", err)
 		}
@@ -238,8 +238,8 @@ func TestPutValidation(t *testing.T) {
 func TestLookupsSeeOnlyLinkedCustomers(t *testing.T) {
 	t.Parallel()
 	v := newEnv(t, false)
-	v.exec(`INSERT INTO customers (user_id, stripe_customer_id, email) VALUES ('linked', 'cus_1', 'l@example.com')`)
-	v.exec(`INSERT INTO customers (user_id, email) VALUES ('halfway', 'h@example.com')`)
+	v.exec(`INSERT INTO customers (user_id, stripe_customer_id, email) VALUES ('linked', 'cus_1', $1)`, "l@example.com")
+	v.exec(`INSERT INTO customers (user_id, email) VALUES ('halfway', $1)`, "h@example.com")
 	ctx := context.Background()
 	for _, tc := range []struct {
 		user    string
@@ -304,5 +304,36 @@ func TestPutAnswers503WhenTheDatabaseIsDown(t *testing.T) {
 	expectError(t, v.put("u1", body{"email": "a@example.com"}), http.StatusServiceUnavailable, "database_unavailable")
 	if n := len(v.proxy.Requests()); n != 0 {
 		t.Errorf("called Stripe %d times without a ledger of it", n)
+	}
+}
+
+// A refusal of the call rather than of the customer (a bad or restricted API key) says nothing
+// about what exists under the key: the link stays pending with its first values, and the next
+// PUT, once the key is fixed, finishes it under the same key instead of starting over.
+func TestRefusedCallKeepsTheLinkPending(t *testing.T) {
+	t.Parallel()
+	v := newEnv(t, false)
+	v.proxy.Respond(http.MethodPost, customersPath, 1, func(stripetest.Request) stripetest.Answer {
+		return stripetest.Answer{Status: http.StatusUnauthorized, Body: map[string]any{"error": map[string]any{
+			"type": "invalid_request_error", "message": "Invalid API Key provided",
+		}}}
+	})
+	expectError(t, v.put("u1", body{"email": "first@example.com"}), http.StatusBadGateway, "stripe_error")
+	if row := v.row("u1"); row.UserID != "u1" || row.StripeCustomerID != nil || row.Email != "first@example.com" {
+		t.Fatalf("after the refused call the row is %+v, want kept pending", row)
+	}
+	v.proxy.ForgetKeys() // Stripe keeps no answer for a request it refused before acting
+
+	rec := v.put("u1", body{"email": "second@example.com"})
+	expectStatus(t, rec, http.StatusCreated)
+	creates := v.proxy.Filter(http.MethodPost, customersPath)
+	if len(creates) != 2 || creates[1].IdempotencyKey != "customer-u1" || creates[1].Form.Get("email") != "first@example.com" {
+		t.Fatalf("creates %+v", creates)
+	}
+	if n := len(v.proxy.Objects(customersPath)); n != 1 {
+		t.Errorf("%d customers made, want 1", n)
+	}
+	if row := v.row("u1"); row.Email != "second@example.com" || row.StripeCustomerID == nil {
+		t.Errorf("row %+v", row)
 	}
 }

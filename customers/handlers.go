@@ -18,14 +18,9 @@ import (
 	"billing/internal/database"
 	"billing/internal/httpserver"
 	"billing/internal/ids"
+	"billing/internal/outbound"
 	"billing/internal/stripeclient"
 )
-
-// keyWindow is how long we trust Stripe to still remember an idempotency key. Stripe keeps keys
-// for at least 24 hours after their first use; the link row is written before that first use, so
-// its age bounds the key's age from above, and the hour of margin covers clock skew and the
-// duration of the call itself.
-const keyWindow = 23 * time.Hour
 
 // Accounts is the billing side of GET /v1/customers/{user_id}: the user's subscriptions and
 // entitlement, read from local state (billing.Service implements it).
@@ -130,144 +125,163 @@ func (h *Handlers) put(c echo.Context) error {
 	return c.JSON(status, customerResponse{UserID: cust.UserID, StripeCustomerID: cust.StripeID(), Livemode: cust.Livemode})
 }
 
+// CustomerKey is the Stripe idempotency key of a user's customer.
+func CustomerKey(userID string) string { return outbound.Key("customer", userID) }
+
 // Ensure links userID to a Stripe customer, creating it on first use, and brings email and name
 // up to date locally and on Stripe. created reports whether this call made the link. Errors are
 // *apierr.Error values.
 //
-// The row is inserted (committed) before Stripe is called, and the Stripe customer is created
-// with the first request's email and name under the key customer-{user_id}: a retry after a crash
-// sends the very same parameters with the same key, so Stripe answers with the customer it
-// already made. A create that Stripe refuses outright leaves nothing under the key, so the
-// unfinished row is dropped and the next PUT starts over with its own values. Concurrent calls
-// for one user queue on the row lock, held across the Stripe call (it is per user, and the call
-// is short).
+// The link is made by the outbound protocol: the row is inserted (committed) before Stripe is
+// called, and the Stripe customer is created with the first request's email and name under the
+// key customer-{user_id}, so that a retry after a crash sends the very same parameters with the
+// same key and Stripe answers with the customer it already made. A create that Stripe refuses
+// outright leaves nothing under the key, so the unfinished row is dropped and the next PUT starts
+// over with its own values. An update of email or name follows in a transaction of its own, so
+// that the link, the expensive part to redo, is committed whatever becomes of the update.
 func (h *Handlers) Ensure(ctx context.Context, userID, email, name string) (*Customer, bool, error) {
 	now := h.now().UTC()
 	err := h.db.WithContext(ctx).Exec(`
 		INSERT INTO customers (user_id, email, name, livemode, created_at, updated_at)
-		VALUES (?, ?, ?, ?, ?, ?)
+		VALUES ($1, $2, $3, $4, $5, $5)
 		ON CONFLICT (user_id) DO NOTHING`,
-		userID, email, name, h.livemode, now, now).Error
+		userID, email, name, h.livemode, now).Error
 	if err != nil {
 		return nil, false, database.APIError(err, "insert customer link")
 	}
+	cust, created, err := h.link(ctx, userID)
+	if err != nil {
+		return nil, false, err
+	}
+	if cust.Email != email || cust.Name != name {
+		if err := h.update(ctx, cust, email, name); err != nil {
+			return nil, false, err
+		}
+	}
+	return cust, created, nil
+}
 
-	var (
-		cust      Customer
-		created   bool
-		updateErr error
-	)
-	err = h.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		res := tx.Raw(`SELECT * FROM customers WHERE user_id = ? FOR UPDATE`, userID).Scan(&cust)
+// link finishes the user's link row if it has no Stripe customer yet.
+func (h *Handlers) link(ctx context.Context, userID string) (*Customer, bool, error) {
+	var cust Customer
+	res, err := outbound.Run(ctx, h.db, outbound.Call[*stripe.Customer]{
+		Lock: outbound.Select{SQL: `SELECT * FROM customers WHERE user_id = $1`, Args: []any{userID}, Into: &cust},
+		Locked: func(*gorm.DB) (outbound.State, error) {
+			if cust.Livemode != h.livemode {
+				// Linked (or being linked) in the other mode: neither finish it with this
+				// mode's key nor move it over.
+				return outbound.State{}, ModeConflict(userID, cust.Livemode)
+			}
+			return outbound.State{Key: CustomerKey(userID), CreatedAt: cust.CreatedAt, Done: cust.StripeCustomerID != nil}, nil
+		},
+		Find: func(ctx context.Context) (*stripe.Customer, bool, error) { return h.findCustomer(ctx, userID) },
+		Create: func(p stripe.Params) (*stripe.Customer, error) {
+			// The row's values, not the request's: every attempt under the key sends the same.
+			params := &stripe.CustomerParams{
+				Params:   p,
+				Email:    stripe.String(cust.Email),
+				Metadata: map[string]string{"user_id": cust.UserID},
+			}
+			if cust.Name != "" {
+				params.Name = stripe.String(cust.Name)
+			}
+			return h.stripe.Customers.New(params)
+		},
+		Complete: func(tx *gorm.DB, sc *stripe.Customer, a outbound.Attempt) error {
+			if err := tx.Exec(`UPDATE customers SET stripe_customer_id = $1, updated_at = $2 WHERE user_id = $3`,
+				sc.ID, a.At, userID).Error; err != nil {
+				return fmt.Errorf("store Stripe customer id: %w", err)
+			}
+			cust.StripeCustomerID = &sc.ID
+			h.log.InfoContext(ctx, "stripe customer linked", "user_id", userID, "stripe_customer_id", sc.ID)
+			return nil
+		},
+		Refuse: func(tx *gorm.DB, _ outbound.Attempt) error {
+			// Nothing exists under the key, so the unfinished link is dropped and the next PUT
+			// starts over with its own values. Kept, it would make every later PUT resend the
+			// refused ones, forever.
+			if err := tx.Exec(`DELETE FROM customers WHERE user_id = $1 AND stripe_customer_id IS NULL`, userID).Error; err != nil {
+				return fmt.Errorf("drop refused customer link: %w", err)
+			}
+			return nil
+		},
+		RecordAttempt: func(tx *gorm.DB, a outbound.Attempt) error {
+			// The table has no attempt columns; updated_at at least dates the last attempt.
+			if err := tx.Exec(`UPDATE customers SET updated_at = $1 WHERE user_id = $2`, a.At, userID).Error; err != nil {
+				return fmt.Errorf("record customer attempt: %w", err)
+			}
+			return nil
+		},
+		Now: h.now,
+		Log: h.log.With("user_id", userID),
+	})
+	if err != nil {
+		return nil, false, database.APIError(err, "link customer")
+	}
+	switch res.Outcome {
+	case outbound.Gone:
+		// Dropped by a concurrent request whose create Stripe refused, while we waited.
+		return nil, false, linkChanged(userID)
+	case outbound.Refused, outbound.Pending:
+		what := "create the customer"
+		if res.Attempt.Step == outbound.StepFind {
+			what = "search for the customer"
+		}
+		return nil, false, stripeclient.APIError(res.Attempt.Err, what)
+	}
+	return &cust, res.Outcome == outbound.Completed, nil
+}
+
+// findCustomer looks for the customer an earlier attempt at the user's link made.
+func (h *Handlers) findCustomer(ctx context.Context, userID string) (*stripe.Customer, bool, error) {
+	params := &stripe.CustomerSearchParams{SearchParams: stripe.SearchParams{
+		Context: ctx,
+		// User ids are [A-Za-z0-9_-]: nothing to escape in the query.
+		Query: fmt.Sprintf("metadata['user_id']:'%s'", userID),
+	}}
+	it := h.stripe.Customers.Search(params)
+	for it.Next() {
+		if sc := it.Customer(); sc.Metadata["user_id"] == userID && !sc.Deleted {
+			return sc, true, nil
+		}
+	}
+	if err := it.Err(); err != nil {
+		return nil, false, fmt.Errorf("search customer of user %q: %w", userID, err)
+	}
+	return nil, false, nil
+}
+
+// update brings a linked customer's email and name to the given values, under the row lock so
+// that concurrent PUTs leave Stripe and the row agreeing. Stripe first: if the local update then
+// fails, the next PUT sees the difference again and repeats the (idempotent) update.
+func (h *Handlers) update(ctx context.Context, cust *Customer, email, name string) error {
+	err := h.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		res := tx.Raw(`SELECT * FROM customers WHERE user_id = $1 FOR UPDATE`, cust.UserID).Scan(cust)
 		if res.Error != nil {
 			return database.APIError(res.Error, "lock customer link")
 		}
-		if res.RowsAffected == 0 {
-			// Dropped by a concurrent request whose create Stripe refused, while we waited.
-			return apierr.New(apierr.CodeConflict, "the customer link of user %s changed meanwhile; repeat the request", userID)
+		if res.RowsAffected == 0 || cust.StripeCustomerID == nil {
+			return linkChanged(cust.UserID)
 		}
-		if cust.Livemode != h.livemode {
-			// Linked (or being linked) in the other mode: neither finish it with this mode's key
-			// nor move it over.
-			return ModeConflict(userID, cust.Livemode)
+		if cust.Email == email && cust.Name == name {
+			return nil
 		}
-		if cust.StripeCustomerID == nil {
-			id, err := h.findOrCreate(ctx, &cust)
-			var refused createRefused
-			if errors.As(err, &refused) {
-				// Nothing exists under the key, so the unfinished link is dropped and the next
-				// PUT starts over with its own values. Kept, it would make every later PUT resend
-				// the refused ones, forever.
-				if err := tx.Exec(`DELETE FROM customers WHERE user_id = ? AND stripe_customer_id IS NULL`, userID).Error; err != nil {
-					return database.APIError(err, "drop refused customer link")
-				}
-				updateErr = refused.answer
-				return nil
-			}
-			if err != nil {
-				return err
-			}
-			if err := tx.Exec(`UPDATE customers SET stripe_customer_id = ?, updated_at = ? WHERE user_id = ?`,
-				id, h.now().UTC(), userID).Error; err != nil {
-				return database.APIError(err, "store Stripe customer id")
-			}
-			cust.StripeCustomerID = &id
-			created = true
-			h.log.InfoContext(ctx, "stripe customer linked", "user_id", userID, "stripe_customer_id", id)
+		params := &stripe.CustomerParams{Email: stripe.String(email), Name: stripe.String(name)}
+		params.Context = ctx
+		if _, err := h.stripe.Customers.Update(cust.StripeID(), params); err != nil {
+			return stripeclient.APIError(err, "update the customer")
 		}
-		if cust.Email != email || cust.Name != name {
-			// Stripe first: if the local update then fails, the next PUT sees the difference
-			// again and repeats the (idempotent) update.
-			params := &stripe.CustomerParams{Email: stripe.String(email), Name: stripe.String(name)}
-			params.Context = ctx
-			if _, err := h.stripe.Customers.Update(cust.StripeID(), params); err != nil {
-				// Commit a link made above all the same: it is the expensive part to redo.
-				updateErr = stripeclient.APIError(err, "update the customer")
-				return nil
-			}
-			if err := tx.Exec(`UPDATE customers SET email = ?, name = ?, updated_at = ? WHERE user_id = ?`,
-				email, name, h.now().UTC(), userID).Error; err != nil {
-				return database.APIError(err, "update customer")
-			}
-			cust.Email, cust.Name = email, name
+		if err := tx.Exec(`UPDATE customers SET email = $1, name = $2, updated_at = $3 WHERE user_id = $4`,
+			email, name, h.now().UTC(), cust.UserID).Error; err != nil {
+			return database.APIError(err, "update customer")
 		}
+		cust.Email, cust.Name = email, name
 		return nil
 	})
-	if err != nil {
-		// Errors from inside are answers already; a failed BEGIN or COMMIT is not.
-		return nil, false, database.APIError(err, "link customer")
-	}
-	if updateErr != nil {
-		return nil, false, updateErr
-	}
-	return &cust, created, nil
+	// Errors from inside are answers already; a failed BEGIN or COMMIT is not.
+	return database.APIError(err, "update customer link")
 }
 
-// findOrCreate returns the Stripe customer of a link row that has none yet.
-func (h *Handlers) findOrCreate(ctx context.Context, cust *Customer) (string, error) {
-	if h.now().Sub(cust.CreatedAt) >= keyWindow {
-		// Stripe may have forgotten the key of an attempt made more than a day ago, so a create
-		// could make a second customer: look for the one such an attempt would have made. Search
-		// lags writes by up to a minute, but an attempt made within that minute used the same
-		// key, which Stripe still remembers.
-		params := &stripe.CustomerSearchParams{SearchParams: stripe.SearchParams{
-			Context: ctx,
-			Query:   fmt.Sprintf("metadata['user_id']:'%s'", cust.UserID),
-		}}
-		it := h.stripe.Customers.Search(params)
-		for it.Next() {
-			if sc := it.Customer(); sc.Metadata["user_id"] == cust.UserID && !sc.Deleted {
-				h.log.InfoContext(ctx, "stripe customer found by search", "user_id", cust.UserID, "stripe_customer_id", sc.ID)
-				return sc.ID, nil
-			}
-		}
-		if err := it.Err(); err != nil {
-			return "", stripeclient.APIError(err, "search for the customer")
-		}
-	}
-	params := &stripe.CustomerParams{
-		Email:    stripe.String(cust.Email),
-		Metadata: map[string]string{"user_id": cust.UserID},
-	}
-	if cust.Name != "" {
-		params.Name = stripe.String(cust.Name)
-	}
-	params.Context = ctx
-	params.SetIdempotencyKey("customer-" + cust.UserID)
-	sc, err := h.stripe.Customers.New(params)
-	if err != nil {
-		answer := stripeclient.APIError(err, "create the customer")
-		if !stripeclient.Retryable(err) {
-			return "", createRefused{answer}
-		}
-		return "", answer
-	}
-	return sc.ID, nil
+func linkChanged(userID string) error {
+	return apierr.New(apierr.CodeConflict, "the customer link of user %s changed meanwhile; repeat the request", userID)
 }
-
-// createRefused is Stripe refusing to create the customer (e.g. an address it does not take):
-// a final answer that leaves nothing under the idempotency key. answer is the client's answer.
-type createRefused struct{ answer error }
-
-func (e createRefused) Error() string { return e.answer.Error() }
-func (e createRefused) Unwrap() error { return e.answer }

@@ -76,7 +76,7 @@ func (v *env) doAs(token, method, path string, body any) *httptest.ResponseRecor
 func (v *env) row(userID string) Customer {
 	v.t.Helper()
 	var c Customer
-	if err := v.db.Raw(`SELECT * FROM customers WHERE user_id = ?`, userID).Scan(&c).Error; err != nil {
+	if err := v.db.Raw(`SELECT * FROM customers WHERE user_id = $1`, userID).Scan(&c).Error; err != nil {
 		v.t.Fatalf("load customer %s: %v", userID, err)
 	}
 	return c

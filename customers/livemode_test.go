@@ -11,8 +11,8 @@ func TestPutRefusesALinkOfTheOtherMode(t *testing.T) {
 	t.Parallel()
 	for _, serviceLive := range []bool{false, true} {
 		v := newEnv(t, serviceLive)
-		v.exec(`INSERT INTO customers (user_id, stripe_customer_id, email, livemode) VALUES ('linked', 'cus_other', 'a@example.com', ?)`, !serviceLive)
-		v.exec(`INSERT INTO customers (user_id, email, livemode) VALUES ('halfway', 'h@example.com', ?)`, !serviceLive)
+		v.exec(`INSERT INTO customers (user_id, stripe_customer_id, email, livemode) VALUES ('linked', 'cus_other', $1, $2)`, "a@example.com", !serviceLive)
+		v.exec(`INSERT INTO customers (user_id, email, livemode) VALUES ('halfway', $1, $2)`, "h@example.com", !serviceLive)
 		for _, user := range []string{"linked", "halfway"} {
 			before := v.row(user)
 			expectError(t, v.put(user, map[string]any{"email": "new@example.com", "name": "New"}), http.StatusConflict, "livemode_conflict")

@@ -16,6 +16,7 @@ import (
 	"billing/internal/apierr"
 	"billing/internal/database"
 	"billing/internal/httpserver"
+	"billing/internal/outbound"
 	"billing/internal/stripeclient"
 )
 
@@ -27,7 +28,7 @@ const (
 )
 
 // ChargeKey is the Stripe idempotency key of an order's charge.
-func ChargeKey(orderID string) string { return "charge-" + orderID }
+func ChargeKey(orderID string) string { return outbound.Key("charge", orderID) }
 
 type chargeRequestJSON struct {
 	OrderID     json.RawMessage `json:"order_id"`
@@ -57,7 +58,7 @@ type chargeBody struct {
 	IdempotencyKey  string `json:"idempotency_key"`
 }
 
-// chargeRow is a row of the charges table.
+// chargeRow is a row of the charges table, scanned by column name.
 type chargeRow struct {
 	OrderID          string
 	UserID           string
@@ -120,7 +121,7 @@ func (s *Service) postCharge(c echo.Context) error {
 // charge runs the ledger path of the package doc for one order.
 func (s *Service) charge(ctx context.Context, req chargeRequest) reply {
 	hash := requestHash(req)
-	row, found, err := s.loadCharge(ctx, s.db, req.OrderID, false)
+	row, found, err := s.loadCharge(ctx, s.db, req.OrderID)
 	if err != nil {
 		return reply{err: err}
 	}
@@ -136,7 +137,7 @@ func (s *Service) charge(ctx context.Context, req chargeRequest) reply {
 			return reply{err: err}
 		}
 		// Read back what is there: ours, or a concurrent request's row (which may conflict).
-		if row, found, err = s.loadCharge(ctx, s.db, req.OrderID, false); err != nil {
+		if row, found, err = s.loadCharge(ctx, s.db, req.OrderID); err != nil {
 			return reply{err: err}
 		} else if !found {
 			return reply{err: apierr.Internal(fmt.Errorf("charge row of order %q vanished after insert", req.OrderID))}
@@ -159,13 +160,9 @@ func (s *Service) charge(ctx context.Context, req chargeRequest) reply {
 	return s.finishCharge(ctx, req.OrderID)
 }
 
-func (s *Service) loadCharge(ctx context.Context, db *gorm.DB, orderID string, lock bool) (*chargeRow, bool, error) {
-	q := `SELECT * FROM charges WHERE order_id = ?`
-	if lock {
-		q += ` FOR UPDATE`
-	}
+func (s *Service) loadCharge(ctx context.Context, db *gorm.DB, orderID string) (*chargeRow, bool, error) {
 	var row chargeRow
-	res := db.WithContext(ctx).Raw(q, orderID).Scan(&row)
+	res := db.WithContext(ctx).Raw(`SELECT * FROM charges WHERE order_id = $1`, orderID).Scan(&row)
 	if res.Error != nil {
 		return nil, false, database.APIError(res.Error, "load charge")
 	}
@@ -183,10 +180,10 @@ func (s *Service) insertCharge(ctx context.Context, req chargeRequest, hash, str
 	err := s.db.WithContext(ctx).Exec(`
 		INSERT INTO charges (order_id, user_id, stripe_customer_id, amount, currency, description,
 			request_hash, idempotency_key, livemode, state, created_at, updated_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11)
 		ON CONFLICT DO NOTHING`,
 		req.OrderID, req.UserID, stripeCustomerID, req.Amount, req.Currency, req.Description,
-		hash, ChargeKey(req.OrderID), s.livemode, statePending, now, now).Error
+		hash, ChargeKey(req.OrderID), s.livemode, statePending, now).Error
 	return database.APIError(err, "insert charge")
 }
 
@@ -235,101 +232,114 @@ func (s *Service) resolvePaymentMethod(ctx context.Context, row *chargeRow) erro
 		pm = sc.InvoiceSettings.DefaultPaymentMethod.ID
 	}
 	err = s.db.WithContext(ctx).Exec(`
-		UPDATE charges SET payment_method_id = ?, updated_at = ?
-		WHERE order_id = ? AND payment_method_id IS NULL AND state = ?`,
+		UPDATE charges SET payment_method_id = $1, updated_at = $2
+		WHERE order_id = $3 AND payment_method_id IS NULL AND state = $4`,
 		pm, s.now().UTC(), row.OrderID, statePending).Error
 	return database.APIError(err, "store payment method")
 }
 
-// chargeOutcome is what one attempt at Stripe came to.
+// chargeOutcome is Stripe's final answer about a charge.
 type chargeOutcome struct {
-	final           bool   // Stripe's answer is known: complete the row
-	status          string // ledger status (final only)
+	status          string // ledger status
 	paymentIntentID string
 	declineCode     string
 	apiErr          *apierr.Error // the answer when it is not a success
 }
 
-// finishCharge completes a pending row under its lock; see the package doc.
+// finishCharge finishes a pending row through the outbound protocol; see the package doc.
 func (s *Service) finishCharge(ctx context.Context, orderID string) reply {
-	var rep reply
-	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		row, found, err := s.loadCharge(ctx, tx, orderID, true)
-		if err != nil {
-			return err
-		}
-		if !found {
-			return apierr.Internal(fmt.Errorf("charge row of order %q vanished", orderID))
-		}
-		if row.State == stateCompleted {
-			// A concurrent identical request finished it while we waited for the lock.
-			rep = answerOf(row.Answer, &chargeBody{}, false)
-			return nil
-		}
-		out := s.attemptCharge(ctx, row)
-		now := s.now().UTC()
-		if !out.final {
-			// Keep the row pending (the next identical request finishes it), but keep the
-			// attempt's trace for operators.
+	var (
+		row chargeRow
+		rep reply
+	)
+	complete := func(tx *gorm.DB, out chargeOutcome, a outbound.Attempt) error {
+		var err error
+		rep, err = s.completeCharge(ctx, tx, &row, out, a.At)
+		return err
+	}
+	res, err := outbound.Run(ctx, s.db, outbound.Call[*stripe.PaymentIntent]{
+		Lock: outbound.Select{SQL: `SELECT * FROM charges WHERE order_id = $1`, Args: []any{orderID}, Into: &row},
+		Locked: func(*gorm.DB) (outbound.State, error) {
+			return outbound.State{Key: row.IdempotencyKey, CreatedAt: row.CreatedAt, Done: row.State == stateCompleted}, nil
+		},
+		Find: func(ctx context.Context) (*stripe.PaymentIntent, bool, error) {
+			return s.findPaymentIntent(ctx, orderID)
+		},
+		Create: func(p stripe.Params) (*stripe.PaymentIntent, error) {
+			return s.stripe.PaymentIntents.New(paymentIntentParams(p, &row))
+		},
+		Complete: func(tx *gorm.DB, pi *stripe.PaymentIntent, a outbound.Attempt) error {
+			return complete(tx, paymentIntentOutcome(pi), a)
+		},
+		Refuse: func(tx *gorm.DB, a outbound.Attempt) error {
+			out, err := chargeRefusal(a.Err)
+			if err != nil {
+				return err
+			}
+			return complete(tx, out, a)
+		},
+		RecordAttempt: func(tx *gorm.DB, a outbound.Attempt) error {
+			apiErr := unfinished(a, "charge")
 			if err := tx.Exec(`
-				UPDATE charges SET attempts = attempts + 1, last_attempt_at = ?, error_code = ?, updated_at = ?
-				WHERE order_id = ?`, now, string(out.apiErr.Code), now, orderID).Error; err != nil {
-				return database.APIError(err, "record charge attempt")
+				UPDATE charges SET attempts = attempts + 1, last_attempt_at = $1, error_code = $2, updated_at = $1
+				WHERE order_id = $3`, a.At, string(apiErr.Code), orderID).Error; err != nil {
+				return fmt.Errorf("record charge attempt: %w", err)
 			}
-			rep = reply{err: out.apiErr}
+			rep = reply{err: apiErr}
 			return nil
-		}
-		var body any
-		if out.apiErr == nil {
-			body = chargeBody{
-				OrderID: row.OrderID, Status: out.status, PaymentIntentID: out.paymentIntentID,
-				Amount: row.Amount, Currency: row.Currency, IdempotencyKey: row.IdempotencyKey,
-			}
-		}
-		answer, err := encodeAnswer(body, out.apiErr)
-		if err != nil {
-			return apierr.Internal(err)
-		}
-		var errorCode *string
-		if out.apiErr != nil {
-			code := string(out.apiErr.Code)
-			errorCode = &code
-		}
-		if err := tx.Exec(`
-			UPDATE charges SET state = ?, status = ?, payment_intent_id = NULLIF(?, ''), answer = CAST(? AS jsonb),
-				error_code = ?, decline_code = NULLIF(?, ''), attempts = attempts + 1, last_attempt_at = ?,
-				completed_at = ?, updated_at = ?
-			WHERE order_id = ?`,
-			stateCompleted, out.status, out.paymentIntentID, answer, errorCode, out.declineCode, now, now, now,
-			orderID).Error; err != nil {
-			return database.APIError(err, "complete charge")
-		}
-		s.log.InfoContext(ctx, "charge completed", "order_id", orderID, "status", out.status,
-			"payment_intent_id", out.paymentIntentID, "decline_code", out.declineCode)
-		rep = answerOf(&answer, &chargeBody{}, true)
-		return nil
+		},
+		Now: s.now,
+		Log: s.log.With("order_id", orderID),
 	})
 	if err != nil {
 		return reply{err: database.APIError(err, "finish charge")}
 	}
+	switch res.Outcome {
+	case outbound.AlreadyDone:
+		// A concurrent identical request finished it while we waited for the lock.
+		return answerOf(row.Answer, &chargeBody{}, false)
+	case outbound.Gone:
+		return reply{err: apierr.Internal(fmt.Errorf("charge row of order %q vanished", orderID))}
+	}
 	return rep
 }
 
-// attemptCharge asks Stripe for the order's PaymentIntent: confirmed at once, off-session,
-// on the customer's payment method, under the order's key.
-func (s *Service) attemptCharge(ctx context.Context, row *chargeRow) chargeOutcome {
-	if s.now().Sub(row.CreatedAt) >= keyWindow {
-		pi, err := s.findPaymentIntent(ctx, row.OrderID)
-		if err != nil {
-			return chargeOutcome{apiErr: lookupFailed(err, "charge")}
+// completeCharge records Stripe's final answer in the locked row and answers it.
+func (s *Service) completeCharge(ctx context.Context, tx *gorm.DB, row *chargeRow, out chargeOutcome, at time.Time) (reply, error) {
+	var body any
+	var errorCode *string
+	if out.apiErr == nil {
+		body = chargeBody{
+			OrderID: row.OrderID, Status: out.status, PaymentIntentID: out.paymentIntentID,
+			Amount: row.Amount, Currency: row.Currency, IdempotencyKey: row.IdempotencyKey,
 		}
-		if pi != nil {
-			s.log.InfoContext(ctx, "payment intent of an old pending charge found by search",
-				"order_id", row.OrderID, "payment_intent_id", pi.ID)
-			return paymentIntentOutcome(pi)
-		}
+	} else {
+		code := string(out.apiErr.Code)
+		errorCode = &code
 	}
+	answer, err := encodeAnswer(body, out.apiErr)
+	if err != nil {
+		return reply{}, apierr.Internal(err)
+	}
+	if err := tx.Exec(`
+		UPDATE charges SET state = $1, status = $2, payment_intent_id = NULLIF($3, ''), answer = CAST($4 AS jsonb),
+			error_code = $5, decline_code = NULLIF($6, ''), attempts = attempts + 1, last_attempt_at = $7,
+			completed_at = $7, updated_at = $7
+		WHERE order_id = $8`,
+		stateCompleted, out.status, out.paymentIntentID, answer, errorCode, out.declineCode, at,
+		row.OrderID).Error; err != nil {
+		return reply{}, fmt.Errorf("complete charge: %w", err)
+	}
+	s.log.InfoContext(ctx, "charge completed", "order_id", row.OrderID, "status", out.status,
+		"payment_intent_id", out.paymentIntentID, "decline_code", out.declineCode)
+	return answerOf(&answer, &chargeBody{}, true), nil
+}
+
+// paymentIntentParams asks for the order's PaymentIntent: confirmed at once, off-session, on the
+// payment method recorded with the row. p carries the order's key.
+func paymentIntentParams(p stripe.Params, row *chargeRow) *stripe.PaymentIntentParams {
 	params := &stripe.PaymentIntentParams{
+		Params:     p,
 		Amount:     stripe.Int64(row.Amount),
 		Currency:   stripe.String(row.Currency),
 		Customer:   stripe.String(row.StripeCustomerID),
@@ -347,22 +357,11 @@ func (s *Service) attemptCharge(ctx context.Context, row *chargeRow) chargeOutco
 	if row.PaymentMethodID != nil && *row.PaymentMethodID != "" {
 		params.PaymentMethod = row.PaymentMethodID
 	}
-	params.Context = ctx
-	params.SetIdempotencyKey(row.IdempotencyKey)
-	pi, err := s.stripe.PaymentIntents.New(params)
-	if err != nil {
-		if !stripeclient.Retryable(err) {
-			s.log.WarnContext(ctx, "charge refused by Stripe", "order_id", row.OrderID, stripeclient.LogAttr(err))
-		} else {
-			s.log.WarnContext(ctx, "charge attempt failed; row stays pending", "order_id", row.OrderID, stripeclient.LogAttr(err))
-		}
-		return chargeErrorOutcome(err)
-	}
-	return paymentIntentOutcome(pi)
+	return params
 }
 
 // findPaymentIntent looks up the PaymentIntent made for an order by an earlier attempt.
-func (s *Service) findPaymentIntent(ctx context.Context, orderID string) (*stripe.PaymentIntent, error) {
+func (s *Service) findPaymentIntent(ctx context.Context, orderID string) (*stripe.PaymentIntent, bool, error) {
 	params := &stripe.PaymentIntentSearchParams{SearchParams: stripe.SearchParams{
 		Context: ctx,
 		// Order ids are [A-Za-z0-9_-]: nothing to escape in the query.
@@ -371,20 +370,20 @@ func (s *Service) findPaymentIntent(ctx context.Context, orderID string) (*strip
 	it := s.stripe.PaymentIntents.Search(params)
 	for it.Next() {
 		if pi := it.PaymentIntent(); pi.Metadata["order_id"] == orderID {
-			return pi, nil
+			return pi, true, nil
 		}
 	}
 	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("search payment intent of order %q: %w", orderID, err)
+		return nil, false, fmt.Errorf("search payment intent of order %q: %w", orderID, err)
 	}
-	return nil, nil
+	return nil, false, nil
 }
 
 // paymentIntentOutcome maps a PaymentIntent that Stripe returned to the final answer.
 func paymentIntentOutcome(pi *stripe.PaymentIntent) chargeOutcome {
 	switch pi.Status {
 	case stripe.PaymentIntentStatusSucceeded, stripe.PaymentIntentStatusProcessing, stripe.PaymentIntentStatusRequiresCapture:
-		return chargeOutcome{final: true, status: string(pi.Status), paymentIntentID: pi.ID}
+		return chargeOutcome{status: string(pi.Status), paymentIntentID: pi.ID}
 	case stripe.PaymentIntentStatusRequiresAction, stripe.PaymentIntentStatusRequiresConfirmation:
 		return authenticationRequired(pi.ID, "")
 	default:
@@ -400,32 +399,29 @@ func paymentIntentOutcome(pi *stripe.PaymentIntent) chargeOutcome {
 	}
 }
 
-// chargeErrorOutcome maps a failed call.
-func chargeErrorOutcome(err error) chargeOutcome {
+// chargeRefusal maps Stripe's final refusal of a charge (outbound.Final): a card error is a
+// decline (or a demand for authentication), anything else a failed charge.
+func chargeRefusal(err error) (chargeOutcome, error) {
 	var se *stripe.Error
-	if stripeclient.Retryable(err) || !errors.As(err, &se) {
-		return chargeOutcome{apiErr: unavailable(err, "charge")}
+	if !errors.As(err, &se) {
+		return chargeOutcome{}, apierr.Internal(fmt.Errorf("charge refusal without a Stripe error: %w", stripeclient.Redact(err)))
 	}
-	switch {
-	case se.Type == stripe.ErrorTypeCard:
+	if se.Type == stripe.ErrorTypeCard {
 		piID := ""
 		if se.PaymentIntent != nil {
 			piID = se.PaymentIntent.ID
 		}
 		if se.Code == stripe.ErrorCodeAuthenticationRequired {
-			return authenticationRequired(piID, se.Msg)
+			return authenticationRequired(piID, se.Msg), nil
 		}
 		code := string(se.DeclineCode)
 		if code == "" {
 			code = string(se.Code)
 		}
-		return declined(piID, code, se.Msg)
-	case stripeMisconfigured(se):
-		return chargeOutcome{apiErr: refused(err, apierr.CodeStripeError, "Stripe refused the call; the charge stays pending")}
-	default:
-		return chargeOutcome{final: true, status: chargeFailed, apiErr: refused(err, apierr.CodeChargeFailed,
-			"Stripe refused the charge: %s", se.Msg).With("stripe_code", string(se.Code))}
+		return declined(piID, code, se.Msg), nil
 	}
+	return chargeOutcome{status: chargeFailed, apiErr: refused(err, apierr.CodeChargeFailed,
+		"Stripe refused the charge: %s", se.Msg).With("stripe_code", string(se.Code))}, nil
 }
 
 func authenticationRequired(piID, msg string) chargeOutcome {
@@ -433,7 +429,7 @@ func authenticationRequired(piID, msg string) chargeOutcome {
 		msg = "The payment needs the customer to authenticate it (3-D Secure) on session."
 	}
 	return chargeOutcome{
-		final: true, status: string(stripe.PaymentIntentStatusRequiresAction), paymentIntentID: piID,
+		status: string(stripe.PaymentIntentStatusRequiresAction), paymentIntentID: piID,
 		apiErr: apierr.New(apierr.CodeAuthenticationRequire, "%s", msg).With("payment_intent_id", piID),
 	}
 }
@@ -443,7 +439,7 @@ func declined(piID, declineCode, msg string) chargeOutcome {
 		msg = "The card was declined."
 	}
 	return chargeOutcome{
-		final: true, status: chargeDeclined, paymentIntentID: piID, declineCode: declineCode,
+		status: chargeDeclined, paymentIntentID: piID, declineCode: declineCode,
 		apiErr: apierr.New(apierr.CodeCardDeclined, "%s", msg).
 			With("decline_code", declineCode).With("payment_intent_id", piID),
 	}

@@ -91,7 +91,7 @@ func TestChargeConflictIsRefusedBeforeStripe(t *testing.T) {
 	v.mustCharge("o1", "u1", 100)
 	// A pending order conflicts the same way.
 	v.exec(`INSERT INTO charges (order_id, user_id, stripe_customer_id, amount, currency, request_hash, idempotency_key, livemode, state)
-		VALUES ('o2', 'u1', 'cus_u1', 100, 'usd', ?, 'charge-o2', false, 'pending')`,
+		VALUES ('o2', 'u1', 'cus_u1', 100, 'usd', $1, 'charge-o2', false, 'pending')`,
 		requestHash(chargeRequest{OrderID: "o2", UserID: "u1", Amount: 100, Currency: "usd"}))
 	calls := len(v.proxy.Requests())
 
@@ -225,7 +225,7 @@ func TestPendingChargeLeftByCrashIsFinished(t *testing.T) {
 		v.t.Helper()
 		v.exec(`INSERT INTO charges (order_id, user_id, stripe_customer_id, amount, currency, request_hash,
 				idempotency_key, livemode, state, created_at)
-			VALUES ('o1', 'u1', 'cus_u1', 300, 'usd', ?, 'charge-o1', false, 'pending', now() - CAST(? AS interval))`,
+			VALUES ('o1', 'u1', 'cus_u1', 300, 'usd', $1, 'charge-o1', false, 'pending', now() - CAST($2 AS interval))`,
 			requestHash(chargeRequest{OrderID: "o1", UserID: "u1", Amount: 300, Currency: "usd"}), age)
 	}
 
@@ -423,7 +423,7 @@ func TestChargeValidation(t *testing.T) {
 		expectError(t, v.charge("o1", "nobody", 100, "usd"), http.StatusNotFound, "customer_not_found")
 	})
 	t.Run("user whose link is still being made", func(t *testing.T) {
-		v.exec(`INSERT INTO customers (user_id, email) VALUES ('halfway', 'h@example.com')`)
+		v.exec(`INSERT INTO customers (user_id, email) VALUES ('halfway', $1)`, "h@example.com")
 		expectError(t, v.charge("o1", "halfway", 100, "usd"), http.StatusNotFound, "customer_not_found")
 	})
 	if n := len(v.proxy.Requests()); n != 0 {

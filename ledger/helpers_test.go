@@ -59,7 +59,7 @@ func newEnvLogging(t *testing.T, logger *slog.Logger) *env {
 func (v *env) addCustomer(userID string) string {
 	v.t.Helper()
 	stripeID := "cus_" + userID
-	v.exec(`INSERT INTO customers (user_id, stripe_customer_id, email) VALUES (?, ?, ?)`, userID, stripeID, userID+"@example.com")
+	v.exec(`INSERT INTO customers (user_id, stripe_customer_id, email) VALUES ($1, $2, $3)`, userID, stripeID, userID+"@example.com")
 	return stripeID
 }
 
@@ -106,7 +106,7 @@ func (v *env) mustCharge(orderID, userID string, amount int64) string {
 func (v *env) chargeRow(orderID string) chargeRow {
 	v.t.Helper()
 	var row chargeRow
-	if err := v.db.Raw(`SELECT * FROM charges WHERE order_id = ?`, orderID).Scan(&row).Error; err != nil {
+	if err := v.db.Raw(`SELECT * FROM charges WHERE order_id = $1`, orderID).Scan(&row).Error; err != nil {
 		v.t.Fatalf("load charge %s: %v", orderID, err)
 	}
 	return row
@@ -115,7 +115,7 @@ func (v *env) chargeRow(orderID string) chargeRow {
 func (v *env) refundRow(orderID, refundID string) refundRow {
 	v.t.Helper()
 	var row refundRow
-	if err := v.db.Raw(`SELECT * FROM refunds WHERE order_id = ? AND refund_id = ?`, orderID, refundID).Scan(&row).Error; err != nil {
+	if err := v.db.Raw(`SELECT * FROM refunds WHERE order_id = $1 AND refund_id = $2`, orderID, refundID).Scan(&row).Error; err != nil {
 		v.t.Fatalf("load refund %s/%s: %v", orderID, refundID, err)
 	}
 	return row

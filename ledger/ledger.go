@@ -2,32 +2,25 @@
 // no retry can ever double them, and serves POST /v1/charges and
 // POST /v1/charges/{order_id}/refunds.
 //
-// Every call follows the same path:
-//
-//  1. A ledger row keyed by the business id (order id; order id + refund id) is inserted and
-//     committed, state 'pending', with a hash of the request, before Stripe is called.
-//  2. In a transaction that holds the row lock (SELECT … FOR UPDATE), Stripe is called with the
-//     idempotency key derived from the business id (charge-{order_id},
-//     refund-{order_id}-{refund_id}); the row is completed with Stripe's answer and the exact
-//     answer we give, and committed.
-//  3. A repeat reads the row: a completed row is answered from the ledger without calling Stripe
-//     (also long after Stripe's 24-hour key window); another request under the same id is a 409;
-//     a pending row (crash, Stripe outage) is finished by step 2 again, with the same key.
+// Every call is one user of the outbound protocol (internal/outbound), which owns the order of
+// the steps: the ledger row keyed by the business id (order id; order id + refund id) is
+// inserted and committed, state 'pending', with a hash of the request, before Stripe is called;
+// the row is locked across the call, which is made with the key derived from the business id
+// (charge-{order_id}, refund-{order_id}-{refund_id}); past the key window an earlier attempt's
+// object is looked up first — the PaymentIntents search API (metadata['order_id']:'…') for
+// charges, the refunds list of the PaymentIntent filtered on metadata[refund_id] for refunds;
+// Stripe's final answer completes the row, any other failure leaves it pending with the attempt
+// recorded. What stays here is the money: request hashes and conflicts, the amount caps, the
+// refund reservation under the charge's lock, and the answers, stored with the row so that a
+// repeat of a completed request is answered from the ledger without calling Stripe (also long
+// after Stripe's 24-hour key window).
 //
 // Locking: we lock the ledger row itself rather than take a pg advisory lock. The row exists
-// (step 1) before anyone needs the lock, the lock is scoped to exactly one order, it is released
-// by commit, rollback or a dropped connection without bookkeeping, and it cannot collide with
+// before anyone needs the lock, the lock is scoped to exactly one order, it is released by
+// commit, rollback or a dropped connection without bookkeeping, and it cannot collide with
 // another order the way hashed advisory-lock keys can. Holding it across the Stripe call costs a
 // pooled connection per in-flight charge, which is acceptable: it only ever serialises requests
 // for the same order, and those must wait anyway.
-//
-// Beyond the key window: Stripe keeps idempotency keys for at least 24 hours. A row's created_at
-// precedes the first use of its key, so while the row is younger than keyWindow a repeat of the
-// call is deduplicated by Stripe. An older pending row is first looked up on Stripe — the
-// PaymentIntents search API (metadata['order_id']:'…') for charges, the refunds list of the
-// PaymentIntent filtered on metadata[refund_id] for refunds — and only created when nothing is
-// found. Search lags writes by up to about a minute, but an attempt made within that minute used
-// the same key, which Stripe still remembers, so search-then-create cannot double either.
 package ledger
 
 import (
@@ -42,18 +35,14 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/labstack/echo/v4"
-	"github.com/stripe/stripe-go/v79"
 	"github.com/stripe/stripe-go/v79/client"
 	"gorm.io/gorm"
 
 	"billing/internal/apierr"
 	"billing/internal/httpserver"
+	"billing/internal/outbound"
 	"billing/internal/stripeclient"
 )
-
-// keyWindow is how long after a row's creation we rely on Stripe still knowing its idempotency
-// key: Stripe's 24 hours minus an hour for clock skew and the duration of the calls.
-const keyWindow = 23 * time.Hour
 
 // callTimeout bounds one request's ledger section (lock, Stripe call with stripe-go's own
 // retries, completion). It is detached from the client's context: once Stripe may have acted,
@@ -200,12 +189,18 @@ func isUniqueViolation(err error) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == "23505"
 }
 
-// stripeMisconfigured reports refusals that say nothing about the charge itself — a key reused
-// with other parameters, a bad or restricted API key — so the row stays pending to be finished
-// once that is fixed, rather than recording a refusal forever.
-func stripeMisconfigured(se *stripe.Error) bool {
-	return se.Type == stripe.ErrorTypeIdempotency ||
-		se.HTTPStatusCode == http.StatusUnauthorized || se.HTTPStatusCode == http.StatusForbidden
+// unfinished is the answer to an attempt that left the row pending (what is "charge" or
+// "refund"): Stripe unreachable, a refusal of the call rather than of the money (a bad API key),
+// or a failed lookup of an earlier attempt.
+func unfinished(a outbound.Attempt, what string) *apierr.Error {
+	switch {
+	case a.Step == outbound.StepFind:
+		return lookupFailed(a.Err, what)
+	case stripeclient.Retryable(a.Err):
+		return unavailable(a.Err, what)
+	default:
+		return refused(a.Err, apierr.CodeStripeError, "Stripe refused the call; the %s stays pending", what)
+	}
 }
 
 func unavailable(err error, what string) *apierr.Error {
@@ -213,9 +208,9 @@ func unavailable(err error, what string) *apierr.Error {
 		"Stripe could not be reached to %s; repeat the same request to finish it", what)
 }
 
-// lookupFailed maps a failed lookup of an earlier attempt beyond the key window. It is never
-// final, since it says nothing about the charge or refund itself; and without the lookup
-// nothing may be created, so the row stays pending. what is "charge" or "refund".
+// lookupFailed maps a failed lookup of an earlier attempt beyond the key window. The row stays
+// pending: the lookup says nothing about the charge or refund itself, and without it nothing
+// may be created.
 func lookupFailed(err error, what string) *apierr.Error {
 	if stripeclient.Retryable(err) {
 		return unavailable(err, "look up an earlier "+what+" attempt")

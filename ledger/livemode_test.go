@@ -11,10 +11,10 @@ import (
 func TestLedgerRefusesTheOtherMode(t *testing.T) {
 	t.Parallel()
 	v := newEnv(t)
-	v.exec(`INSERT INTO customers (user_id, stripe_customer_id, email, livemode) VALUES ('u_live', 'cus_live', 'l@example.com', true)`)
+	v.exec(`INSERT INTO customers (user_id, stripe_customer_id, email, livemode) VALUES ('u_live', 'cus_live', $1, true)`, "l@example.com")
 	v.addCustomer("u_test")
 	v.exec(`INSERT INTO charges (order_id, user_id, stripe_customer_id, amount, currency, request_hash, idempotency_key, livemode, state)
-		VALUES ('o_live_pending', 'u_test', 'cus_u_test', 100, 'usd', ?, 'charge-o_live_pending', true, 'pending')`,
+		VALUES ('o_live_pending', 'u_test', 'cus_u_test', 100, 'usd', $1, 'charge-o_live_pending', true, 'pending')`,
 		requestHash(chargeRequest{OrderID: "o_live_pending", UserID: "u_test", Amount: 100, Currency: "usd"}))
 	v.exec(`INSERT INTO charges (order_id, user_id, stripe_customer_id, amount, currency, request_hash, idempotency_key, livemode, state, status, payment_intent_id, answer)
 		VALUES ('o_live_paid', 'u_test', 'cus_u_test', 100, 'usd', 'h', 'charge-o_live_paid', true, 'completed', 'succeeded', 'pi_live', '{"body":{}}')`)

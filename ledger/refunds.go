@@ -14,6 +14,7 @@ import (
 	"billing/internal/apierr"
 	"billing/internal/database"
 	"billing/internal/httpserver"
+	"billing/internal/outbound"
 	"billing/internal/stripeclient"
 )
 
@@ -23,7 +24,7 @@ const refundError = "error"
 // RefundKey is the Stripe idempotency key of a refund. The contract fixes this format; since ids
 // may contain '-', two (order, refund) pairs can spell the same key, which the UNIQUE
 // refunds.idempotency_key turns into a 409 instead of a Stripe-side clash.
-func RefundKey(orderID, refundID string) string { return "refund-" + orderID + "-" + refundID }
+func RefundKey(orderID, refundID string) string { return outbound.Key("refund", orderID, refundID) }
 
 type refundRequestJSON struct {
 	RefundID json.RawMessage `json:"refund_id"`
@@ -51,6 +52,7 @@ type refundBody struct {
 	IdempotencyKey string `json:"idempotency_key"`
 }
 
+// refundRow is a row of the refunds table, scanned by column name.
 type refundRow struct {
 	OrderID        string
 	RefundID       string
@@ -107,7 +109,7 @@ func (s *Service) postRefund(c echo.Context) error {
 // charge, so concurrent refunds can never add up to more than it, even before Stripe answers.
 func (s *Service) refund(ctx context.Context, req refundRequest) reply {
 	hash := requestHash(req)
-	row, found, err := s.loadRefund(ctx, s.db, req.OrderID, req.RefundID, false)
+	row, found, err := s.loadRefund(ctx, s.db, req.OrderID, req.RefundID)
 	if err != nil {
 		return reply{err: err}
 	}
@@ -115,7 +117,7 @@ func (s *Service) refund(ctx context.Context, req refundRequest) reply {
 		if err := s.reserveRefund(ctx, req, hash); err != nil {
 			return reply{err: err}
 		}
-		if row, found, err = s.loadRefund(ctx, s.db, req.OrderID, req.RefundID, false); err != nil {
+		if row, found, err = s.loadRefund(ctx, s.db, req.OrderID, req.RefundID); err != nil {
 			return reply{err: err}
 		} else if !found {
 			return reply{err: apierr.Internal(fmt.Errorf("refund row %s/%s vanished after insert", req.OrderID, req.RefundID))}
@@ -135,17 +137,18 @@ func (s *Service) refund(ctx context.Context, req refundRequest) reply {
 	return s.finishRefund(ctx, req.OrderID, req.RefundID)
 }
 
-func (s *Service) loadRefund(ctx context.Context, db *gorm.DB, orderID, refundID string, lock bool) (*refundRow, bool, error) {
-	q := `SELECT * FROM refunds WHERE order_id = ? AND refund_id = ?`
-	if lock {
-		q += ` FOR UPDATE`
-	}
+func (s *Service) loadRefund(ctx context.Context, db *gorm.DB, orderID, refundID string) (*refundRow, bool, error) {
 	var row refundRow
-	res := db.WithContext(ctx).Raw(q, orderID, refundID).Scan(&row)
+	res := db.WithContext(ctx).Raw(`SELECT * FROM refunds WHERE order_id = $1 AND refund_id = $2`, orderID, refundID).Scan(&row)
 	if res.Error != nil {
 		return nil, false, database.APIError(res.Error, "load refund")
 	}
 	return &row, res.RowsAffected > 0, nil
+}
+
+// reservedSum is the amount of a charge held by its refunds.
+type reservedSum struct {
+	Reserved int64
 }
 
 // reserveRefund inserts the pending refund row after checking, under the charge's row lock, that
@@ -154,7 +157,7 @@ func (s *Service) loadRefund(ctx context.Context, db *gorm.DB, orderID, refundID
 func (s *Service) reserveRefund(ctx context.Context, req refundRequest, hash string) error {
 	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		var ch chargeRow
-		res := tx.Raw(`SELECT * FROM charges WHERE order_id = ? FOR UPDATE`, req.OrderID).Scan(&ch)
+		res := tx.Raw(`SELECT * FROM charges WHERE order_id = $1 FOR UPDATE`, req.OrderID).Scan(&ch)
 		if res.Error != nil {
 			return database.APIError(res.Error, "lock charge")
 		}
@@ -164,7 +167,7 @@ func (s *Service) reserveRefund(ctx context.Context, req refundRequest, hash str
 		if ch.Livemode != s.livemode {
 			return modeConflict("order "+req.OrderID, ch.Livemode)
 		}
-		if _, found, err := s.loadRefund(ctx, tx, req.OrderID, req.RefundID, false); err != nil {
+		if _, found, err := s.loadRefund(ctx, tx, req.OrderID, req.RefundID); err != nil {
 			return err
 		} else if found {
 			return nil
@@ -177,14 +180,14 @@ func (s *Service) reserveRefund(ctx context.Context, req refundRequest, hash str
 			return apierr.New(apierr.CodeChargeNotRefundable, "the charge of order %s is %s, not succeeded", req.OrderID, status).
 				With("order_id", req.OrderID).With("charge_status", status)
 		}
-		var reserved int64
+		var sum reservedSum
 		if err := tx.Raw(`
-			SELECT COALESCE(SUM(amount), 0) FROM refunds
-			WHERE order_id = ? AND NOT (state = ? AND status IN ('failed', 'canceled', ?))`,
-			req.OrderID, stateCompleted, refundError).Scan(&reserved).Error; err != nil {
+			SELECT COALESCE(SUM(amount), 0) AS reserved FROM refunds
+			WHERE order_id = $1 AND NOT (state = $2 AND status IN ('failed', 'canceled', $3))`,
+			req.OrderID, stateCompleted, refundError).Scan(&sum).Error; err != nil {
 			return database.APIError(err, "sum refunds")
 		}
-		remaining := ch.Amount - reserved
+		remaining := ch.Amount - sum.Reserved
 		amount := remaining
 		if req.Amount != nil {
 			amount = *req.Amount
@@ -197,8 +200,8 @@ func (s *Service) reserveRefund(ctx context.Context, req refundRequest, hash str
 		now := s.now().UTC()
 		err := tx.Exec(`
 			INSERT INTO refunds (order_id, refund_id, amount, reason, request_hash, idempotency_key, livemode, state, created_at, updated_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-			req.OrderID, req.RefundID, amount, req.Reason, hash, RefundKey(req.OrderID, req.RefundID), ch.Livemode, statePending, now, now).Error
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9)`,
+			req.OrderID, req.RefundID, amount, req.Reason, hash, RefundKey(req.OrderID, req.RefundID), ch.Livemode, statePending, now).Error
 		if isUniqueViolation(err) {
 			// The primary key cannot clash (checked under the charge lock): the key did.
 			return apierr.New(apierr.CodeIdempotencyConflict,
@@ -210,131 +213,135 @@ func (s *Service) reserveRefund(ctx context.Context, req refundRequest, hash str
 	return database.APIError(err, "reserve refund")
 }
 
+// refundOutcome is Stripe's final answer about a refund.
 type refundOutcome struct {
-	final          bool
 	status         string
 	stripeRefundID string
 	apiErr         *apierr.Error
 }
 
-// finishRefund completes a pending refund row under its lock.
+// finishRefund finishes a pending refund row through the outbound protocol.
 func (s *Service) finishRefund(ctx context.Context, orderID, refundID string) reply {
-	var rep reply
-	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		row, found, err := s.loadRefund(ctx, tx, orderID, refundID, true)
-		if err != nil {
-			return err
-		}
-		if !found {
-			return apierr.Internal(fmt.Errorf("refund row %s/%s vanished", orderID, refundID))
-		}
-		if row.State == stateCompleted {
-			rep = answerOf(row.Answer, &refundBody{}, false)
-			return nil
-		}
-		var piID string
-		if err := tx.Raw(`SELECT COALESCE(payment_intent_id, '') FROM charges WHERE order_id = ?`, orderID).
-			Scan(&piID).Error; err != nil {
-			return database.APIError(err, "load payment intent of refund")
-		}
-		out := s.attemptRefund(ctx, row, piID)
-		now := s.now().UTC()
-		if !out.final {
+	var (
+		row    refundRow
+		charge chargeRow
+		rep    reply
+	)
+	complete := func(tx *gorm.DB, out refundOutcome, a outbound.Attempt) error {
+		var err error
+		rep, err = s.completeRefund(ctx, tx, &row, out, a.At)
+		return err
+	}
+	res, err := outbound.Run(ctx, s.db, outbound.Call[*stripe.Refund]{
+		Lock: outbound.Select{
+			SQL:  `SELECT * FROM refunds WHERE order_id = $1 AND refund_id = $2`,
+			Args: []any{orderID, refundID},
+			Into: &row,
+		},
+		Locked: func(tx *gorm.DB) (outbound.State, error) {
+			st := outbound.State{Key: row.IdempotencyKey, CreatedAt: row.CreatedAt, Done: row.State == stateCompleted}
+			if st.Done {
+				return st, nil
+			}
+			if err := tx.Raw(`SELECT payment_intent_id FROM charges WHERE order_id = $1`, orderID).Scan(&charge).Error; err != nil {
+				return st, fmt.Errorf("load payment intent of refund: %w", err)
+			}
+			if charge.PaymentIntentID == nil || *charge.PaymentIntentID == "" {
+				// Only succeeded charges get refund rows, and those always have a PaymentIntent.
+				return st, apierr.Internal(fmt.Errorf("charge of order %q has no payment intent", orderID))
+			}
+			return st, nil
+		},
+		Find: func(ctx context.Context) (*stripe.Refund, bool, error) {
+			return s.findRefund(ctx, &row, *charge.PaymentIntentID)
+		},
+		Create: func(p stripe.Params) (*stripe.Refund, error) {
+			return s.stripe.Refunds.New(&stripe.RefundParams{
+				Params:        p,
+				PaymentIntent: charge.PaymentIntentID,
+				Amount:        stripe.Int64(row.Amount),
+				Reason:        row.Reason,
+				Metadata:      map[string]string{"order_id": row.OrderID, "refund_id": row.RefundID},
+			})
+		},
+		Complete: func(tx *gorm.DB, r *stripe.Refund, a outbound.Attempt) error {
+			return complete(tx, refundOutcome{status: string(r.Status), stripeRefundID: r.ID}, a)
+		},
+		Refuse: func(tx *gorm.DB, a outbound.Attempt) error {
+			var se *stripe.Error
+			if !errors.As(a.Err, &se) {
+				return apierr.Internal(fmt.Errorf("refund refusal without a Stripe error: %w", stripeclient.Redact(a.Err)))
+			}
+			return complete(tx, refundOutcome{status: refundError, apiErr: refused(a.Err, apierr.CodeRefundFailed,
+				"Stripe refused the refund: %s", se.Msg).With("stripe_code", string(se.Code))}, a)
+		},
+		RecordAttempt: func(tx *gorm.DB, a outbound.Attempt) error {
+			apiErr := unfinished(a, "refund")
 			if err := tx.Exec(`
-				UPDATE refunds SET attempts = attempts + 1, last_attempt_at = ?, error_code = ?, updated_at = ?
-				WHERE order_id = ? AND refund_id = ?`, now, string(out.apiErr.Code), now, orderID, refundID).Error; err != nil {
-				return database.APIError(err, "record refund attempt")
+				UPDATE refunds SET attempts = attempts + 1, last_attempt_at = $1, error_code = $2, updated_at = $1
+				WHERE order_id = $3 AND refund_id = $4`, a.At, string(apiErr.Code), orderID, refundID).Error; err != nil {
+				return fmt.Errorf("record refund attempt: %w", err)
 			}
-			rep = reply{err: out.apiErr}
+			rep = reply{err: apiErr}
 			return nil
-		}
-		var body any
-		var errorCode *string
-		if out.apiErr == nil {
-			body = refundBody{
-				RefundID: refundID, OrderID: orderID, Status: out.status, StripeRefundID: out.stripeRefundID,
-				Amount: row.Amount, IdempotencyKey: row.IdempotencyKey,
-			}
-		} else {
-			code := string(out.apiErr.Code)
-			errorCode = &code
-		}
-		answer, err := encodeAnswer(body, out.apiErr)
-		if err != nil {
-			return apierr.Internal(err)
-		}
-		if err := tx.Exec(`
-			UPDATE refunds SET state = ?, status = ?, stripe_refund_id = NULLIF(?, ''), answer = CAST(? AS jsonb),
-				error_code = ?, attempts = attempts + 1, last_attempt_at = ?, completed_at = ?, updated_at = ?
-			WHERE order_id = ? AND refund_id = ?`,
-			stateCompleted, out.status, out.stripeRefundID, answer, errorCode, now, now, now, orderID, refundID).Error; err != nil {
-			return database.APIError(err, "complete refund")
-		}
-		s.log.InfoContext(ctx, "refund completed", "order_id", orderID, "refund_id", refundID,
-			"status", out.status, "stripe_refund_id", out.stripeRefundID, "amount", row.Amount)
-		rep = answerOf(&answer, &refundBody{}, true)
-		return nil
+		},
+		Now: s.now,
+		Log: s.log.With("order_id", orderID, "refund_id", refundID),
 	})
 	if err != nil {
 		return reply{err: database.APIError(err, "finish refund")}
 	}
+	switch res.Outcome {
+	case outbound.AlreadyDone:
+		return answerOf(row.Answer, &refundBody{}, false)
+	case outbound.Gone:
+		return reply{err: apierr.Internal(fmt.Errorf("refund row %s/%s vanished", orderID, refundID))}
+	}
 	return rep
 }
 
-func (s *Service) attemptRefund(ctx context.Context, row *refundRow, paymentIntentID string) refundOutcome {
-	if paymentIntentID == "" {
-		// Only succeeded charges get refund rows, and those always have a PaymentIntent.
-		return refundOutcome{apiErr: apierr.Internal(fmt.Errorf("charge of order %q has no payment intent", row.OrderID))}
-	}
-	if s.now().Sub(row.CreatedAt) >= keyWindow {
-		r, err := s.findRefund(ctx, row, paymentIntentID)
-		if err != nil {
-			return refundOutcome{apiErr: lookupFailed(err, "refund")}
+// completeRefund records Stripe's final answer in the locked row and answers it.
+func (s *Service) completeRefund(ctx context.Context, tx *gorm.DB, row *refundRow, out refundOutcome, at time.Time) (reply, error) {
+	var body any
+	var errorCode *string
+	if out.apiErr == nil {
+		body = refundBody{
+			RefundID: row.RefundID, OrderID: row.OrderID, Status: out.status, StripeRefundID: out.stripeRefundID,
+			Amount: row.Amount, IdempotencyKey: row.IdempotencyKey,
 		}
-		if r != nil {
-			s.log.InfoContext(ctx, "refund of an old pending row found on Stripe",
-				"order_id", row.OrderID, "refund_id", row.RefundID, "stripe_refund_id", r.ID)
-			return refundOutcome{final: true, status: string(r.Status), stripeRefundID: r.ID}
-		}
+	} else {
+		code := string(out.apiErr.Code)
+		errorCode = &code
 	}
-	params := &stripe.RefundParams{
-		PaymentIntent: stripe.String(paymentIntentID),
-		Amount:        stripe.Int64(row.Amount),
-		Reason:        row.Reason,
-		Metadata:      map[string]string{"order_id": row.OrderID, "refund_id": row.RefundID},
+	answer, err := encodeAnswer(body, out.apiErr)
+	if err != nil {
+		return reply{}, apierr.Internal(err)
 	}
-	params.Context = ctx
-	params.SetIdempotencyKey(row.IdempotencyKey)
-	r, err := s.stripe.Refunds.New(params)
-	if err == nil {
-		return refundOutcome{final: true, status: string(r.Status), stripeRefundID: r.ID}
+	if err := tx.Exec(`
+		UPDATE refunds SET state = $1, status = $2, stripe_refund_id = NULLIF($3, ''), answer = CAST($4 AS jsonb),
+			error_code = $5, attempts = attempts + 1, last_attempt_at = $6, completed_at = $6, updated_at = $6
+		WHERE order_id = $7 AND refund_id = $8`,
+		stateCompleted, out.status, out.stripeRefundID, answer, errorCode, at, row.OrderID, row.RefundID).Error; err != nil {
+		return reply{}, fmt.Errorf("complete refund: %w", err)
 	}
-	s.log.WarnContext(ctx, "refund attempt failed", "order_id", row.OrderID, "refund_id", row.RefundID, stripeclient.LogAttr(err))
-	var se *stripe.Error
-	switch {
-	case stripeclient.Retryable(err) || !errors.As(err, &se):
-		return refundOutcome{apiErr: unavailable(err, "refund")}
-	case stripeMisconfigured(se):
-		return refundOutcome{apiErr: refused(err, apierr.CodeStripeError, "Stripe refused the call; the refund stays pending")}
-	default:
-		return refundOutcome{final: true, status: refundError, apiErr: refused(err, apierr.CodeRefundFailed,
-			"Stripe refused the refund: %s", se.Msg).With("stripe_code", string(se.Code))}
-	}
+	s.log.InfoContext(ctx, "refund completed", "order_id", row.OrderID, "refund_id", row.RefundID,
+		"status", out.status, "stripe_refund_id", out.stripeRefundID, "amount", row.Amount)
+	return answerOf(&answer, &refundBody{}, true), nil
 }
 
 // findRefund looks up the refund made by an earlier attempt among the PaymentIntent's refunds
 // (a list, so unlike search it is never stale).
-func (s *Service) findRefund(ctx context.Context, row *refundRow, paymentIntentID string) (*stripe.Refund, error) {
+func (s *Service) findRefund(ctx context.Context, row *refundRow, paymentIntentID string) (*stripe.Refund, bool, error) {
 	params := &stripe.RefundListParams{PaymentIntent: stripe.String(paymentIntentID)}
 	params.Context = ctx
 	it := s.stripe.Refunds.List(params)
 	for it.Next() {
 		if r := it.Refund(); r.Metadata["order_id"] == row.OrderID && r.Metadata["refund_id"] == row.RefundID {
-			return r, nil
+			return r, true, nil
 		}
 	}
 	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("list refunds of %s: %w", paymentIntentID, err)
+		return nil, false, fmt.Errorf("list refunds of %s: %w", paymentIntentID, err)
 	}
-	return nil, nil
+	return nil, false, nil
 }
