@@ -219,7 +219,7 @@ func (s *Service) handleSubscriptionEvent(ctx context.Context, tx *gorm.DB, ev w
 		obj.ID, ev.Livemode, customerID, // $1–$3
 		status, nullString(obj.PriceID()), start.Ptr(), end.Ptr(), cancelAtPeriodEnd, // $4–$8
 		obj.CancelAt.Ptr(), obj.CanceledAt.Ptr(), obj.EndedAt.Ptr(), obj.TrialStart.Ptr(), obj.TrialEnd.Ptr(), // $9–$13
-		ev.ID, ev.Type, subEventRank(ev.Type, status), ev.Created.UTC(), s.now()) // $14–$18
+		ev.ID, ev.Type, rankOf(ctx, subEventRank(ev.Type, status)), ev.Created.UTC(), s.now()) // $14–$18
 	if res.Error != nil {
 		return fmt.Errorf("apply %s %s to subscription %s: %w", ev.Type, ev.ID, obj.ID, res.Error)
 	}
@@ -332,7 +332,7 @@ func (s *Service) handleInvoiceEvent(ctx context.Context, tx *gorm.DB, ev webhoo
 		WHERE subscription_id = $1 AND livemode = $2 AND `+newerThanStored("inv", 13, 14, 11),
 		subscriptionID, ev.Livemode, // $1–$2
 		failed, holdSince, inv.ID, inv.AttemptCount, nextAttempt, inv.AmountDue, inv.Currency, inv.HostedInvoiceURL, // $3–$10
-		ev.ID, ev.Type, ev.Created.UTC(), invEventRank(ev.Type), s.now()) // $11–$15
+		ev.ID, ev.Type, ev.Created.UTC(), rankOf(ctx, invEventRank(ev.Type)), s.now()) // $11–$15
 	if res.Error != nil {
 		return fmt.Errorf("apply %s %s to subscription %s: %w", ev.Type, ev.ID, subscriptionID, res.Error)
 	}
@@ -349,7 +349,7 @@ func (s *Service) handleInvoiceEvent(ctx context.Context, tx *gorm.DB, ev webhoo
 
 	// Only a failure that is the newest word on the subscription's payments is worth a mail: a
 	// stale one (already paid, or superseded by a later attempt) would only confuse.
-	if !failed || !applied || IsTerminal(prior.Status) {
+	if !failed || !applied || IsTerminal(prior.Status) || isSnapshot(ctx) {
 		return nil
 	}
 	in := notices.Input{

@@ -1,0 +1,163 @@
+package billing
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"gorm.io/gorm"
+
+	"billing/internal/database"
+	"billing/webhooks"
+)
+
+// Stripe is the truth; webhooks are news of it. Where the local state could be wrong (a missed
+// event, a period end with no renewal, two events in one second), the subscription is read from
+// Stripe and applied here, through the very code that applies events, so that holds, terminal
+// states and the entitlement policy behave the same whichever way the truth arrived.
+//
+// A fetched object is Stripe's state at the moment of the fetch. It is applied as an event created
+// then (the fetch time, floored to Stripe's whole seconds), so the ordering guard keeps the newer
+// of the two whatever the order: an event newer than the fetch is not undone by it, and an event
+// older than the fetch does not undo the repair. Within one second the snapshot ranks below every
+// event (snapshotRank), because Stripe's seconds cannot say whether the event came before or after
+// the read; the events of that second decide, and a later read settles any doubt left.
+
+// Snapshot is a subscription as read from Stripe, with its latest invoice when known.
+type Snapshot struct {
+	Livemode bool
+	// Subscription is the subscription object as Stripe's API (version 2024-06-20) returns it.
+	Subscription json.RawMessage
+	// LatestInvoice is its latest invoice object (expanded), or nil when it has none or it was not
+	// read. It decides the payment hold: open and attempted holds, paid or void lifts.
+	LatestInvoice json.RawMessage
+	// FetchedAt is when Stripe answered.
+	FetchedAt time.Time
+	// Source names the read for the row's history ("reconcile:RUN", "reread:SUBSCRIPTION"); it is
+	// stored where an event id would be.
+	Source string
+}
+
+// SnapshotOutcome says what applying a snapshot changed.
+type SnapshotOutcome struct {
+	SubscriptionApplied bool
+	InvoiceApplied      bool
+}
+
+// snapshotRank is below every event rank: a snapshot loses ties within one second.
+const snapshotRank = -1
+
+type snapshotKey struct{}
+
+func isSnapshot(ctx context.Context) bool { v, _ := ctx.Value(snapshotKey{}).(bool); return v }
+
+// rankOf is the rank an apply stores: the event's own, or snapshotRank for a snapshot.
+func rankOf(ctx context.Context, eventRank int) int {
+	if isSnapshot(ctx) {
+		return snapshotRank
+	}
+	return eventRank
+}
+
+// ApplySnapshot applies a subscription read from Stripe inside tx, as the event handlers would.
+// No notice is sent for what a snapshot reveals: the mail of a payment that failed, or of a trial
+// that ends, belongs to the event of that moment, and a late read only learns it after the fact.
+func (s *Service) ApplySnapshot(ctx context.Context, tx *gorm.DB, snap Snapshot) (SnapshotOutcome, error) {
+	var out SnapshotOutcome
+	obj, err := decodeSubscription(snap.Subscription)
+	if err != nil {
+		return out, fmt.Errorf("snapshot %s: %w", snap.Source, err)
+	}
+	ctx = context.WithValue(ctx, snapshotKey{}, true)
+	created := snap.FetchedAt.UTC().Truncate(time.Second)
+	typ := EventSubscriptionUpdated
+	if IsTerminal(obj.Status) {
+		typ = EventSubscriptionDeleted
+	}
+	before, err := s.subEventID(ctx, tx, obj.ID)
+	if err != nil {
+		return out, err
+	}
+	ev := webhooks.Event{ID: snap.Source, Type: typ, Livemode: snap.Livemode, Created: created, Object: snap.Subscription}
+	if err := s.handleSubscriptionEvent(ctx, tx, ev); err != nil {
+		return out, err
+	}
+	after, err := s.subEventID(ctx, tx, obj.ID)
+	if err != nil {
+		return out, err
+	}
+	out.SubscriptionApplied = after == snap.Source && before != snap.Source
+
+	if len(snap.LatestInvoice) == 0 || string(snap.LatestInvoice) == "null" {
+		return out, nil
+	}
+	var inv struct {
+		Status       string `json:"status"`
+		AttemptCount int64  `json:"attempt_count"`
+		Subscription any    `json:"subscription"`
+	}
+	if err := json.Unmarshal(snap.LatestInvoice, &inv); err != nil {
+		return out, fmt.Errorf("snapshot %s: latest invoice: %w", snap.Source, err)
+	}
+	var invType string
+	switch {
+	case inv.Status == "open" && inv.AttemptCount > 0:
+		invType = EventInvoicePaymentFailed
+	case inv.Status == "paid" || inv.Status == "void":
+		invType = EventInvoicePaymentSucceeded
+	default:
+		return out, nil // draft, not attempted yet, or uncollectible: nothing the hold reads
+	}
+	invEv := webhooks.Event{ID: snap.Source, Type: invType, Livemode: snap.Livemode, Created: created, Object: snap.LatestInvoice}
+	before, err = s.invEventID(ctx, tx, obj.ID)
+	if err != nil {
+		return out, err
+	}
+	if err := s.handleInvoiceEvent(ctx, tx, invEv); err != nil {
+		return out, err
+	}
+	after, err = s.invEventID(ctx, tx, obj.ID)
+	if err != nil {
+		return out, err
+	}
+	out.InvoiceApplied = after == snap.Source && before != snap.Source
+	return out, nil
+}
+
+func (s *Service) subEventID(ctx context.Context, tx *gorm.DB, subscriptionID string) (string, error) {
+	return s.groupEventID(ctx, tx, "sub_event_id", subscriptionID)
+}
+
+func (s *Service) invEventID(ctx context.Context, tx *gorm.DB, subscriptionID string) (string, error) {
+	return s.groupEventID(ctx, tx, "inv_event_id", subscriptionID)
+}
+
+func (s *Service) groupEventID(ctx context.Context, tx *gorm.DB, column, subscriptionID string) (string, error) {
+	var ids []string
+	if err := tx.WithContext(ctx).Raw(`SELECT coalesce(`+column+`, '') FROM subscriptions WHERE subscription_id = $1`, subscriptionID).
+		Scan(&ids).Error; err != nil {
+		return "", fmt.Errorf("read %s of %s: %w", column, subscriptionID, err)
+	}
+	if len(ids) == 0 {
+		return "", nil
+	}
+	return ids[0], nil
+}
+
+// Subscription returns the local row of a subscription (nil when unknown), with the user of its
+// customer when linked in the same mode: what reconciliation compares with Stripe's object.
+func (s *Service) Subscription(ctx context.Context, subscriptionID string) (*Subscription, error) {
+	rows, err := s.db.WithContext(ctx).Statement.ConnPool.QueryContext(ctx, `
+		SELECT `+subscriptionColumns+`
+		FROM subscriptions s LEFT JOIN customers c ON c.stripe_customer_id = s.stripe_customer_id AND c.livemode = s.livemode
+		WHERE s.subscription_id = $1`, subscriptionID)
+	if err != nil {
+		return nil, fmt.Errorf("load subscription %s: %w", subscriptionID, err)
+	}
+	subs, err := database.ScanAll[Subscription](rows)
+	if err != nil || len(subs) == 0 {
+		return nil, err
+	}
+	return &subs[0], nil
+}
