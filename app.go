@@ -99,6 +99,7 @@ func newApp(opts appOptions) (*App, error) {
 		Tolerance:   cfg.Stripe.WebhookTolerance,
 		MaxAttempts: cfg.Worker.MaxAttempts,
 		RetryDelay:  cfg.Worker.RetryDelay,
+		Retention:   cfg.Webhooks.Retention,
 		Metrics:     webhooks.NewMetrics(reg),
 		Now:         now,
 	})

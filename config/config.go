@@ -74,6 +74,10 @@ type Config struct {
 		// webhooks queue); each holds one of the process's database connections while it works.
 		Concurrency int
 	}
+	Webhooks struct {
+		// Retention is how long processed and ignored events are kept; 0 keeps them forever.
+		Retention time.Duration
+	}
 	Policy struct {
 		PastDueEntitled bool
 	}
@@ -124,6 +128,7 @@ var defaults = map[string]string{
 	"worker.retry_delay":          "30s",
 	"worker.rescue_after":         "1m",
 	"worker.concurrency":          "8",
+	"webhooks.retention":          "2160h",
 	"policy.past_due_entitled":    "true",
 	"mail.smtp_url":               "",
 	"mail.from":                   "",
@@ -172,6 +177,7 @@ func Load(path string) (*Config, error) {
 	c.Worker.RetryDelay = l.duration("worker.retry_delay")
 	c.Worker.RescueAfter = l.duration("worker.rescue_after")
 	c.Worker.Concurrency = l.integer("worker.concurrency")
+	c.Webhooks.Retention = l.duration("webhooks.retention")
 	c.Policy.PastDueEntitled = l.boolean("policy.past_due_entitled")
 	c.Mail.SMTPURL = l.secret("mail.smtp_url")
 	c.Mail.From = l.str("mail.from")
@@ -504,6 +510,10 @@ func (c *Config) validate() *Error {
 			return errorf("mail.from", "invalid email address %q", c.Mail.From)
 		}
 	}
+	// Shorter than a day would prune events an admin may still be looking into; 0 turns it off.
+	if c.Webhooks.Retention != 0 && c.Webhooks.Retention < 24*time.Hour {
+		return errorf("webhooks.retention", "must be 0 (keep forever) or at least 24h, got %s", c.Webhooks.Retention)
+	}
 
 	switch c.Log.Level {
 	case "debug", "info", "warn", "error":
@@ -636,6 +646,7 @@ func (c *Config) LogValue() slog.Value {
 			slog.String("rescue_after", c.Worker.RescueAfter.String()),
 			slog.Int("concurrency", c.Worker.Concurrency),
 		),
+		slog.Group("webhooks", slog.String("retention", c.Webhooks.Retention.String())),
 		slog.Group("policy", slog.Bool("past_due_entitled", c.Policy.PastDueEntitled)),
 		slog.Group("mail",
 			slog.String("smtp_url", setness(c.Mail.SMTPURL)),

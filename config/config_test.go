@@ -83,6 +83,7 @@ func TestLoadDefaults(t *testing.T) {
 	want.Worker.RetryDelay = 30 * time.Second
 	want.Worker.RescueAfter = time.Minute
 	want.Worker.Concurrency = 8
+	want.Webhooks.Retention = 90 * 24 * time.Hour
 	want.Policy.PastDueEntitled = true
 	want.Log.Level = "info"
 	want.Log.Format = "json"
@@ -147,6 +148,7 @@ func TestLoadYAML(t *testing.T) {
 		want.Worker.RetryDelay = 10 * time.Millisecond
 		want.Worker.RescueAfter = time.Minute
 		want.Worker.Concurrency = 8
+		want.Webhooks.Retention = 90 * 24 * time.Hour
 		want.Policy.PastDueEntitled = false
 		want.Mail.SMTPURL = "smtps://user:pw@mail.example.com:465"
 		want.Mail.From = "billing@example.com"
@@ -539,6 +541,7 @@ func TestValidate(t *testing.T) {
 		{"malformed database url", func(c *Config) { c.Database.URL = "postgres://%zz" }, "database.url"},
 		{"zero retry delay", func(c *Config) { c.Worker.RetryDelay = 0 }, "worker.retry_delay"},
 		{"rescue too soon", func(c *Config) { c.Worker.RescueAfter = time.Millisecond }, "worker.rescue_after"},
+		{"retention too short", func(c *Config) { c.Webhooks.Retention = time.Hour }, "webhooks.retention"},
 		{"negative attempts", func(c *Config) { c.Worker.MaxAttempts = -1 }, "worker.max_attempts"},
 		{"no workers", func(c *Config) { c.Worker.Concurrency = 0 }, "worker.concurrency"},
 		{"smtp without host", func(c *Config) { c.Mail.SMTPURL = "smtp://"; c.Mail.From = "a@b.c" }, "mail.smtp_url"},

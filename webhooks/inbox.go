@@ -30,6 +30,8 @@ type Config struct {
 	RetryDelay time.Duration
 	Metrics    *Metrics
 	Now        func() time.Time
+	// Retention is how long processed and ignored events are kept (0: forever).
+	Retention time.Duration
 }
 
 // Inbox receives, stores, processes and replays Stripe events.
@@ -65,6 +67,7 @@ func (i *Inbox) SetJobs(j jobs.Inserter) { i.jobs = j }
 func (i *Inbox) AddWorkers(w *river.Workers) {
 	river.AddWorker(w, &processor{inbox: i})
 	river.AddWorker(w, &sweeper{inbox: i})
+	river.AddWorker(w, &pruner{inbox: i})
 }
 
 func (i *Inbox) secrets(livemode bool) []string {

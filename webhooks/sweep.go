@@ -43,11 +43,17 @@ func (s *sweeper) Work(ctx context.Context, job *river.Job[SweepArgs]) error {
 
 // PeriodicJobs returns the inbox's periodic jobs for River's config.
 func (i *Inbox) PeriodicJobs() []*river.PeriodicJob {
-	return []*river.PeriodicJob{
+	jobs := []*river.PeriodicJob{
 		river.NewPeriodicJob(river.PeriodicInterval(5*time.Minute), func() (river.JobArgs, *river.InsertOpts) {
 			return SweepArgs{}, nil
 		}, &river.PeriodicJobOpts{RunOnStart: true}),
 	}
+	if i.cfg.Retention > 0 {
+		jobs = append(jobs, river.NewPeriodicJob(river.PeriodicInterval(time.Hour), func() (river.JobArgs, *river.InsertOpts) {
+			return RetentionArgs{}, nil
+		}, &river.PeriodicJobOpts{RunOnStart: true}))
+	}
+	return jobs
 }
 
 // Sweep enqueues a job for every event received more than minAge ago that is still `received`
