@@ -57,12 +57,18 @@ type Config struct {
 			Test, Live []string // secrets
 		}
 		WebhookTolerance time.Duration
+		// MaxConcurrentCalls bounds the app's requests that call Stripe at once (each holds a
+		// database connection for its call); beyond it they are answered 503 busy.
+		MaxConcurrentCalls int
 	}
 	Auth struct {
 		APITokens, AdminTokens []string // secrets
 	}
 	Portal struct {
 		ReturnURL string
+	}
+	Checkout struct {
+		SuccessURL, CancelURL string
 	}
 	Worker struct {
 		MaxAttempts int
@@ -121,9 +127,12 @@ var defaults = map[string]string{
 	"stripe.webhook_secrets.test": "",
 	"stripe.webhook_secrets.live": "",
 	"stripe.webhook_tolerance":    "5m",
+	"stripe.max_concurrent_calls": "16",
 	"auth.api_tokens":             "",
 	"auth.admin_tokens":           "",
 	"portal.return_url":           "",
+	"checkout.success_url":        "",
+	"checkout.cancel_url":         "",
 	"worker.max_attempts":         "3",
 	"worker.retry_delay":          "30s",
 	"worker.rescue_after":         "1m",
@@ -170,9 +179,12 @@ func Load(path string) (*Config, error) {
 	c.Stripe.WebhookSecrets.Test = l.secretList("stripe.webhook_secrets.test")
 	c.Stripe.WebhookSecrets.Live = l.secretList("stripe.webhook_secrets.live")
 	c.Stripe.WebhookTolerance = l.duration("stripe.webhook_tolerance")
+	c.Stripe.MaxConcurrentCalls = l.integer("stripe.max_concurrent_calls")
 	c.Auth.APITokens = l.secretList("auth.api_tokens")
 	c.Auth.AdminTokens = l.secretList("auth.admin_tokens")
 	c.Portal.ReturnURL = l.str("portal.return_url")
+	c.Checkout.SuccessURL = l.str("checkout.success_url")
+	c.Checkout.CancelURL = l.str("checkout.cancel_url")
 	c.Worker.MaxAttempts = l.integer("worker.max_attempts")
 	c.Worker.RetryDelay = l.duration("worker.retry_delay")
 	c.Worker.RescueAfter = l.duration("worker.rescue_after")
@@ -440,6 +452,11 @@ func (c *Config) validate() *Error {
 			}
 		}
 	}
+	// The pool keeps 32 connections beyond the workers (database.SizePool): calls to Stripe may
+	// use at most 24 of them, so receipt and reads always find one.
+	if c.Stripe.MaxConcurrentCalls < 1 || c.Stripe.MaxConcurrentCalls > 24 {
+		return errorf("stripe.max_concurrent_calls", "must be between 1 and 24, got %d", c.Stripe.MaxConcurrentCalls)
+	}
 	if c.Stripe.WebhookTolerance <= 0 {
 		return errorf("stripe.webhook_tolerance", "must be > 0, got %s", c.Stripe.WebhookTolerance)
 	}
@@ -475,6 +492,16 @@ func (c *Config) validate() *Error {
 	if c.Portal.ReturnURL != "" {
 		if err := checkHTTPURL("portal.return_url", c.Portal.ReturnURL); err != nil {
 			return err
+		}
+	}
+	for _, u := range []struct{ key, url string }{
+		{"checkout.success_url", c.Checkout.SuccessURL},
+		{"checkout.cancel_url", c.Checkout.CancelURL},
+	} {
+		if u.url != "" {
+			if err := checkHTTPURL(u.key, u.url); err != nil {
+				return err
+			}
 		}
 	}
 
@@ -640,6 +667,10 @@ func (c *Config) LogValue() slog.Value {
 			slog.Int("admin_tokens", len(c.Auth.AdminTokens)),
 		),
 		slog.Group("portal", slog.String("return_url", redactURL(c.Portal.ReturnURL))),
+		slog.Group("checkout",
+			slog.String("success_url", redactURL(c.Checkout.SuccessURL)),
+			slog.String("cancel_url", redactURL(c.Checkout.CancelURL)),
+		),
 		slog.Group("worker",
 			slog.Int("max_attempts", c.Worker.MaxAttempts),
 			slog.String("retry_delay", c.Worker.RetryDelay.String()),

@@ -112,6 +112,9 @@ auth:
   admin_tokens: ` + admTok + `,` + admTk2 + `
 portal:
   return_url: https://example.com/account
+checkout:
+  success_url: https://example.com/welcome
+  cancel_url: https://example.com/pricing
 worker:
   max_attempts: 7
   retry_delay: 10ms
@@ -144,6 +147,8 @@ func TestLoadYAML(t *testing.T) {
 		want.Auth.APITokens = []string{tokA, tokB}
 		want.Auth.AdminTokens = []string{admTok, admTk2}
 		want.Portal.ReturnURL = "https://example.com/account"
+		want.Checkout.SuccessURL = "https://example.com/welcome"
+		want.Checkout.CancelURL = "https://example.com/pricing"
 		want.Worker.MaxAttempts = 7
 		want.Worker.RetryDelay = 10 * time.Millisecond
 		want.Worker.RescueAfter = time.Minute
@@ -205,6 +210,7 @@ func TestEnvOverridesYAML(t *testing.T) {
 		"BILLING_WORKER_CONCURRENCY":          "4",
 		"BILLING_POLICY_PAST_DUE_ENTITLED":    "true",
 		"BILLING_LOG_LEVEL":                   "warn",
+		"BILLING_CHECKOUT_SUCCESS_URL":        "https://env.example.com/welcome",
 	})
 	c, err := Load(path)
 	if err != nil {
@@ -212,7 +218,7 @@ func TestEnvOverridesYAML(t *testing.T) {
 	}
 	if c.HTTP.Addr != ":7000" || c.Stripe.Mode != "test" || c.Stripe.SecretKey != "rk_test_env" ||
 		c.Worker.MaxAttempts != 1 || c.Worker.RetryDelay != time.Second || !c.Policy.PastDueEntitled ||
-		c.Worker.Concurrency != 4 || c.Log.Level != "warn" {
+		c.Worker.Concurrency != 4 || c.Log.Level != "warn" || c.Checkout.SuccessURL != "https://env.example.com/welcome" {
 		t.Fatalf("env did not override yaml: %+v", c)
 	}
 	if got := c.Stripe.WebhookSecrets.Test; !reflect.DeepEqual(got, []string{"whsec_e1"}) {
@@ -222,7 +228,7 @@ func TestEnvOverridesYAML(t *testing.T) {
 		t.Fatalf("api tokens = %q", got)
 	}
 	// Keys not in the environment keep their YAML values.
-	if c.Log.Format != "text" || c.Stripe.WebhookTolerance != 2*time.Minute ||
+	if c.Log.Format != "text" || c.Stripe.WebhookTolerance != 2*time.Minute || c.Checkout.CancelURL != "https://example.com/pricing" ||
 		!reflect.DeepEqual(c.Stripe.WebhookSecrets.Live, []string{"whsec_l1", "whsec_l2"}) {
 		t.Fatalf("yaml values lost: %+v", c)
 	}
@@ -410,6 +416,8 @@ func TestLoadErrors(t *testing.T) {
 		{name: "short token after a good one", env: map[string]string{"BILLING_AUTH_API_TOKENS": tokA + ",short-secret-token"}, key: "auth.api_tokens", secret: "short-secret-token"},
 		{name: "token in both lists", env: map[string]string{"BILLING_AUTH_API_TOKENS": tokA + "," + tokB, "BILLING_AUTH_ADMIN_TOKENS": admTok + "," + tokB}, key: "auth.admin_tokens", secret: tokB},
 		{name: "relative return url", env: map[string]string{"BILLING_PORTAL_RETURN_URL": "/account"}, key: "portal.return_url"},
+		{name: "relative checkout success url", env: map[string]string{"BILLING_CHECKOUT_SUCCESS_URL": "/welcome"}, key: "checkout.success_url"},
+		{name: "checkout cancel url without host", env: map[string]string{"BILLING_CHECKOUT_SUCCESS_URL": "https://example.com/welcome", "BILLING_CHECKOUT_CANCEL_URL": "https://"}, key: "checkout.cancel_url"},
 		{name: "max attempts zero", env: map[string]string{"BILLING_WORKER_MAX_ATTEMPTS": "0"}, key: "worker.max_attempts"},
 		{name: "max attempts garbage", env: map[string]string{"BILLING_WORKER_MAX_ATTEMPTS": "three"}, key: "worker.max_attempts"},
 		{name: "max attempts float in yaml", yaml: "worker:\n  max_attempts: 2.5\n", key: "worker.max_attempts"},
