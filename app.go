@@ -85,7 +85,10 @@ func newApp(opts appOptions) (*App, error) {
 			return nil
 		},
 	})
-	v1 := e.Group("/v1", tokens.Require(auth.RoleApp, false))
+	// Requests that call Stripe get a bounded share of the pool: a slow Stripe never starves
+	// webhook receipt and entitlement reads.
+	v1 := e.Group("/v1", tokens.Require(auth.RoleApp, false),
+		httpserver.LimitConcurrency(cfg.Stripe.MaxConcurrentCalls, 5*time.Second, httpserver.CallsStripe))
 	adminAPI := e.Group("/admin", tokens.Require(auth.RoleAdmin, true))
 
 	// The inbox and its handlers.

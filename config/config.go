@@ -520,6 +520,10 @@ func (c *Config) validate() *Error {
 	if c.Worker.RescueAfter < time.Second {
 		return errorf("worker.rescue_after", "must be at least 1s, got %s", c.Worker.RescueAfter)
 	}
+	// Shorter than a day would prune events an admin may still be looking into; 0 turns it off.
+	if c.Webhooks.Retention != 0 && c.Webhooks.Retention < 24*time.Hour {
+		return errorf("webhooks.retention", "must be 0 (keep forever) or at least 24h, got %s", c.Webhooks.Retention)
+	}
 
 	if c.Mail.SMTPURL != "" {
 		// url.Parse errors quote the input, which may hold a password: use
@@ -536,10 +540,6 @@ func (c *Config) validate() *Error {
 		if _, err := mail.ParseAddress(c.Mail.From); err != nil {
 			return errorf("mail.from", "invalid email address %q", c.Mail.From)
 		}
-	}
-	// Shorter than a day would prune events an admin may still be looking into; 0 turns it off.
-	if c.Webhooks.Retention != 0 && c.Webhooks.Retention < 24*time.Hour {
-		return errorf("webhooks.retention", "must be 0 (keep forever) or at least 24h, got %s", c.Webhooks.Retention)
 	}
 
 	switch c.Log.Level {

@@ -79,6 +79,7 @@ func TestLoadDefaults(t *testing.T) {
 	want.Stripe.Mode = "test"
 	want.Stripe.APIURL = "https://api.stripe.com"
 	want.Stripe.WebhookTolerance = 5 * time.Minute
+	want.Stripe.MaxConcurrentCalls = 16
 	want.Worker.MaxAttempts = 3
 	want.Worker.RetryDelay = 30 * time.Second
 	want.Worker.RescueAfter = time.Minute
@@ -144,6 +145,7 @@ func TestLoadYAML(t *testing.T) {
 		want.Stripe.WebhookSecrets.Test = []string{"whsec_t1", "whsec_t2"}
 		want.Stripe.WebhookSecrets.Live = []string{"whsec_l1", "whsec_l2"}
 		want.Stripe.WebhookTolerance = 2 * time.Minute
+		want.Stripe.MaxConcurrentCalls = 16
 		want.Auth.APITokens = []string{tokA, tokB}
 		want.Auth.AdminTokens = []string{admTok, admTk2}
 		want.Portal.ReturnURL = "https://example.com/account"
@@ -505,6 +507,7 @@ func validConfig() *Config {
 	c.Stripe.Mode = "test"
 	c.Stripe.APIURL = "https://api.stripe.com"
 	c.Stripe.WebhookTolerance = 5 * time.Minute
+	c.Stripe.MaxConcurrentCalls = 16
 	c.Worker.MaxAttempts = 3
 	c.Worker.RetryDelay = 30 * time.Second
 	c.Worker.RescueAfter = time.Minute
@@ -550,6 +553,8 @@ func TestValidate(t *testing.T) {
 		{"zero retry delay", func(c *Config) { c.Worker.RetryDelay = 0 }, "worker.retry_delay"},
 		{"rescue too soon", func(c *Config) { c.Worker.RescueAfter = time.Millisecond }, "worker.rescue_after"},
 		{"retention too short", func(c *Config) { c.Webhooks.Retention = time.Hour }, "webhooks.retention"},
+		{"no Stripe calls allowed", func(c *Config) { c.Stripe.MaxConcurrentCalls = 0 }, "stripe.max_concurrent_calls"},
+		{"Stripe calls could take the pool", func(c *Config) { c.Stripe.MaxConcurrentCalls = 25 }, "stripe.max_concurrent_calls"},
 		{"negative attempts", func(c *Config) { c.Worker.MaxAttempts = -1 }, "worker.max_attempts"},
 		{"no workers", func(c *Config) { c.Worker.Concurrency = 0 }, "worker.concurrency"},
 		{"smtp without host", func(c *Config) { c.Mail.SMTPURL = "smtp://"; c.Mail.From = "a@b.c" }, "mail.smtp_url"},

@@ -27,6 +27,8 @@ const (
 	CodeInternal         Code = "internal_error"
 	CodeUnavailable      Code = "service_unavailable"
 	CodeDatabaseDown     Code = "database_unavailable"
+	// Too many requests are calling Stripe at once: retry after the Retry-After header.
+	CodeBusy Code = "busy"
 
 	// Validation of identifiers and amounts.
 	CodeInvalidUserID   Code = "invalid_user_id"
@@ -92,6 +94,7 @@ var statuses = map[Code]int{
 	CodeInternal:              http.StatusInternalServerError,
 	CodeUnavailable:           http.StatusServiceUnavailable,
 	CodeDatabaseDown:          http.StatusServiceUnavailable,
+	CodeBusy:                  http.StatusServiceUnavailable,
 	CodeInvalidUserID:         http.StatusBadRequest,
 	CodeInvalidOrderID:        http.StatusBadRequest,
 	CodeInvalidRefundID:       http.StatusBadRequest,
