@@ -67,6 +67,9 @@ type Request struct {
 type Answer struct {
 	Status int
 	Body   any
+	// Header is sent with a canned or served answer (Retry-After of a 429); not stored under an
+	// idempotency key.
+	Header http.Header
 }
 
 type rule struct {
@@ -356,7 +359,7 @@ func (p *Proxy) serve(w http.ResponseWriter, hr *http.Request) {
 		p.mu.Unlock()
 	}
 
-	status, out := p.execute(req, hr, body)
+	status, out := p.execute(w, req, hr, body)
 	req.Executed, req.Status = true, status
 	if req.IdempotencyKey != "" {
 		p.mu.Lock()
@@ -376,14 +379,16 @@ func (p *Proxy) serve(w http.ResponseWriter, hr *http.Request) {
 var searchQuery = regexp.MustCompile(`^metadata\['([^']+)'\]:'([^']*)'$`)
 
 // execute is "Stripe": canned answers, local search and lists, else stripe-mock plus the edits.
-func (p *Proxy) execute(req Request, hr *http.Request, body []byte) (int, []byte) {
+func (p *Proxy) execute(w http.ResponseWriter, req Request, hr *http.Request, body []byte) (int, []byte) {
 	if r := p.take(req.Method, req.Path, func(r *rule) bool { return r.respond != nil }); r != nil {
 		a := r.respond(req)
+		setHeader(w, a.Header)
 		b, _ := json.Marshal(a.Body)
 		return a.Status, b
 	}
 	if serve := p.routeFor(req.Path); serve != nil {
 		a := serve(req)
+		setHeader(w, a.Header)
 		b, _ := json.Marshal(a.Body)
 		return a.Status, b
 	}
@@ -525,6 +530,12 @@ func drop(w http.ResponseWriter) {
 		}
 	}
 	panic(http.ErrAbortHandler)
+}
+
+func setHeader(w http.ResponseWriter, h http.Header) {
+	for k, v := range h {
+		w.Header()[k] = v
+	}
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -1,0 +1,670 @@
+package stripetest
+
+import (
+	"encoding/json"
+	"fmt"
+	"maps"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Account is a programmable Stripe account served by a Proxy: subscriptions (each with its latest
+// invoice) and customers that the test sets up and changes, answered the way Stripe's API
+// (version 2024-06-20) answers them. stripe-mock keeps no state, so a reconciliation needs this
+// to have something true to compare with.
+//
+// It answers, under /v1/subscriptions, /v1/customers and /v1/invoices:
+//
+//   - lists newest first, with limit (10 by default, at most 100), starting_after, has_more,
+//     status (all, or one status; canceled ones only when asked) and customer;
+//   - expand[] of data.latest_invoice and data.customer (latest_invoice and customer on a
+//     retrieve);
+//   - retrieve, create, update (a few fields) and DELETE (cancel) of subscriptions; retrieve,
+//     create, update and search by metadata of customers; retrieve of invoices.
+//
+// Throttle makes it answer 429s, SetPageDelay makes list pages slow; the proxy's own faults,
+// gates and canned answers come first, as for any request.
+type Account struct {
+	livemode bool
+
+	mu        sync.Mutex
+	subs      map[string][]byte // subscription JSON with latest_invoice and customer as ids
+	subOrder  []string          // newest first
+	customers map[string][]byte
+	custOrder []string
+	invoices  map[string][]byte
+	seq       int
+	clock     int64 // created of the next object (unix seconds), counts up
+
+	pageDelay   time.Duration
+	throttle    int
+	throttleHdr http.Header
+	pages       int
+	requests    int
+}
+
+// NewAccount serves an account of the given mode from p.
+func NewAccount(p *Proxy, livemode bool) *Account {
+	a := &Account{
+		livemode:  livemode,
+		subs:      map[string][]byte{},
+		customers: map[string][]byte{},
+		invoices:  map[string][]byte{},
+		clock:     1700000000,
+	}
+	p.Handle("/v1/subscriptions", a.serve)
+	p.Handle("/v1/customers", a.serve)
+	p.Handle("/v1/invoices", a.serve)
+	return a
+}
+
+// CustomerSpec describes a customer to add.
+type CustomerSpec struct {
+	ID       string // generated when empty
+	Email    string
+	Name     string
+	Metadata map[string]string
+}
+
+// InvoiceSpec describes a subscription's latest invoice.
+type InvoiceSpec struct {
+	ID                 string // generated when empty
+	Status             string // draft, open, paid, void, uncollectible
+	AttemptCount       int64
+	AmountDue          int64
+	Currency           string // "usd" when empty
+	NextPaymentAttempt time.Time
+	HostedInvoiceURL   string
+}
+
+// SubscriptionSpec describes a subscription to add or replace. Zero times are null.
+type SubscriptionSpec struct {
+	ID                 string // generated when empty
+	Customer           string
+	Status             string
+	PriceID            string
+	Quantity           int64 // 1 when zero
+	Created            time.Time
+	CurrentPeriodStart time.Time
+	CurrentPeriodEnd   time.Time
+	CancelAtPeriodEnd  bool
+	CancelAt           time.Time
+	CanceledAt         time.Time
+	EndedAt            time.Time
+	TrialStart         time.Time
+	TrialEnd           time.Time
+	Metadata           map[string]string
+	LatestInvoice      *InvoiceSpec
+}
+
+// AddCustomer adds a customer and returns its id.
+func (a *Account) AddCustomer(c CustomerSpec) string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if c.ID == "" {
+		c.ID = a.nextID("cus_")
+	}
+	md := map[string]any{}
+	for k, v := range c.Metadata {
+		md[k] = v
+	}
+	obj := map[string]any{
+		"id": c.ID, "object": "customer", "email": nullable(c.Email), "name": nullable(c.Name),
+		"metadata": md, "livemode": a.livemode, "created": a.tick(), "deleted": nil,
+	}
+	if _, ok := a.customers[c.ID]; !ok {
+		a.custOrder = append([]string{c.ID}, a.custOrder...)
+	}
+	a.customers[c.ID] = mustJSON(obj)
+	return c.ID
+}
+
+// PutSubscription adds a subscription, or replaces the one with the same id (keeping its place in
+// the list), and returns its id.
+func (a *Account) PutSubscription(s SubscriptionSpec) string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.put(s)
+}
+
+func (a *Account) put(s SubscriptionSpec) string {
+	if s.ID == "" {
+		s.ID = a.nextID("sub_")
+	}
+	if s.Quantity == 0 {
+		s.Quantity = 1
+	}
+	created := a.tick()
+	if !s.Created.IsZero() {
+		created = s.Created.Unix()
+	}
+	md := map[string]any{}
+	for k, v := range s.Metadata {
+		md[k] = v
+	}
+	var latest any
+	if inv := s.LatestInvoice; inv != nil {
+		if inv.ID == "" {
+			inv.ID = a.nextID("in_")
+		}
+		cur := inv.Currency
+		if cur == "" {
+			cur = "usd"
+		}
+		a.invoices[inv.ID] = mustJSON(map[string]any{
+			"id": inv.ID, "object": "invoice", "status": inv.Status, "customer": s.Customer,
+			"subscription": s.ID, "attempt_count": inv.AttemptCount, "attempted": inv.AttemptCount > 0,
+			"amount_due": inv.AmountDue, "currency": cur, "livemode": a.livemode,
+			"next_payment_attempt": unixOrNull(inv.NextPaymentAttempt),
+			"hosted_invoice_url":   nullable(inv.HostedInvoiceURL), "created": created,
+		})
+		latest = inv.ID
+	}
+	price := map[string]any{"id": s.PriceID, "object": "price", "active": true, "currency": "usd",
+		"livemode": a.livemode, "type": "recurring"}
+	obj := map[string]any{
+		"id": s.ID, "object": "subscription", "customer": s.Customer, "status": s.Status,
+		"livemode": a.livemode, "created": created, "metadata": md, "quantity": s.Quantity,
+		"current_period_start": unixOrNull(s.CurrentPeriodStart),
+		"current_period_end":   unixOrNull(s.CurrentPeriodEnd),
+		"cancel_at_period_end": s.CancelAtPeriodEnd,
+		"cancel_at":            unixOrNull(s.CancelAt),
+		"canceled_at":          unixOrNull(s.CanceledAt),
+		"ended_at":             unixOrNull(s.EndedAt),
+		"trial_start":          unixOrNull(s.TrialStart),
+		"trial_end":            unixOrNull(s.TrialEnd),
+		"latest_invoice":       latest,
+		"items": map[string]any{"object": "list", "has_more": false, "url": "/v1/subscription_items?subscription=" + s.ID,
+			"data": []any{map[string]any{
+				"id": "si_" + strings.TrimPrefix(s.ID, "sub_"), "object": "subscription_item", "price": price,
+				"quantity": s.Quantity, "subscription": s.ID, "created": created,
+			}}},
+	}
+	if _, ok := a.subs[s.ID]; !ok {
+		a.subOrder = append([]string{s.ID}, a.subOrder...)
+	}
+	a.subs[s.ID] = mustJSON(obj)
+	return s.ID
+}
+
+// UpdateSubscription edits a subscription's JSON object (latest_invoice and customer are ids).
+func (a *Account) UpdateSubscription(id string, edit func(obj map[string]any)) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	raw, ok := a.subs[id]
+	if !ok {
+		panic("stripetest: no subscription " + id)
+	}
+	obj := decode(raw)
+	edit(obj)
+	a.subs[id] = mustJSON(obj)
+}
+
+// SetLatestInvoice replaces a subscription's latest invoice.
+func (a *Account) SetLatestInvoice(subscriptionID string, inv InvoiceSpec) string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	obj := decode(a.subs[subscriptionID])
+	spec := specOf(obj, a.invoices)
+	spec.LatestInvoice = &inv
+	spec.Created = time.Unix(int64(obj["created"].(float64)), 0)
+	a.put(spec)
+	return inv.ID
+}
+
+// RemoveSubscription makes Stripe forget a subscription (as deleting test data does).
+func (a *Account) RemoveSubscription(id string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.subs, id)
+	a.subOrder = slices.DeleteFunc(a.subOrder, func(s string) bool { return s == id })
+}
+
+// Subscription returns a subscription as a retrieve with latest_invoice expanded answers it
+// (nil when unknown): what an event's data.object or a snapshot carries.
+func (a *Account) Subscription(id string) json.RawMessage {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	raw, ok := a.subs[id]
+	if !ok {
+		return nil
+	}
+	return mustJSON(a.expand(decode(raw), map[string]bool{"latest_invoice": true}))
+}
+
+// Invoice returns an invoice's JSON object, nil when unknown.
+func (a *Account) Invoice(id string) json.RawMessage {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.invoices[id]
+}
+
+// SubscriptionIDs returns every subscription id, newest first.
+func (a *Account) SubscriptionIDs() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.Clone(a.subOrder)
+}
+
+// Throttle answers the next n requests to the account with 429 rate_limit. retryAfter > 0 sends
+// it as Retry-After (whole seconds, rounded up); shouldRetry sets Stripe-Should-Retry: true, which
+// makes stripe-go retry the request itself.
+func (a *Account) Throttle(n int, retryAfter time.Duration, shouldRetry bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.throttle = n
+	a.throttleHdr = http.Header{}
+	if retryAfter > 0 {
+		secs := int64((retryAfter + time.Second - 1) / time.Second)
+		a.throttleHdr.Set("Retry-After", strconv.FormatInt(secs, 10))
+	}
+	if shouldRetry {
+		a.throttleHdr.Set("Stripe-Should-Retry", "true")
+	}
+}
+
+// SetPageDelay makes every list page take d before it is answered.
+func (a *Account) SetPageDelay(d time.Duration) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.pageDelay = d
+}
+
+// Stats are what the account has answered.
+type Stats struct {
+	// Requests counts every request that reached the account, throttled ones included.
+	Requests int
+	// Pages counts the list pages answered (not throttled).
+	Pages int
+}
+
+// Stats returns the counters.
+func (a *Account) Stats() Stats {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return Stats{Requests: a.requests, Pages: a.pages}
+}
+
+func (a *Account) serve(r Request) Answer {
+	a.mu.Lock()
+	a.requests++
+	if a.throttle > 0 {
+		a.throttle--
+		h := a.throttleHdr.Clone()
+		a.mu.Unlock()
+		return Answer{Status: http.StatusTooManyRequests, Header: h, Body: apiError("invalid_request_error", "rate_limit",
+			"Request rate limit exceeded. Learn more about rate limits here https://stripe.com/docs/rate-limits.")}
+	}
+	delay := a.pageDelay
+	a.mu.Unlock()
+
+	parts := strings.Split(strings.Trim(r.Path, "/"), "/") // v1, collection, [id]
+	coll, id := parts[1], ""
+	if len(parts) > 2 {
+		id = parts[2]
+	}
+	if len(parts) > 3 {
+		return notFound(r.Path)
+	}
+	params := r.Query
+	if r.Method != http.MethodGet {
+		params = r.Form
+	}
+	expand := expansions(params)
+
+	switch {
+	case r.Method == http.MethodGet && id == "" && coll != "invoices":
+		if delay > 0 {
+			time.Sleep(delay) // a slow Stripe, not a synchronisation
+		}
+		return a.list(coll, params, expand)
+	case r.Method == http.MethodGet && coll == "customers" && id == "search":
+		return a.searchCustomers(params.Get("query"))
+	case r.Method == http.MethodGet:
+		return a.retrieve(coll, id, expand)
+	case r.Method == http.MethodPost && coll == "subscriptions":
+		return a.saveSubscription(id, params, expand)
+	case r.Method == http.MethodDelete && coll == "subscriptions" && id != "":
+		return a.cancel(id, expand)
+	case r.Method == http.MethodPost && coll == "customers":
+		return a.saveCustomer(id, params)
+	}
+	return Answer{Status: http.StatusBadRequest, Body: apiError("invalid_request_error", "", "stripetest account: unsupported request "+r.Method+" "+r.Path)}
+}
+
+func (a *Account) list(coll string, q url.Values, expand map[string]bool) Answer {
+	limit := 10
+	if s := q.Get("limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > 100 {
+			return Answer{Status: http.StatusBadRequest, Body: apiError("invalid_request_error", "parameter_invalid_integer", "limit must be between 1 and 100")}
+		}
+		limit = n
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	order, objects := a.subOrder, a.subs
+	if coll == "customers" {
+		order, objects = a.custOrder, a.customers
+	}
+	start := 0
+	if after := q.Get("starting_after"); after != "" {
+		i := slices.Index(order, after)
+		if i < 0 {
+			return Answer{Status: http.StatusBadRequest, Body: apiError("invalid_request_error", "resource_missing", "No such object: '"+after+"'")}
+		}
+		start = i + 1
+	}
+	status, customer := q.Get("status"), q.Get("customer")
+	data := []json.RawMessage{}
+	hasMore := false
+	for _, oid := range order[start:] {
+		obj := decode(objects[oid])
+		if coll == "subscriptions" {
+			st, _ := obj["status"].(string)
+			if (status == "" && (st == "canceled" || st == "incomplete_expired")) || (status != "" && status != "all" && status != st) {
+				continue
+			}
+			if customer != "" && obj["customer"] != customer {
+				continue
+			}
+		}
+		if len(data) == limit {
+			hasMore = true
+			break
+		}
+		if coll == "subscriptions" {
+			obj = a.expand(obj, map[string]bool{"latest_invoice": expand["data.latest_invoice"], "customer": expand["data.customer"]})
+		}
+		data = append(data, mustJSON(obj))
+	}
+	a.pages++
+	return Answer{Status: http.StatusOK, Body: map[string]any{"object": "list", "url": "/v1/" + coll, "has_more": hasMore, "data": data}}
+}
+
+// expand replaces the ids of latest_invoice and customer by their objects, as asked. Call with mu held.
+func (a *Account) expand(obj map[string]any, what map[string]bool) map[string]any {
+	if id, ok := obj["latest_invoice"].(string); ok && what["latest_invoice"] {
+		if raw, ok := a.invoices[id]; ok {
+			obj["latest_invoice"] = json.RawMessage(raw)
+		}
+	}
+	if id, ok := obj["customer"].(string); ok && what["customer"] {
+		if raw, ok := a.customers[id]; ok {
+			obj["customer"] = json.RawMessage(raw)
+		}
+	}
+	return obj
+}
+
+func (a *Account) retrieve(coll, id string, expand map[string]bool) Answer {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	switch coll {
+	case "subscriptions":
+		raw, ok := a.subs[id]
+		if !ok {
+			return notFound(id)
+		}
+		return Answer{Status: http.StatusOK, Body: a.expand(decode(raw), expand)}
+	case "customers":
+		if raw, ok := a.customers[id]; ok {
+			return Answer{Status: http.StatusOK, Body: json.RawMessage(raw)}
+		}
+	case "invoices":
+		if raw, ok := a.invoices[id]; ok {
+			return Answer{Status: http.StatusOK, Body: json.RawMessage(raw)}
+		}
+	}
+	return notFound(id)
+}
+
+// saveSubscription creates (no id) or updates a subscription from form parameters: customer,
+// items[0][price], cancel_at_period_end, metadata, trial_end.
+func (a *Account) saveSubscription(id string, f url.Values, expand map[string]bool) Answer {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var spec SubscriptionSpec
+	if id == "" {
+		if f.Get("customer") == "" {
+			return Answer{Status: http.StatusBadRequest, Body: apiError("invalid_request_error", "parameter_missing", "Missing required param: customer.")}
+		}
+		now := time.Unix(a.clock, 0)
+		spec = SubscriptionSpec{Customer: f.Get("customer"), Status: "active", CurrentPeriodStart: now, CurrentPeriodEnd: now.AddDate(0, 1, 0)}
+	} else {
+		raw, ok := a.subs[id]
+		if !ok {
+			return notFound(id)
+		}
+		obj := decode(raw)
+		spec = specOf(obj, a.invoices)
+		spec.Created = time.Unix(int64(obj["created"].(float64)), 0)
+	}
+	if p := f.Get("items[0][price]"); p != "" {
+		spec.PriceID = p
+	}
+	if v := f.Get("cancel_at_period_end"); v != "" {
+		spec.CancelAtPeriodEnd = v == "true"
+		spec.CancelAt = time.Time{}
+		if spec.CancelAtPeriodEnd {
+			spec.CancelAt = spec.CurrentPeriodEnd
+		}
+	}
+	if v := f.Get("trial_end"); v != "" {
+		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+			spec.TrialEnd, spec.Status = time.Unix(n, 0), "trialing"
+			spec.TrialStart = time.Unix(a.clock, 0)
+		}
+	}
+	if md := metadataOf(f); len(md) > 0 {
+		if spec.Metadata == nil {
+			spec.Metadata = map[string]string{}
+		}
+		for k, v := range md {
+			spec.Metadata[k], _ = v.(string)
+		}
+	}
+	sid := a.put(spec)
+	return Answer{Status: http.StatusOK, Body: a.expand(decode(a.subs[sid]), expand)}
+}
+
+// cancel cancels a subscription now, as DELETE /v1/subscriptions/{id} does.
+func (a *Account) cancel(id string, expand map[string]bool) Answer {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	raw, ok := a.subs[id]
+	if !ok {
+		return notFound(id)
+	}
+	obj := decode(raw)
+	now := a.tick()
+	obj["status"], obj["canceled_at"], obj["ended_at"] = "canceled", now, now
+	a.subs[id] = mustJSON(obj)
+	return Answer{Status: http.StatusOK, Body: a.expand(obj, expand)}
+}
+
+func (a *Account) saveCustomer(id string, f url.Values) Answer {
+	a.mu.Lock()
+	var obj map[string]any
+	if id == "" {
+		a.mu.Unlock()
+		md := map[string]string{}
+		for k, v := range metadataOf(f) {
+			md[k], _ = v.(string)
+		}
+		id = a.AddCustomer(CustomerSpec{Email: f.Get("email"), Name: f.Get("name"), Metadata: md})
+		a.mu.Lock()
+		obj = decode(a.customers[id])
+	} else {
+		raw, ok := a.customers[id]
+		if !ok {
+			a.mu.Unlock()
+			return notFound(id)
+		}
+		obj = decode(raw)
+		for _, k := range []string{"email", "name"} {
+			if f.Has(k) {
+				obj[k] = nullable(f.Get(k))
+			}
+		}
+		if md := metadataOf(f); len(md) > 0 {
+			cur, _ := obj["metadata"].(map[string]any)
+			if cur == nil {
+				cur = map[string]any{}
+			}
+			maps.Copy(cur, md)
+			obj["metadata"] = cur
+		}
+		a.customers[id] = mustJSON(obj)
+	}
+	a.mu.Unlock()
+	return Answer{Status: http.StatusOK, Body: obj}
+}
+
+func (a *Account) searchCustomers(query string) Answer {
+	m := searchQuery.FindStringSubmatch(query)
+	if m == nil {
+		return Answer{Status: http.StatusBadRequest, Body: apiError("invalid_request_error", "", "stripetest account: unsupported search query")}
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	data := []json.RawMessage{}
+	for _, id := range a.custOrder {
+		obj := decode(a.customers[id])
+		if md, _ := obj["metadata"].(map[string]any); md[m[1]] == m[2] {
+			data = append(data, a.customers[id])
+		}
+	}
+	return Answer{Status: http.StatusOK, Body: map[string]any{"object": "search_result", "url": "/v1/customers/search",
+		"has_more": false, "next_page": nil, "data": data}}
+}
+
+// specOf reads a stored subscription back into a spec (with its latest invoice).
+func specOf(obj map[string]any, invoices map[string][]byte) SubscriptionSpec {
+	t := func(k string) time.Time {
+		if f, ok := obj[k].(float64); ok {
+			return time.Unix(int64(f), 0)
+		}
+		return time.Time{}
+	}
+	s := SubscriptionSpec{
+		ID: obj["id"].(string), Status: obj["status"].(string),
+		CurrentPeriodStart: t("current_period_start"), CurrentPeriodEnd: t("current_period_end"),
+		CancelAt: t("cancel_at"), CanceledAt: t("canceled_at"), EndedAt: t("ended_at"),
+		TrialStart: t("trial_start"), TrialEnd: t("trial_end"),
+	}
+	s.Customer, _ = obj["customer"].(string)
+	s.CancelAtPeriodEnd, _ = obj["cancel_at_period_end"].(bool)
+	if q, ok := obj["quantity"].(float64); ok {
+		s.Quantity = int64(q)
+	}
+	if items, ok := obj["items"].(map[string]any); ok {
+		if data, ok := items["data"].([]any); ok && len(data) > 0 {
+			if it, ok := data[0].(map[string]any); ok {
+				if p, ok := it["price"].(map[string]any); ok {
+					s.PriceID, _ = p["id"].(string)
+				}
+			}
+		}
+	}
+	if md, ok := obj["metadata"].(map[string]any); ok && len(md) > 0 {
+		s.Metadata = map[string]string{}
+		for k, v := range md {
+			s.Metadata[k], _ = v.(string)
+		}
+	}
+	if id, ok := obj["latest_invoice"].(string); ok {
+		if inv := decode(invoices[id]); inv != nil {
+			spec := &InvoiceSpec{ID: id}
+			spec.Status, _ = inv["status"].(string)
+			spec.Currency, _ = inv["currency"].(string)
+			spec.HostedInvoiceURL, _ = inv["hosted_invoice_url"].(string)
+			if f, ok := inv["attempt_count"].(float64); ok {
+				spec.AttemptCount = int64(f)
+			}
+			if f, ok := inv["amount_due"].(float64); ok {
+				spec.AmountDue = int64(f)
+			}
+			if f, ok := inv["next_payment_attempt"].(float64); ok {
+				spec.NextPaymentAttempt = time.Unix(int64(f), 0)
+			}
+			s.LatestInvoice = spec
+		}
+	}
+	return s
+}
+
+// expansions reads expand[] and expand[N] parameters.
+func expansions(v url.Values) map[string]bool {
+	out := map[string]bool{}
+	for k, vals := range v {
+		if k == "expand" || strings.HasPrefix(k, "expand[") {
+			for _, e := range vals {
+				out[e] = true
+			}
+		}
+	}
+	return out
+}
+
+// nextID makes a fresh id; call with mu held.
+func (a *Account) nextID(prefix string) string {
+	a.seq++
+	return fmt.Sprintf("%sacct%08d", prefix, a.seq)
+}
+
+// tick returns the created time of a new object; call with mu held.
+func (a *Account) tick() int64 {
+	a.clock++
+	return a.clock
+}
+
+func apiError(typ, code, msg string) map[string]any {
+	e := map[string]any{"type": typ, "message": msg}
+	if code != "" {
+		e["code"] = code
+	}
+	return map[string]any{"error": e}
+}
+
+func notFound(id string) Answer {
+	return Answer{Status: http.StatusNotFound, Body: apiError("invalid_request_error", "resource_missing", "No such object: '"+id+"'")}
+}
+
+func nullable(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}
+
+func unixOrNull(t time.Time) any {
+	if t.IsZero() {
+		return nil
+	}
+	return t.Unix()
+}
+
+func mustJSON(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(fmt.Errorf("stripetest: %w", err))
+	}
+	return b
+}
+
+func decode(raw []byte) map[string]any {
+	if raw == nil {
+		return nil
+	}
+	var m map[string]any
+	if err := json.Unmarshal(raw, &m); err != nil {
+		panic(fmt.Errorf("stripetest: %w", err))
+	}
+	return m
+}
