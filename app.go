@@ -51,7 +51,9 @@ type App struct {
 	Inbox    *webhooks.Inbox
 	DB       *gorm.DB
 	Registry *prometheus.Registry
-	log      *slog.Logger
+	// Events is the inbox's registry of event handlers.
+	Events *webhooks.Registry
+	log    *slog.Logger
 }
 
 // newApp wires the service. It starts nothing: Start runs the workers, and main serves Echo.
@@ -137,7 +139,7 @@ func newApp(opts appOptions) (*App, error) {
 		PastDueEntitled: cfg.Policy.PastDueEntitled,
 		Registerer:      reg,
 	})
-	subs.Register(registry)
+	registerEventHandlers(registry, subs)
 	customers.NewHandlers(customers.Deps{DB: db, Accounts: subs, Stripe: stripe, Livemode: livemode, Logger: logger, Now: now}).Mount(v1)
 	ledger.New(ledger.Deps{DB: db, Stripe: stripe, Livemode: livemode, Logger: logger, Now: now}).Mount(v1)
 	portal.New(portal.Deps{DB: db, Stripe: stripe, Subscriptions: subs, Livemode: livemode, DefaultReturnURL: cfg.Portal.ReturnURL, Logger: logger}).Mount(v1)
@@ -150,7 +152,7 @@ func newApp(opts appOptions) (*App, error) {
 	admin.New(admin.Deps{Holds: subs, DeadLetters: inbox, Logger: logger, Now: now}).Mount(adminAPI)
 	inbox.MountAdmin(adminAPI)
 
-	return &App{Echo: e, River: riverClient, Inbox: inbox, DB: db, Registry: reg, log: logger}, nil
+	return &App{Echo: e, River: riverClient, Inbox: inbox, DB: db, Registry: reg, Events: registry, log: logger}, nil
 }
 
 // Start runs the background workers.

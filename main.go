@@ -48,7 +48,9 @@ func usage() {
 commands:
   serve     run the HTTP API, the webhook endpoint and the workers
   migrate   apply pending database migrations and exit
-  trigger   post a signed sample event to a running service (billing trigger -h)`)
+  trigger   post a signed sample event to a running service (billing trigger -h)
+  stripe    stripe setup --url URL: create or correct the webhook endpoint at Stripe (billing stripe setup -h)
+  doctor    check the database, the Stripe key and secrets, the endpoint and the portal (billing doctor -h)`)
 }
 
 func run(args []string) int {
@@ -63,6 +65,10 @@ func run(args []string) int {
 		return migrate(args[1:])
 	case "trigger":
 		return trigger(args[1:])
+	case "stripe":
+		return stripeCommand(args[1:])
+	case "doctor":
+		return doctorCommand(args[1:])
 	case "-h", "--help", "help":
 		usage()
 		return 0
@@ -211,6 +217,9 @@ func serve(args []string) int {
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.ListenAndServe() }()
 	logger.Info("listening", "addr", cfg.HTTP.Addr)
+	// Stripe's side of the setup is checked once in the background: a problem there is logged and
+	// never keeps the service from receiving webhooks.
+	go startupChecks(ctx, cfg, stripeclient.New(cfg.Stripe.APIURL, cfg.Stripe.SecretKey, logger), logger)
 
 	exit := 0
 	select {

@@ -1,0 +1,24 @@
+package main
+
+import (
+	"gorm.io/gorm"
+
+	"billing/billing"
+	"billing/webhooks"
+)
+
+// registerEventHandlers registers the handler of every Stripe event type the service handles.
+// newApp calls it with the running services; handledEventTypes reads the same registrations, so
+// the types `billing stripe setup` subscribes the endpoint to and `billing doctor` checks are the
+// types the inbox handles.
+func registerEventHandlers(reg *webhooks.Registry, subs *billing.Service) {
+	subs.Register(reg)
+}
+
+// handledEventTypes lists the types registerEventHandlers registers, sorted. The services are built
+// only to be registered: their handlers never run here, so no database connection is opened.
+func handledEventTypes() []string {
+	reg := webhooks.NewRegistry()
+	registerEventHandlers(reg, billing.New(billing.Deps{DB: &gorm.DB{Config: &gorm.Config{}}}))
+	return reg.Types()
+}
