@@ -50,29 +50,66 @@ func (r *rescuer) Work(ctx context.Context, job *river.Job[RescueArgs]) error {
 }
 
 // RescueStuck enqueues a new job for every received event whose only job has been running for
-// longer than stuckAfter and whose row no live transaction holds. It returns how many.
+// longer than stuckAfter and whose row no live transaction holds. It returns how many events it
+// rescued or dead-lettered.
+//
+// The dead attempt counts: the event's attempts become that attempt's number, so that an event
+// that kills the process every time (a poison event) is dead-lettered after worker.max_attempts
+// instead of being rescued forever.
 func (i *Inbox) RescueStuck(ctx context.Context, stuckAfter time.Duration) (int, error) {
-	var ids []string
+	type stuck struct {
+		EventID    string `gorm:"column:event_id"`
+		Type       string `gorm:"column:type"`
+		Attempts   int    `gorm:"column:attempts"`
+		JobAttempt int    `gorm:"column:job_attempt"`
+	}
+	var rows []stuck
+	dead := 0
 	err := i.cfg.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		// Running jobs are few (workers × replicas); the state condition comes first so that the
 		// planner starts from them, and the live-job check reads River's fetch index by state.
 		err := tx.Raw(`
-			SELECT e.event_id FROM river_job j
-			JOIN webhook_events e ON e.event_id = j.args->>'event_id'
-			WHERE j.state = 'running' AND j.kind = $1 AND j.attempted_at < $2
+			SELECT e.event_id, e.type, e.attempts,
+			  (SELECT max(r.attempt) FROM river_job r
+			   WHERE r.state = 'running' AND r.kind = $1 AND r.args->>'event_id' = e.event_id) AS job_attempt
+			FROM webhook_events e
+			WHERE e.event_id IN (
+			    SELECT j.args->>'event_id' FROM river_job j
+			    WHERE j.state = 'running' AND j.kind = $1 AND j.attempted_at < $2)
 			  AND e.status = 'received'
 			  AND NOT EXISTS (
 			    SELECT 1 FROM river_job w
 			    WHERE w.state IN ('available', 'pending', 'retryable', 'scheduled')
 			      AND w.kind = $1 AND w.args->>'event_id' = e.event_id)
-			ORDER BY j.attempted_at
+			ORDER BY e.received_at
 			LIMIT 1000
-			FOR UPDATE OF e SKIP LOCKED`, JobKindProcessEvent, i.cfg.Now().Add(-stuckAfter)).Scan(&ids).Error
+			FOR UPDATE OF e SKIP LOCKED`, JobKindProcessEvent, i.cfg.Now().Add(-stuckAfter)).Scan(&rows).Error
 		if err != nil {
 			return fmt.Errorf("find events held by stuck jobs: %w", err)
 		}
-		for _, id := range ids {
-			if err := i.enqueue(ctx, tx, id); err != nil {
+		for _, r := range rows {
+			// The number the dead attempt had, as process counts it.
+			attempt := max(r.Attempts+1, r.JobAttempt)
+			if attempt >= i.cfg.MaxAttempts {
+				reason := fmt.Sprintf("%s: the process applying it died %d times", FailureCrashed, attempt)
+				if err := tx.Exec(`UPDATE webhook_events SET status = 'failed', attempts = $1, failure_reason = $2 WHERE event_id = $3`,
+					attempt, reason, r.EventID).Error; err != nil {
+					return err
+				}
+				if err := tx.Exec(`
+					INSERT INTO webhook_dead_letters (event_id, attempts, last_error, dead_at) VALUES ($1, $2, $3, $4)
+					ON CONFLICT (event_id) DO UPDATE SET attempts = EXCLUDED.attempts, last_error = EXCLUDED.last_error, dead_at = EXCLUDED.dead_at`,
+					r.EventID, attempt, reason, i.cfg.Now()).Error; err != nil {
+					return err
+				}
+				i.metrics.dead.WithLabelValues(r.Type, FailureCrashed).Inc()
+				dead++
+				continue
+			}
+			if err := tx.Exec(`UPDATE webhook_events SET attempts = $1 WHERE event_id = $2`, attempt, r.EventID).Error; err != nil {
+				return err
+			}
+			if err := i.enqueue(ctx, tx, r.EventID); err != nil {
 				return err
 			}
 		}
@@ -81,5 +118,12 @@ func (i *Inbox) RescueStuck(ctx context.Context, stuckAfter time.Duration) (int,
 	if err != nil {
 		return 0, err
 	}
-	return len(ids), nil
+	if dead > 0 {
+		i.log.Error("webhook events dead-lettered: the process applying them died every time", "count", dead)
+	}
+	return len(rows), nil
 }
+
+// FailureCrashed is the failure reason of an event whose processing killed the process (or was
+// cut by crashes) worker.max_attempts times.
+const FailureCrashed = "crashed_during_processing"

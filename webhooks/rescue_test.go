@@ -65,3 +65,30 @@ func TestRescueStuckGivesDeadProcessesEventsANewJob(t *testing.T) {
 		t.Errorf("evt_dead applied %d times", got)
 	}
 }
+
+// An event that kills its process every time is dead-lettered after worker.max_attempts (3 in
+// the harness), not rescued forever.
+func TestRescueStuckDeadLettersAPoisonEvent(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	payload := stripeevents.SubscriptionEvent("evt_poison", effectType, time.Now(), false, stripeevents.Subscription{ID: "sub_p", Customer: "cus_1", Status: "active"})
+	h.deliver(payload)
+	for round := 1; round <= 3; round++ {
+		// The live job of the event is fetched by a process that dies.
+		if err := h.db.Exec(`UPDATE river_job SET state = 'running', attempt = 1, attempted_at = now() - interval '1 minute'
+			WHERE kind = $1 AND args->>'event_id' = 'evt_poison' AND state = 'available'`, webhooks.JobKindProcessEvent).Error; err != nil {
+			t.Fatal(err)
+		}
+		if n, err := h.inbox.RescueStuck(context.Background(), 5*time.Second); err != nil || n != 1 {
+			t.Fatalf("round %d: RescueStuck = %d, %v", round, n, err)
+		}
+		ev, _ := h.event("evt_poison")
+		if ev.Attempts != round {
+			t.Errorf("round %d: attempts %d", round, ev.Attempts)
+		}
+	}
+	ev, _ := h.event("evt_poison")
+	if ev.Status != "failed" || h.count(`SELECT count(*) FROM webhook_dead_letters WHERE event_id = 'evt_poison'`) != 1 {
+		t.Errorf("after 3 dead attempts: status %s, want failed with a dead letter", ev.Status)
+	}
+}
