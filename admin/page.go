@@ -11,6 +11,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"billing/internal/apierr"
+	"billing/internal/auth"
 	"billing/internal/database"
 	"billing/internal/display"
 )
@@ -28,6 +29,7 @@ const pageDeadLetters = 100
 
 type pageView struct {
 	GeneratedAt          string
+	CSRF                 string
 	Holds                []holdRow
 	DeadLettersAvailable bool
 	DeadLettersError     string
@@ -63,6 +65,7 @@ func (c *Console) getPage(ec echo.Context) error {
 	if err != nil {
 		return database.APIError(err, "build admin page")
 	}
+	view.CSRF = auth.CSRFToken(ec)
 	var buf bytes.Buffer
 	if err := c.page.ExecuteTemplate(&buf, "admin", view); err != nil {
 		return apierr.Internal(err)

@@ -858,11 +858,22 @@ func TestAttacks(t *testing.T) {
 				t.Errorf("%s: the event is %q after the refused replay, want still failed", tc.name, v.Status)
 			}
 		}
-		// The control: the admin page's own form (same origin) with the same credentials replays.
-		ans := a.do(t, http.MethodPost, path, form, map[string]string{
+		// A same-origin post without the page's CSRF token (headers stripped by an old browser
+		// or a proxy would look like this) is refused too.
+		sameOrigin := map[string]string{
 			"Authorization": basic, "Content-Type": "application/x-www-form-urlencoded",
 			"Origin": "http://" + a.p.addr, "Sec-Fetch-Site": "same-origin",
-		})
+		}
+		if ans := a.do(t, http.MethodPost, path, form, sameOrigin); ans.Status != http.StatusForbidden || ans.code() != "forbidden" {
+			t.Errorf("same-origin post without a CSRF token: %s, want 403 forbidden", ans)
+		}
+		// The control: the admin page's own form (same origin, its CSRF token) replays.
+		page := a.do(t, http.MethodGet, "/admin", nil, map[string]string{"Authorization": basic})
+		m := regexp.MustCompile(`name="csrf_token" value="([^"]+)"`).FindSubmatch(page.Body)
+		if page.Status != http.StatusOK || m == nil {
+			t.Fatalf("admin page: %d, CSRF token found: %v", page.Status, m != nil)
+		}
+		ans := a.do(t, http.MethodPost, path, []byte("csrf_token="+url.QueryEscape(string(m[1]))), sameOrigin)
 		if ans.Status != http.StatusSeeOther || ans.Header.Get("Location") != "/admin" {
 			t.Errorf("same-origin form replay: %s (Location %q), want 303 to /admin", ans, ans.Header.Get("Location"))
 		}

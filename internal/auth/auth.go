@@ -1,5 +1,6 @@
 // Package auth checks the bearer tokens of the app backend and of admins. Tokens are compared in
-// constant time, and a request with a valid token of the other role gets 403, not 401.
+// constant time, and a request with a valid token of the other role gets 403, not 401. Admin
+// writes authenticated by Basic credentials (a browser's) also need a CSRF token (csrf.go).
 package auth
 
 import (
@@ -8,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/labstack/echo/v4"
 
@@ -99,18 +101,24 @@ func (t *Tokens) Require(want Role, allowBasic bool) echo.MiddlewareFunc {
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
 			token := bearer(c)
+			basic := false
 			if token == "" && allowBasic {
 				if _, pw, ok := c.Request().BasicAuth(); ok {
 					// A browser re-sends Basic credentials on any request to this host, including
 					// one forged by another site's form: refuse cross-site writes.
-					if c.Request().Method != http.MethodGet && c.Request().Method != http.MethodHead && crossSite(c.Request()) {
+					if !safeMethod(c.Request().Method) && crossSite(c.Request()) {
 						return apierr.New(apierr.CodeForbidden, "cross-site request refused")
 					}
-					token = pw
+					token, basic = pw, true
 				}
 			}
 			switch t.RoleOf(token) {
 			case want:
+				// The check follows the role's: a token that does not authenticate gets 401 first.
+				if basic && !safeMethod(c.Request().Method) && !csrfValid(token, submittedCSRF(c), time.Now()) {
+					return apierr.New(apierr.CodeForbidden, "missing or expired CSRF token: reload the page and submit the form again")
+				}
+				c.Set(credentialKey, token)
 				return next(c)
 			case RoleNone:
 				if allowBasic {

@@ -3,6 +3,8 @@ package auth_test
 import (
 	"net/http"
 	"net/http/httptest"
+	"net/url"
+	"strings"
 	"testing"
 
 	"github.com/labstack/echo/v4"
@@ -42,10 +44,10 @@ func TestRequire(t *testing.T) {
 		{"admin token as basic password", "/admin/x", "", "admin-1", 200, "", "", ""},
 		{"app token on admin", "/admin/x", "Bearer app-1", "", 403, "", "", ""},
 		{"wrong basic password", "/admin/x", "", "nope", 401, "", "", ""},
-		{"same-origin form post with basic auth", "/admin/x", "", "admin-1", 200, "POST", "http://example.com", "same-origin"},
+		{"same-origin form post with basic auth but no CSRF token", "/admin/x", "", "admin-1", 403, "POST", "http://example.com", "same-origin"},
 		{"cross-site form post with basic auth", "/admin/x", "", "admin-1", 403, "POST", "https://evil.test", "cross-site"},
 		{"foreign origin with basic auth", "/admin/x", "", "admin-1", 403, "POST", "https://evil.test", ""},
-		{"bearer post from anywhere", "/admin/x", "Bearer admin-1", "", 200, "POST", "https://evil.test", "cross-site"},
+		{"bearer post from anywhere, without a CSRF token", "/admin/x", "Bearer admin-1", "", 200, "POST", "https://evil.test", "cross-site"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -71,6 +73,73 @@ func TestRequire(t *testing.T) {
 			e.ServeHTTP(rec, req)
 			if rec.Code != tc.status {
 				t.Errorf("status %d, want %d: %s", rec.Code, tc.status, rec.Body)
+			}
+		})
+	}
+}
+
+// A write authenticated by Basic credentials needs the CSRF token of a page served to the same
+// admin token; reads and bearer writes do not.
+func TestRequireCSRF(t *testing.T) {
+	t.Parallel()
+	tokens := auth.New([]string{"app-1"}, []string{"admin-1", "admin-2"})
+	e := httpserver.New(httpserver.Options{Logger: slog.New(slog.DiscardHandler), Registry: prometheus.NewRegistry()})
+	admin := e.Group("/admin", tokens.Require(auth.RoleAdmin, true))
+	admin.GET("/page", func(c echo.Context) error { return c.String(200, auth.CSRFToken(c)) })
+	admin.POST("/x", func(c echo.Context) error { return c.String(200, "posted "+c.FormValue("v")) })
+
+	tokenOf := func(password string) string {
+		req := httptest.NewRequest(http.MethodGet, "/admin/page", nil)
+		req.SetBasicAuth("admin", password)
+		rec := httptest.NewRecorder()
+		e.ServeHTTP(rec, req)
+		if rec.Code != 200 || rec.Body.Len() == 0 {
+			t.Fatalf("page: %d %q", rec.Code, rec.Body)
+		}
+		return rec.Body.String()
+	}
+	tok1, tok2 := tokenOf("admin-1"), tokenOf("admin-2")
+	if tok1 == tok2 {
+		t.Fatal("two admin tokens get the same CSRF token")
+	}
+
+	tests := []struct {
+		name     string
+		basicPW  string
+		bearer   string
+		form     url.Values
+		header   string
+		status   int
+		wantBody string
+	}{
+		{"form field of the same admin", "admin-1", "", url.Values{"csrf_token": {tok1}, "v": {"a"}}, "", 200, "posted a"},
+		{"header of the same admin", "admin-1", "", url.Values{"v": {"b"}}, tok1, 200, "posted b"},
+		{"no token", "admin-1", "", url.Values{"v": {"c"}}, "", 403, ""},
+		{"token of another admin token", "admin-1", "", url.Values{"csrf_token": {tok2}}, "", 403, ""},
+		{"tampered token", "admin-1", "", url.Values{"csrf_token": {tok1 + "x"}}, "", 403, ""},
+		{"garbage token", "admin-1", "", url.Values{"csrf_token": {"1.2"}}, "", 403, ""},
+		{"wrong password with a token", "nope", "", url.Values{"csrf_token": {tok1}}, "", 401, ""},
+		{"bearer needs none", "", "admin-1", url.Values{"v": {"d"}}, "", 200, "posted d"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			req := httptest.NewRequest(http.MethodPost, "/admin/x", strings.NewReader(tc.form.Encode()))
+			req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+			req.Header.Set("Sec-Fetch-Site", "same-origin")
+			if tc.basicPW != "" {
+				req.SetBasicAuth("admin", tc.basicPW)
+			}
+			if tc.bearer != "" {
+				req.Header.Set("Authorization", "Bearer "+tc.bearer)
+			}
+			if tc.header != "" {
+				req.Header.Set(auth.CSRFHeader, tc.header)
+			}
+			rec := httptest.NewRecorder()
+			e.ServeHTTP(rec, req)
+			if rec.Code != tc.status || (tc.wantBody != "" && rec.Body.String() != tc.wantBody) {
+				t.Errorf("status %d %q, want %d %q", rec.Code, rec.Body, tc.status, tc.wantBody)
 			}
 		})
 	}
