@@ -2,20 +2,27 @@
 GO ?= go
 PKGS := ./...
 
-.PHONY: all build run test vet bench fuzz clean
+.PHONY: all build run test vet bench fuzz clean check-go
 
 all: build
 
-build:
+build: check-go
 	$(GO) build -o bin/billing .
 
-# Runs the service offline: embedded PostgreSQL under .data/, stripe-mock, generated test secrets.
+# Go itself cannot come from the distribution's packages at the version go.mod needs.
+check-go:
+	@command -v $(GO) >/dev/null 2>&1 || { echo "billing: Go is not installed: install Go 1.26 or newer (https://go.dev/dl/)" >&2; exit 1; }
+
+# Runs the service offline: embedded PostgreSQL under .data/, the dev Stripe in front of
+# stripe-mock, generated test secrets. Installs the PostgreSQL server when missing and it can.
 run: build
+	bash scripts/ensure-postgres.sh
 	bash scripts/run.sh
 
 # Every test, against a real PostgreSQL (started by the tests, or TEST_DATABASE_URL) and
-# stripe-mock (started by the tests).
-test:
+# stripe-mock (started by the tests). Installs the PostgreSQL server when missing and it can.
+test: check-go
+	@[ -n "$$TEST_DATABASE_URL" ] || bash scripts/ensure-postgres.sh TEST_DATABASE_URL
 	$(GO) vet $(PKGS)
 	$(GO) test -count=1 -timeout 40m $(PKGS)
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make run`: the whole service on this machine, offline. The embedded PostgreSQL lives under
-# .data/postgres; Stripe's API is stripe-mock; secrets and tokens are generated once and kept in
-# .data/dev.env so that they survive restarts.
+# .data/postgres; Stripe's API is the dev Stripe in front of stripe-mock; secrets and tokens are
+# generated once and kept in .data/dev.env so that they survive restarts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .data
@@ -19,10 +19,14 @@ set -a
 . ./.data/dev.env
 set +a
 
-STRIPE_MOCK_PORT=${STRIPE_MOCK_PORT:-12111}
+# The service calls the dev Stripe (internal/devstripe: the tests' double of Stripe in front of
+# stripe-mock), which settles charges by test card as Stripe's test mode does; stripe-mock
+# itself listens on the next port.
+STRIPE_PORT=${STRIPE_PORT:-12111}
+STRIPE_MOCK_PORT=${STRIPE_MOCK_PORT:-$((STRIPE_PORT + 1))}
 export BILLING_STRIPE_MODE=test
 export BILLING_STRIPE_SECRET_KEY=${BILLING_STRIPE_SECRET_KEY:-sk_test_123}
-export BILLING_STRIPE_API_URL=http://127.0.0.1:${STRIPE_MOCK_PORT}
+export BILLING_STRIPE_API_URL=http://127.0.0.1:${STRIPE_PORT}
 export BILLING_HTTP_ADDR=${BILLING_HTTP_ADDR:-:8080}
 export BILLING_LOG_FORMAT=${BILLING_LOG_FORMAT:-text}
 unset BILLING_DATABASE_URL
@@ -30,25 +34,45 @@ port=${BILLING_HTTP_ADDR##*:}
 export BILLING_PORTAL_RETURN_URL=${BILLING_PORTAL_RETURN_URL:-http://localhost:${port}/}
 
 go build -o bin/stripe-mock github.com/stripe/stripe-mock
-bin/stripe-mock -http-port "$STRIPE_MOCK_PORT" -https-port $((STRIPE_MOCK_PORT + 1)) >.data/stripe-mock.log 2>&1 &
-mock_pid=$!
-trap 'kill $mock_pid 2>/dev/null || true' EXIT
+go build -o bin/devstripe ./internal/devstripe
+pids=()
+trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done' EXIT
+bin/stripe-mock -http-addr "127.0.0.1:${STRIPE_MOCK_PORT}" -https-addr 127.0.0.1:0 >.data/stripe-mock.log 2>&1 &
+pids+=($!)
+bin/devstripe --listen "127.0.0.1:${STRIPE_PORT}" --upstream "http://127.0.0.1:${STRIPE_MOCK_PORT}" >.data/devstripe.log 2>&1 &
+devstripe_pid=$!
+pids+=("$devstripe_pid")
+# devstripe says it listens once stripe-mock answers; stop here if either gave up.
+until grep -q '^devstripe: Stripe API' .data/devstripe.log; do
+  if ! kill -0 "$devstripe_pid" 2>/dev/null; then
+    echo "make run: the dev Stripe did not start:" >&2
+    cat .data/devstripe.log .data/stripe-mock.log >&2
+    exit 1
+  fi
+  sleep 0.1
+done
 
+api="Authorization: Bearer ${BILLING_AUTH_API_TOKENS}"
 cat <<MSG
 
 billing (test mode, offline)
-  API:             http://localhost:${port}
+  API:             http://localhost:${port}        (OpenAPI: http://localhost:${port}/openapi.json)
+  admin page:      http://localhost:${port}/admin  (user: admin, password: the admin token)
   webhook secret:  ${BILLING_STRIPE_WEBHOOK_SECRETS_TEST}
   API token:       ${BILLING_AUTH_API_TOKENS}
   admin token:     ${BILLING_AUTH_ADMIN_TOKENS}
-  Stripe API:      stripe-mock at ${BILLING_STRIPE_API_URL}
+  Stripe API:      the dev Stripe at ${BILLING_STRIPE_API_URL} (log: .data/devstripe.log):
+                   test cards as in Stripe's test mode; a new customer pays with pm_card_visa
+  database:        embedded, under .data/postgres; serve logs the psql command to reach it (psql=...)
 
 Try:
   curl -s localhost:${port}/readyz
-  bin/billing trigger customer.subscription.created --url http://localhost:${port}/webhooks/stripe --secret ${BILLING_STRIPE_WEBHOOK_SECRETS_TEST}
+  curl -s -X PUT -H '${api}' -H 'Content-Type: application/json' -d '{"email":"a@example.com","name":"A"}' localhost:${port}/v1/customers/user_1
+  curl -s -X POST -H '${api}' -H 'Content-Type: application/json' -d '{"order_id":"order_1","user_id":"user_1","amount":1250,"currency":"eur"}' localhost:${port}/v1/charges
+  # a declining card for user_1 (cus_… from the PUT answer), then charge a new order_id:
+  curl -s -u ${BILLING_STRIPE_SECRET_KEY}: localhost:${STRIPE_PORT}/v1/customers/CUS_ID -d 'invoice_settings[default_payment_method]=pm_card_chargeDeclined'
+  bin/billing trigger customer.subscription.created --customer CUS_ID --url http://localhost:${port}/webhooks/stripe --secret ${BILLING_STRIPE_WEBHOOK_SECRETS_TEST}
   curl -s -H 'Authorization: Bearer ${BILLING_AUTH_ADMIN_TOKENS}' localhost:${port}/admin/events
-  curl -s -X PUT -H 'Authorization: Bearer ${BILLING_AUTH_API_TOKENS}' -d '{"email":"a@example.com","name":"A"}' localhost:${port}/v1/customers/user_1
-  open http://localhost:${port}/admin  (user: admin, password: the admin token)
 
 MSG
 bin/billing serve

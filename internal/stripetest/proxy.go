@@ -6,12 +6,17 @@
 //     Idempotent-Replayed: true) without executing again; the same key with other parameters is
 //     a 400 idempotency_error; a key in use by a request still in flight is a 409;
 //   - distinct ids for created objects, and metadata reflected into them;
-//   - a confirmed PaymentIntent that succeeds (stripe-mock leaves it requires_payment_method);
+//   - a confirmed PaymentIntent settled as test mode settles it for its card (stripe-mock leaves
+//     every one requires_payment_method): pm_card_visa succeeds, pm_card_chargeDeclined… answer
+//     card errors with their decline codes, 3-D Secure cards need authentication (cards.go);
 //   - search (customers, payment_intents, by metadata) and the refunds list by payment_intent,
 //     answered from the objects created through the proxy;
 //   - faults: 500s and dropped connections before the request reaches "Stripe", and dropped
 //     connections after it executed (the answer is lost, the key remembered);
 //   - canned answers (card errors) and edits of stripe-mock's answers (requires_action).
+//
+// Dev adds what a person at the dev loop needs (dev.go): remembered customers whose default
+// payment method picks the outcome of their charges, and local Customer Portal pages.
 //
 // Everything a test sets up applies to "the next n requests" of a method and path, in order.
 package stripetest
@@ -21,8 +26,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
-	"net/http/httptest"
 	"net/url"
 	"regexp"
 	"sort"
@@ -30,6 +35,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // Fault is a failure the proxy injects instead of or after executing a request.
@@ -108,6 +114,8 @@ type Proxy struct {
 	seq     int
 	objects map[string][]map[string]any // created objects by collection path
 	routes  []route                     // stateful resources served here, not by stripe-mock
+	dev     bool                        // see Dev
+	onReq   func(Request)               // see OnRequest
 }
 
 // route serves the requests under a path prefix from the test's own state.
@@ -119,21 +127,52 @@ type route struct {
 // New starts a proxy in front of upstreamURL (stripe-mock) and stops it when the test ends.
 func New(t testing.TB, upstreamURL string) *Proxy {
 	t.Helper()
-	p := &Proxy{
+	p, stop, err := Start(upstreamURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	return p
+}
+
+// Start starts a proxy on a free loopback port in front of upstreamURL (stripe-mock). stop
+// closes it.
+func Start(upstreamURL string) (p *Proxy, stop func(), err error) {
+	return Listen("127.0.0.1:0", upstreamURL)
+}
+
+// Listen starts a proxy on addr ("host:port"; an empty host means loopback) in front of
+// upstreamURL. stop closes the listener and every connection.
+func Listen(addr, upstreamURL string) (p *Proxy, stop func(), err error) {
+	if upstreamURL == "" {
+		return nil, nil, fmt.Errorf("stripetest: no upstream URL")
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, nil, fmt.Errorf("stripetest: listen address %q: %w", addr, err)
+	}
+	if host == "" {
+		// A double of Stripe with no authentication is for this machine only.
+		host = "127.0.0.1"
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, port))
+	if err != nil {
+		return nil, nil, fmt.Errorf("stripetest: %w", err)
+	}
+	p = &Proxy{
 		upstream: strings.TrimRight(upstreamURL, "/"),
 		client:   &http.Client{},
 		keys:     map[string]*keyEntry{},
 		objects:  map[string][]map[string]any{},
 	}
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(p.serve))
+	srv := &http.Server{Handler: http.HandlerFunc(p.serve), ReadHeaderTimeout: 10 * time.Second}
 	// One connection per request: Go's transport silently resends a request that carries an
 	// Idempotency-Key when a reused connection drops, which would make injected faults
 	// disappear in a way that depends on connection reuse.
-	srv.Config.SetKeepAlivesEnabled(false)
-	srv.Start()
-	t.Cleanup(srv.Close)
-	p.URL = srv.URL
-	return p
+	srv.SetKeepAlivesEnabled(false)
+	go func() { _ = srv.Serve(ln) }()
+	p.URL = "http://" + ln.Addr().String()
+	return p, func() { _ = srv.Close() }, nil
 }
 
 // collections whose POST creates an object (the only ones the service creates).
@@ -286,11 +325,26 @@ func (p *Proxy) newID(prefix string) string {
 
 func (p *Proxy) record(r Request) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	p.reqs = append(p.reqs, r)
+	on := p.onReq
+	p.mu.Unlock()
+	if on != nil {
+		on(r)
+	}
+}
+
+// OnRequest calls fn with every request once its outcome is decided (for a log).
+func (p *Proxy) OnRequest(fn func(Request)) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.onReq = fn
 }
 
 func (p *Proxy) serve(w http.ResponseWriter, hr *http.Request) {
+	if p.isDev() && strings.HasPrefix(hr.URL.Path, devPortalPath) {
+		p.portalPage(w, hr)
+		return
+	}
 	body, _ := io.ReadAll(hr.Body)
 	form, _ := url.ParseQuery(string(body))
 	req := Request{
@@ -434,25 +488,31 @@ func (p *Proxy) execute(w http.ResponseWriter, req Request, hr *http.Request, bo
 			obj["metadata"] = md
 		}
 		if req.Path == "/v1/payment_intents" && req.Form.Get("confirm") == "true" {
-			// A confirmed PaymentIntent on a working card succeeds.
-			obj["status"] = "succeeded"
-			obj["last_payment_error"] = nil
-			obj["next_action"] = nil
-			if pm := req.Form.Get("payment_method"); pm != "" {
-				obj["payment_method"] = pm
+			if status, b, refused := p.confirmPaymentIntent(req, obj); refused {
+				p.keep(req.Path, obj)
+				return status, b
 			}
 		}
+		p.devCreated(req, obj)
+	}
+	if !create {
+		obj = p.devCustomer(req, obj)
 	}
 	if r := p.take(req.Method, req.Path, func(r *rule) bool { return r.mutate != nil }); r != nil {
 		r.mutate(req, obj)
 	}
 	if create {
-		p.mu.Lock()
-		p.objects[req.Path] = append(p.objects[req.Path], obj)
-		p.mu.Unlock()
+		p.keep(req.Path, obj)
 	}
 	b, _ := json.Marshal(obj)
 	return resp.StatusCode, b
+}
+
+// keep stores an object created at a collection path.
+func (p *Proxy) keep(coll string, obj map[string]any) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.objects[coll] = append(p.objects[coll], obj)
 }
 
 func (p *Proxy) search(coll, query string) (int, []byte) {

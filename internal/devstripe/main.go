@@ -1,0 +1,97 @@
+// Command devstripe is the Stripe API of `make run`: the test double of the tests
+// (internal/stripetest) in front of stripe-mock, in its Dev mode, so that charges behave as in
+// Stripe's test mode (pm_card_visa succeeds, pm_card_chargeDeclined… decline, 3-D Secure cards
+// need authentication) and portal sessions open a local page. It is a separate program so that
+// the service's binary never carries a double of Stripe.
+//
+//	go run ./internal/devstripe --listen 127.0.0.1:12111 --upstream http://127.0.0.1:12112
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"billing/internal/stripetest"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("devstripe", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	listen := fs.String("listen", "127.0.0.1:12111", "address to listen on (loopback when the host is empty)")
+	upstream := fs.String("upstream", "", "base URL of stripe-mock (required)")
+	wait := fs.Duration("wait", time.Minute, "how long to wait for stripe-mock to answer before giving up")
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: devstripe --upstream URL [--listen ADDR]\n\nflags:")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if *upstream == "" {
+		fmt.Fprintln(stderr, "devstripe: --upstream is required (the URL of stripe-mock)")
+		return 2
+	}
+	if err := waitFor(*upstream, *wait); err != nil {
+		fmt.Fprintln(stderr, "devstripe: "+err.Error())
+		return 1
+	}
+	p, stop, err := stripetest.Listen(*listen, *upstream)
+	if err != nil {
+		fmt.Fprintln(stderr, "devstripe: "+err.Error())
+		return 1
+	}
+	defer stop()
+	p.Dev()
+	p.OnRequest(func(r stripetest.Request) {
+		line := fmt.Sprintf("%s %s %s -> %d", time.Now().Format(time.TimeOnly), r.Method, r.Path, r.Status)
+		if r.Replayed {
+			line += " (idempotent replay)"
+		}
+		if pm := r.Form.Get("payment_method"); pm != "" {
+			line += " payment_method=" + pm
+		}
+		fmt.Fprintln(stdout, line)
+	})
+	fmt.Fprintf(stdout, "devstripe: Stripe API (test mode stand-in) at %s, in front of stripe-mock at %s\n", p.URL, *upstream)
+	fmt.Fprintf(stdout, "devstripe: new customers pay with %s; other test cards: %s, and pm_card_threeDSecure2Required (authentication)\n",
+		stripetest.DefaultCard, strings.Join([]string{"pm_card_chargeDeclined", "pm_card_chargeDeclinedInsufficientFunds", "pm_card_chargeDeclinedExpiredCard"}, ", "))
+	fmt.Fprintf(stdout, "devstripe: portal sessions open %s/dev-portal/bps_…\n", p.PortalBase())
+
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	<-sig
+	return 0
+}
+
+// waitFor polls stripe-mock until it answers, so that the first charge of a fresh `make run`
+// does not meet a proxy whose upstream is still starting.
+func waitFor(base string, limit time.Duration) error {
+	client := &http.Client{Timeout: 2 * time.Second}
+	deadline := time.Now().Add(limit)
+	for {
+		resp, err := client.Get(strings.TrimRight(base, "/") + "/")
+		if err == nil {
+			resp.Body.Close()
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("stripe-mock at %s did not answer within %s: %v", base, limit, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

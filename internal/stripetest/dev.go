@@ -1,0 +1,216 @@
+package stripetest
+
+import (
+	"encoding/json"
+	"html/template"
+	"net/http"
+	"net/url"
+	"strings"
+)
+
+// DefaultCard is the default payment method the proxy gives a new customer in Dev mode.
+const DefaultCard = "pm_card_visa"
+
+// devPortalPath is where Dev mode serves its stand-in of the Customer Portal.
+const devPortalPath = "/dev-portal/"
+
+// Dev makes the proxy the Stripe of the dev loop (`make run`), on top of what it does for tests:
+//
+//   - customers created through it are kept: retrieving one answers the kept object, and an update
+//     (POST /v1/customers/{id}) changes it — email, name, metadata,
+//     invoice_settings[default_payment_method], source (kept as default_source);
+//   - a new customer whose create names no payment method gets DefaultCard as its
+//     invoice_settings.default_payment_method, so that charges succeed until a developer sets
+//     another test card;
+//   - a Customer Portal session's url is a page of the proxy itself
+//     (http://localhost:PORT/dev-portal/bps_…) instead of stripe-mock's placeholder.
+//
+// Tests leave it off: they state every answer they depend on.
+func (p *Proxy) Dev() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.dev = true
+}
+
+func (p *Proxy) isDev() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.dev
+}
+
+// PortalBase is the base of the local portal pages: the proxy's URL, named localhost for a
+// browser.
+func (p *Proxy) PortalBase() string {
+	u, err := url.Parse(p.URL)
+	if err != nil {
+		return p.URL
+	}
+	if h := u.Hostname(); h == "127.0.0.1" || h == "::1" {
+		u.Host = "localhost:" + u.Port()
+	}
+	return strings.TrimRight(u.String(), "/")
+}
+
+// devCreated completes an object created through the proxy in Dev mode.
+func (p *Proxy) devCreated(req Request, obj map[string]any) {
+	if !p.isDev() {
+		return
+	}
+	switch req.Path {
+	case "/v1/customers":
+		settings, _ := obj["invoice_settings"].(map[string]any)
+		if settings == nil {
+			settings = map[string]any{}
+			obj["invoice_settings"] = settings
+		}
+		obj["default_source"] = nil
+		switch {
+		case req.Form.Get("invoice_settings[default_payment_method]") != "":
+			settings["default_payment_method"] = req.Form.Get("invoice_settings[default_payment_method]")
+		case req.Form.Get("source") != "":
+			// Stripe charges a customer's default source when a payment names no method.
+			settings["default_payment_method"] = nil
+			obj["default_source"] = req.Form.Get("source")
+		default:
+			settings["default_payment_method"] = DefaultCard
+		}
+		for _, k := range []string{"email", "name"} {
+			if req.Form.Has(k) {
+				obj[k] = req.Form.Get(k)
+			}
+		}
+	case "/v1/billing_portal/sessions":
+		id, _ := obj["id"].(string)
+		obj["url"] = p.PortalBase() + devPortalPath + id
+		obj["customer"] = req.Form.Get("customer")
+		if r := req.Form.Get("return_url"); r != "" {
+			obj["return_url"] = r
+		}
+		obj["flow"] = flowOf(req.Form)
+	}
+}
+
+// flowOf is the flow_data of a portal session's create, as Stripe answers it ("flow").
+func flowOf(form url.Values) any {
+	typ := form.Get("flow_data[type]")
+	if typ == "" {
+		return nil
+	}
+	flow := map[string]any{"type": typ}
+	if sub := form.Get("flow_data[subscription_cancel][subscription]"); sub != "" {
+		flow["subscription_cancel"] = map[string]any{"subscription": sub}
+	}
+	if r := form.Get("flow_data[after_completion][redirect][return_url]"); r != "" {
+		flow["after_completion"] = map[string]any{"type": "redirect", "redirect": map[string]any{"return_url": r}}
+	}
+	return flow
+}
+
+// devCustomer answers a retrieve or an update of a kept customer in Dev mode (after stripe-mock
+// accepted the request); anything else is left as stripe-mock answered it.
+func (p *Proxy) devCustomer(req Request, obj map[string]any) map[string]any {
+	id, ok := strings.CutPrefix(req.Path, "/v1/customers/")
+	if !ok || id == "" || strings.Contains(id, "/") || !p.isDev() {
+		return obj
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var kept map[string]any
+	for _, c := range p.objects["/v1/customers"] {
+		if c["id"] == id {
+			kept = c
+		}
+	}
+	if kept == nil {
+		return obj
+	}
+	if req.Method == http.MethodPost {
+		for _, k := range []string{"email", "name", "description"} {
+			if req.Form.Has(k) {
+				kept[k] = req.Form.Get(k)
+			}
+		}
+		if req.Form.Has("invoice_settings[default_payment_method]") {
+			settings, _ := kept["invoice_settings"].(map[string]any)
+			if settings == nil {
+				settings = map[string]any{}
+				kept["invoice_settings"] = settings
+			}
+			if pm := req.Form.Get("invoice_settings[default_payment_method]"); pm != "" {
+				settings["default_payment_method"] = pm
+			} else {
+				settings["default_payment_method"] = nil
+			}
+		}
+		if req.Form.Has("source") {
+			kept["default_source"] = req.Form.Get("source")
+		}
+		md, _ := kept["metadata"].(map[string]any)
+		if md == nil {
+			md = map[string]any{}
+		}
+		for k, v := range metadataOf(req.Form) {
+			if v == "" {
+				delete(md, k)
+			} else {
+				md[k] = v
+			}
+		}
+		kept["metadata"] = md
+	}
+	// A copy: the kept object changes under the lock, the answer is encoded outside it.
+	b, _ := json.Marshal(kept)
+	var out map[string]any
+	_ = json.Unmarshal(b, &out)
+	return out
+}
+
+var portalPageTemplate = template.Must(template.New("portal").Parse(`<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>Customer Portal (local stand-in)</title></head>
+<body style="font-family: sans-serif; max-width: 40em; margin: 2em auto">
+<h1>Customer Portal — local stand-in</h1>
+<p>This page stands in for Stripe's Customer Portal in the dev loop: nothing here changes a
+subscription. In test mode at Stripe, this session would open the real portal.</p>
+<dl>
+<dt>session</dt><dd><code>{{.ID}}</code></dd>
+<dt>customer</dt><dd><code>{{.Customer}}</code></dd>
+{{with .Flow}}<dt>flow</dt><dd><code>{{.}}</code></dd>{{end}}
+{{with .Subscription}}<dt>subscription</dt><dd><code>{{.}}</code></dd>{{end}}
+</dl>
+{{with .ReturnURL}}<p><a href="{{.}}">Return to the app</a></p>{{end}}
+</body></html>
+`))
+
+// portalPage serves the local stand-in of a portal session's page.
+func (p *Proxy) portalPage(w http.ResponseWriter, hr *http.Request) {
+	id := strings.TrimPrefix(hr.URL.Path, devPortalPath)
+	var sess map[string]any
+	for _, s := range p.Objects("/v1/billing_portal/sessions") {
+		if s["id"] == id {
+			sess = s
+		}
+	}
+	if sess == nil || hr.Method != http.MethodGet {
+		http.Error(w, "no such portal session in this dev Stripe (sessions live as long as the process)", http.StatusNotFound)
+		return
+	}
+	data := struct{ ID, Customer, Flow, Subscription, ReturnURL string }{ID: id}
+	data.Customer, _ = sess["customer"].(string)
+	data.ReturnURL, _ = sess["return_url"].(string)
+	if flow, ok := sess["flow"].(map[string]any); ok {
+		data.Flow, _ = flow["type"].(string)
+		if c, ok := flow["subscription_cancel"].(map[string]any); ok {
+			data.Subscription, _ = c["subscription"].(string)
+		}
+		if ac, ok := flow["after_completion"].(map[string]any); ok {
+			if r, ok := ac["redirect"].(map[string]any); ok {
+				data.ReturnURL, _ = r["return_url"].(string)
+			}
+		}
+	}
+	if u, err := url.Parse(data.ReturnURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") {
+		data.ReturnURL = ""
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	_ = portalPageTemplate.Execute(w, data)
+}
