@@ -9,6 +9,8 @@ import (
 	"embed"
 	"fmt"
 	"log/slog"
+	"slices"
+	"time"
 
 	"github.com/pressly/goose/v3"
 	"github.com/riverqueue/river/riverdriver/riverdatabasesql"
@@ -38,16 +40,59 @@ func provider(db *sql.DB, logger *slog.Logger) (*goose.Provider, error) {
 // several processes at once: they take turns on a session-level advisory lock, and the later
 // ones find nothing pending.
 func Apply(ctx context.Context, db *sql.DB, logger *slog.Logger) error {
+	return ApplyWith(ctx, db, Options{Logger: logger})
+}
+
+// Options are the inputs of ApplyWith besides the database.
+type Options struct {
+	// Logger gets a line per applied migration; nil discards them.
+	Logger *slog.Logger
+	// Progress, if set, is called before and after each migration of the run.
+	Progress func(Step)
+	// Waiting, if set, is called when another process holds the migration lock, before this one
+	// waits for it.
+	Waiting func()
+}
+
+// Step is one migration of a run, for a progress display.
+type Step struct {
+	Source  string // "billing" or "river"
+	Version int64
+	// Index counts from 1 among the Total migrations this run applies.
+	Index, Total int
+	// Done: the migration is applied (after Duration); otherwise it is about to start.
+	Done     bool
+	Duration time.Duration
+}
+
+// ApplyWith is Apply with a progress report: migrations run one at a time, so a display can say
+// which one a long run is in.
+func ApplyWith(ctx context.Context, db *sql.DB, opts Options) error {
+	logger := opts.Logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
+	}
+	progress := opts.Progress
+	if progress == nil {
+		progress = func(Step) {}
 	}
 	conn, err := db.Conn(ctx)
 	if err != nil {
 		return fmt.Errorf("migrate: get connection: %w", err)
 	}
 	defer conn.Close()
-	if _, err := conn.ExecContext(ctx, "SELECT pg_advisory_lock($1)", lockKey); err != nil {
+	var locked bool
+	if err := conn.QueryRowContext(ctx, "SELECT pg_try_advisory_lock($1)", lockKey).Scan(&locked); err != nil {
 		return fmt.Errorf("migrate: take advisory lock: %w", err)
+	}
+	if !locked {
+		if opts.Waiting != nil {
+			opts.Waiting()
+		}
+		logger.Info("waiting for the migration lock: another process is migrating")
+		if _, err := conn.ExecContext(ctx, "SELECT pg_advisory_lock($1)", lockKey); err != nil {
+			return fmt.Errorf("migrate: take advisory lock: %w", err)
+		}
 	}
 	defer func() {
 		// A fresh context: the caller's may be canceled, and a lock left on a pooled connection
@@ -59,24 +104,54 @@ func Apply(ctx context.Context, db *sql.DB, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	results, err := p.Up(ctx)
+	statuses, err := p.Status(ctx)
 	if err != nil {
-		return fmt.Errorf("migrate: apply service migrations: %w", err)
+		return fmt.Errorf("migrate: read service migrations: %w", err)
 	}
-	for _, r := range results {
-		logger.Info("migration applied", "source", "billing", "version", r.Source.Version, "duration", r.Duration)
+	var ours []int64
+	for _, st := range statuses {
+		if st.State == goose.StatePending {
+			ours = append(ours, st.Source.Version)
+		}
 	}
-
 	rm, err := rivermigrate.New(riverdatabasesql.New(db), &rivermigrate.Config{Logger: logger})
 	if err != nil {
 		return fmt.Errorf("migrate: load river migrations: %w", err)
 	}
-	res, err := rm.Migrate(ctx, rivermigrate.DirectionUp, nil)
+	existing, err := rm.ExistingVersions(ctx)
 	if err != nil {
-		return fmt.Errorf("migrate: apply river migrations: %w", err)
+		return fmt.Errorf("migrate: read river migrations: %w", err)
 	}
-	for _, v := range res.Versions {
-		logger.Info("migration applied", "source", "river", "version", v.Version, "duration", v.Duration)
+	var rivers []int64
+	for _, m := range rm.AllVersions() {
+		if !slices.ContainsFunc(existing, func(e rivermigrate.Migration) bool { return e.Version == m.Version }) {
+			rivers = append(rivers, int64(m.Version))
+		}
+	}
+	total := len(ours) + len(rivers)
+
+	index := 0
+	for _, v := range ours {
+		index++
+		progress(Step{Source: "billing", Version: v, Index: index, Total: total})
+		r, err := p.UpByOne(ctx)
+		if err != nil {
+			return fmt.Errorf("migrate: apply service migration %d: %w", v, err)
+		}
+		logger.Info("migration applied", "source", "billing", "version", r.Source.Version, "duration", r.Duration)
+		progress(Step{Source: "billing", Version: r.Source.Version, Index: index, Total: total, Done: true, Duration: r.Duration})
+	}
+	for _, v := range rivers {
+		index++
+		progress(Step{Source: "river", Version: v, Index: index, Total: total})
+		res, err := rm.Migrate(ctx, rivermigrate.DirectionUp, &rivermigrate.MigrateOpts{MaxSteps: 1})
+		if err != nil {
+			return fmt.Errorf("migrate: apply river migration %d: %w", v, err)
+		}
+		for _, r := range res.Versions {
+			logger.Info("migration applied", "source", "river", "version", r.Version, "duration", r.Duration)
+			progress(Step{Source: "river", Version: int64(r.Version), Index: index, Total: total, Done: true, Duration: r.Duration})
+		}
 	}
 	return nil
 }
