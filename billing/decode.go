@@ -111,6 +111,11 @@ type subscriptionObject struct {
 	Items              *struct {
 		Data []subscriptionItem `json:"data"`
 	} `json:"items"`
+	// PauseCollection is set while collection is paused (the status does not change).
+	PauseCollection *struct {
+		Behavior  string   `json:"behavior"`
+		ResumesAt unixTime `json:"resumes_at"`
+	} `json:"pause_collection"`
 	// Plan is the pre-2018 single-plan shape (still sent alongside items by older versions).
 	Plan *struct {
 		ID string `json:"id"`
@@ -168,6 +173,16 @@ type invoiceObject struct {
 	AmountDue          *int64       `json:"amount_due"`
 	Currency           *string      `json:"currency"`
 	HostedInvoiceURL   *string      `json:"hosted_invoice_url"`
+	// Created is the invoice's own creation time: a payment lifts a hold only when its invoice
+	// is the held one or newer, and the invoice list is ordered by it.
+	Created       unixTime `json:"created"`
+	Status        *string  `json:"status"`
+	Number        *string  `json:"number"`
+	BillingReason *string  `json:"billing_reason"`
+	AmountPaid    *int64   `json:"amount_paid"`
+	PeriodStart   unixTime `json:"period_start"`
+	PeriodEnd     unixTime `json:"period_end"`
+	InvoicePDF    *string  `json:"invoice_pdf"`
 	// From API 2025-03-31 the subscription moved to parent.subscription_details.
 	Parent *struct {
 		SubscriptionDetails *struct {

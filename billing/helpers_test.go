@@ -251,6 +251,10 @@ type invObj struct {
 	ID, Customer, Subscription, Email, Currency, URL string
 	AttemptCount, AmountDue                          int64
 	NextAttempt                                      int64 // offset from base; 0 = null
+	// Left out of the JSON when zero.
+	Created, PeriodStart, PeriodEnd    int64 // offsets from base
+	BillingReason, Status, Number, PDF string
+	AmountPaid                         int64
 }
 
 func (i invObj) JSON() json.RawMessage {
@@ -268,6 +272,19 @@ func (i invObj) JSON() json.RawMessage {
 	}
 	if i.NextAttempt != 0 {
 		m["next_payment_attempt"] = base + i.NextAttempt
+	}
+	for k, off := range map[string]int64{"created": i.Created, "period_start": i.PeriodStart, "period_end": i.PeriodEnd} {
+		if off != 0 {
+			m[k] = base + off
+		}
+	}
+	for k, v := range map[string]string{"billing_reason": i.BillingReason, "status": i.Status, "number": i.Number, "invoice_pdf": i.PDF} {
+		if v != "" {
+			m[k] = v
+		}
+	}
+	if i.AmountPaid != 0 {
+		m["amount_paid"] = i.AmountPaid
 	}
 	b, err := json.Marshal(m)
 	if err != nil {

@@ -23,7 +23,7 @@ import (
 //   - rank, for ties within one second. Subscription events: statusTieRank(new status)*10 +
 //     type rank (created 0, updated/trial_will_end 1, deleted 2), so the later lifecycle stage
 //     wins (incomplete→active at creation, active→past_due at renewal, anything→canceled).
-//     Invoice events: payment_failed 0, payment_succeeded 1, so a success in the same second
+//     Invoice events: payment_failed 0, payment_succeeded 2, so a success in the same second
 //     as a failure lifts the hold (the money arrived; blocking a paying customer is the worse
 //     mistake).
 //   - event id, byte-wise (COLLATE "C"): arbitrary but deterministic, so that every replica and
@@ -53,7 +53,7 @@ func subEventRank(eventType, status string) int {
 
 func invEventRank(eventType string) int {
 	if eventType == EventInvoicePaymentSucceeded {
-		return 1
+		return 2
 	}
 	return 0
 }
@@ -197,8 +197,12 @@ func (s *Service) handleSubscriptionEvent(ctx context.Context, tx *gorm.DB, ev w
 	res := tx.WithContext(ctx).Exec(`
 		UPDATE subscriptions SET
 		  stripe_customer_id = $3,
-		  status_since = CASE WHEN sub_event_created IS NULL OR status IS DISTINCT FROM CAST($4 AS text)
+		  status_since = CASE WHEN sub_event_created IS NULL OR status IS DISTINCT FROM CAST($4 AS text) OR $19
 		                      THEN CAST($17 AS timestamptz) ELSE status_since END,
+		  status_other_at = CASE WHEN $19 THEN CAST($17 AS timestamptz)
+		                         WHEN sub_event_created IS NULL THEN NULL
+		                         WHEN status IS DISTINCT FROM CAST($4 AS text) THEN sub_event_created
+		                         ELSE status_other_at END,
 		  status = $4,
 		  price_id = $5,
 		  current_period_start = $6,
@@ -219,7 +223,8 @@ func (s *Service) handleSubscriptionEvent(ctx context.Context, tx *gorm.DB, ev w
 		obj.ID, ev.Livemode, customerID, // $1–$3
 		status, nullString(obj.PriceID()), start.Ptr(), end.Ptr(), cancelAtPeriodEnd, // $4–$8
 		obj.CancelAt.Ptr(), obj.CanceledAt.Ptr(), obj.EndedAt.Ptr(), obj.TrialStart.Ptr(), obj.TrialEnd.Ptr(), // $9–$13
-		ev.ID, ev.Type, rankOf(ctx, subEventRank(ev.Type, status)), ev.Created.UTC(), s.now()) // $14–$18
+		ev.ID, ev.Type, rankOf(ctx, subEventRank(ev.Type, status)), ev.Created.UTC(), s.now(), // $14–$18
+		statusBeganWith(ev, status)) // $19
 	if res.Error != nil {
 		return fmt.Errorf("apply %s %s to subscription %s: %w", ev.Type, ev.ID, obj.ID, res.Error)
 	}
@@ -228,6 +233,9 @@ func (s *Service) handleSubscriptionEvent(ctx context.Context, tx *gorm.DB, ev w
 		outcome = "stale"
 		if IsTerminal(prior.Status) && !IsTerminal(status) {
 			outcome = "terminal"
+		}
+		if err := s.applyStaleStatus(ctx, tx, ev, obj.ID, status); err != nil {
+			return err
 		}
 	}
 	s.events.WithLabelValues(ev.Type, outcome).Inc()
@@ -259,6 +267,14 @@ func (s *Service) trialWillEnd(ctx context.Context, tx *gorm.DB, ev webhooks.Eve
 	if cur.Status != StatusTrialing {
 		s.log.InfoContext(ctx, "trial ending notice skipped: subscription no longer trialing",
 			"event_id", ev.ID, "subscription_id", subscriptionID, "status", cur.Status)
+		return nil
+	}
+	// A late delivery (retried for days) or the event of a trial that was ended early: the
+	// subscription still reads trialing until Stripe's update arrives, but "your trial ends"
+	// about a trial that is over is wrong.
+	if cur.TrialEnd == nil || !cur.TrialEnd.After(ev.Created) || !cur.TrialEnd.After(s.now()) {
+		s.log.InfoContext(ctx, "trial ending notice skipped: trial already ended",
+			"event_id", ev.ID, "subscription_id", subscriptionID, "trial_end", cur.TrialEnd)
 		return nil
 	}
 	return s.notices.Enqueue(ctx, tx, notices.Input{
@@ -314,6 +330,9 @@ func (s *Service) handleInvoiceEvent(ctx context.Context, tx *gorm.DB, ev webhoo
 	if failed {
 		nextAttempt = inv.NextPaymentAttempt.Ptr()
 	}
+	// The hold remembers its invoice's creation (the newest one's, when an older invoice fails
+	// too while it is in force). A payment lifts it only when its invoice was created at or
+	// after that one: a late payment of an older invoice says nothing about the newer one.
 	res := tx.WithContext(ctx).Exec(`
 		UPDATE subscriptions SET
 		  payment_hold = $3,
@@ -328,11 +347,18 @@ func (s *Service) handleInvoiceEvent(ctx context.Context, tx *gorm.DB, ev webhoo
 		  inv_event_type = $12,
 		  inv_event_created = $13,
 		  inv_event_rank = $14,
-		  updated_at = $15
-		WHERE subscription_id = $1 AND livemode = $2 AND `+newerThanStored("inv", 13, 14, 11),
+		  updated_at = $15,
+		  payment_hold_invoice_created = CASE WHEN NOT $3 THEN payment_hold_invoice_created
+		    WHEN payment_hold THEN GREATEST(payment_hold_invoice_created, CAST($16 AS timestamptz))
+		    ELSE CAST($16 AS timestamptz) END,
+		  payment_hold_billing_reason = CASE WHEN $3 THEN CAST($17 AS text) ELSE payment_hold_billing_reason END
+		WHERE subscription_id = $1 AND livemode = $2 AND `+newerThanStored("inv", 13, 14, 11)+`
+		  AND ($3 OR NOT payment_hold OR payment_hold_invoice_created IS NULL OR CAST($16 AS timestamptz) IS NULL
+		       OR CAST($16 AS timestamptz) >= payment_hold_invoice_created)`,
 		subscriptionID, ev.Livemode, // $1–$2
 		failed, holdSince, inv.ID, inv.AttemptCount, nextAttempt, inv.AmountDue, inv.Currency, inv.HostedInvoiceURL, // $3–$10
-		ev.ID, ev.Type, ev.Created.UTC(), rankOf(ctx, invEventRank(ev.Type)), s.now()) // $11–$15
+		ev.ID, ev.Type, ev.Created.UTC(), rankOf(ctx, invEventRank(ev.Type)), s.now(), // $11–$15
+		inv.Created.Ptr(), inv.BillingReason) // $16–$17
 	if res.Error != nil {
 		return fmt.Errorf("apply %s %s to subscription %s: %w", ev.Type, ev.ID, subscriptionID, res.Error)
 	}
@@ -348,8 +374,11 @@ func (s *Service) handleInvoiceEvent(ctx context.Context, tx *gorm.DB, ev webhoo
 		slog.String("outcome", outcome))
 
 	// Only a failure that is the newest word on the subscription's payments is worth a mail: a
-	// stale one (already paid, or superseded by a later attempt) would only confuse.
-	if !failed || !applied || IsTerminal(prior.Status) || isSnapshot(ctx) {
+	// stale one (already paid, or superseded by a later attempt) would only confuse. Nor is the
+	// first invoice of a subscription that never started (Checkout abandoned or declined): the
+	// customer was never given access and is told on the payment page.
+	if !failed || !applied || IsTerminal(prior.Status) || isSnapshot(ctx) ||
+		neverStarted(prior.Status, deref(inv.BillingReason)) {
 		return nil
 	}
 	in := notices.Input{

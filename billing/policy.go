@@ -88,6 +88,8 @@ type Subscription struct {
 	Currency           *string    `gorm:"column:currency"`
 	HostedInvoiceURL   *string    `gorm:"column:hosted_invoice_url"`
 	InvEventCreated    *time.Time `gorm:"column:inv_event_created"`
+	// PaymentHoldBillingReason is the billing_reason of the invoice the hold is about.
+	PaymentHoldBillingReason *string `gorm:"column:payment_hold_billing_reason"`
 
 	// UserID is joined from customers at read time; nil while the customer is not linked.
 	UserID *string `gorm:"column:user_id"`
@@ -103,11 +105,21 @@ func (s *Subscription) paymentHoldInForce() bool {
 	if !s.PaymentHold {
 		return false
 	}
+	if s.PaymentHoldBillingReason != nil && neverStarted(s.Status, *s.PaymentHoldBillingReason) {
+		return false
+	}
 	if (s.Status == StatusActive || s.Status == StatusTrialing) &&
 		s.SubEventCreated != nil && s.InvEventCreated != nil && s.SubEventCreated.After(*s.InvEventCreated) {
 		return false
 	}
 	return true
+}
+
+// neverStarted reports whether an invoice is the first one of a subscription that never started
+// (Checkout abandoned or its payment refused): nothing was granted, so nothing is held.
+func neverStarted(status, billingReason string) bool {
+	return billingReason == "subscription_create" &&
+		(status == StatusIncomplete || status == StatusIncompleteExpired)
 }
 
 // Hold is the subscription's hold now: its reason and since when, ok false when none. A terminal

@@ -57,9 +57,8 @@ func (s *Subscription) failedInvoice() FailedInvoice {
 }
 
 // Entitlement is GET /v1/customers/{user_id}/entitlement: whether the user gets access now, and
-// the subscription that decides it (see Policy.Best). on_hold is about the customer: true when
-// any of their subscriptions is on hold; hold_reason is that of the first held subscription in
-// the Best order.
+// the subscription that decides it (see Policy.Best). on_hold and hold_reason are that
+// subscription's own.
 type Entitlement struct {
 	UserID            string     `json:"user_id"`
 	Entitled          bool       `json:"entitled"`
@@ -104,7 +103,8 @@ const subscriptionRowColumns = `coalesce(s.subscription_id, '') AS subscription_
 	coalesce(s.cancel_at_period_end, false) AS cancel_at_period_end, s.cancel_at, s.canceled_at, s.ended_at,
 	s.trial_start, s.trial_end, s.status_since, s.sub_event_id, s.sub_event_created, s.trial_will_end_at,
 	coalesce(s.payment_hold, false) AS payment_hold, s.payment_hold_since, s.latest_invoice_id, s.attempt_count,
-	s.next_payment_attempt, s.amount_due, s.currency, s.hosted_invoice_url, s.inv_event_created`
+	s.next_payment_attempt, s.amount_due, s.currency, s.hosted_invoice_url, s.inv_event_created,
+	s.payment_hold_billing_reason`
 
 // subscriptionColumns are subscriptionRowColumns and the user id of the customer joined as c.
 const subscriptionColumns = subscriptionRowColumns + `, c.user_id`
@@ -208,26 +208,13 @@ func (s *Service) entitlementOf(userID string, subs []Subscription, now time.Tim
 	e.CurrentPeriodEnd = utc(best.CurrentPeriodEnd)
 	e.CancelAtPeriodEnd = best.CancelAtPeriodEnd
 	e.TrialEnd = utc(best.TrialEnd)
-	// The best one's own hold first, then any other's.
-	held := slices.Clone(subs)
-	slices.SortStableFunc(held, func(a, b Subscription) int {
-		return cmp.Compare(boolRank(a.SubscriptionID != best.SubscriptionID), boolRank(b.SubscriptionID != best.SubscriptionID))
-	})
-	for i := range held {
-		if reason, _, ok := held[i].Hold(); ok {
-			e.OnHold = true
-			e.HoldReason = &reason
-			break
-		}
+	// The hold of the subscription the answer is about, never another's: a held subscription
+	// that is not the one reported would contradict subscription_id and status.
+	if reason, _, ok := best.Hold(); ok {
+		e.OnHold = true
+		e.HoldReason = &reason
 	}
 	return e
-}
-
-func boolRank(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 func (s *Service) subscriptionView(sub *Subscription, now time.Time) SubscriptionView {
