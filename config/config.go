@@ -104,10 +104,24 @@ type Error struct {
 	Msg string
 }
 
-// Error renders "config: <key>: <msg>", forced onto one line because main
-// prints it verbatim before exiting.
+// Error renders "config: <key>: <msg>" ("config: <msg>" for the file itself), forced onto
+// one line because main prints it verbatim before exiting.
 func (e *Error) Error() string {
+	if e.Key == "config" {
+		return oneLine.Replace("config: " + e.Msg)
+	}
 	return oneLine.Replace("config: " + e.Key + ": " + e.Msg)
+}
+
+// EnvNames returns the environment variable of every configuration key, sorted (the secrets
+// also read NAME_FILE).
+func EnvNames() []string {
+	out := make([]string, 0, len(defaults))
+	for k := range defaults {
+		out = append(out, envName(k))
+	}
+	slices.Sort(out)
+	return out
 }
 
 var oneLine = strings.NewReplacer("\r\n", " ", "\n", " ", "\r", " ")

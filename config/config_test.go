@@ -708,8 +708,24 @@ func TestTokenErrorsNameNoToken(t *testing.T) {
 func TestErrorFormat(t *testing.T) {
 	t.Parallel()
 	e := &Error{Key: "config", Msg: "yaml: line 2:\nbad thing"}
-	if got, want := e.Error(), "config: config: yaml: line 2: bad thing"; got != want {
+	if got, want := e.Error(), "config: yaml: line 2: bad thing"; got != want {
 		t.Fatalf("Error() = %q, want %q", got, want)
+	}
+	e = &Error{Key: "stripe.mode", Msg: "must be test or live"}
+	if got, want := e.Error(), "config: stripe.mode: must be test or live"; got != want {
+		t.Fatalf("Error() = %q, want %q", got, want)
+	}
+}
+
+// A missing file is named once, with no doubled prefix.
+func TestMissingFileErrorHasOnePrefix(t *testing.T) {
+	t.Parallel()
+	_, err := Load("/nonexistent/billing.yaml")
+	if err == nil {
+		t.Fatal("Load of a missing file succeeded")
+	}
+	if got := err.Error(); !strings.HasPrefix(got, "config: reading /nonexistent/billing.yaml: ") || strings.Count(got, "config:") != 1 {
+		t.Errorf("error %q", got)
 	}
 }
 

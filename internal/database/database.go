@@ -11,6 +11,8 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -23,8 +25,9 @@ import (
 
 // Open connects to url and checks the connection. The pool is shared by gorm and River.
 func Open(ctx context.Context, url string, logger *slog.Logger) (*gorm.DB, error) {
+	gormLog := logger.With("component", "gorm")
 	db, err := gorm.Open(postgres.Open(url), &gorm.Config{
-		Logger: quietLogger{gormlogger.NewSlogLogger(logger.With("component", "gorm"), gormlogger.Config{
+		Logger: quietLogger{log: gormLog, level: gormlogger.Warn, Interface: gormlogger.NewSlogLogger(gormLog, gormlogger.Config{
 			SlowThreshold:             slowQuery,
 			LogLevel:                  gormlogger.Warn,
 			IgnoreRecordNotFoundError: true,
@@ -34,6 +37,9 @@ func Open(ctx context.Context, url string, logger *slog.Logger) (*gorm.DB, error
 		// Transactions are always explicit: gorm's implicit per-write transaction only costs
 		// round trips here.
 		SkipDefaultTransaction: true,
+		// The ping below reports an unreachable database once, as one line; gorm's own would
+		// log it a second time.
+		DisableAutomaticPing: true,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("open database: %w", err)
@@ -49,9 +55,39 @@ func Open(ctx context.Context, url string, logger *slog.Logger) (*gorm.DB, error
 	defer cancel()
 	if err := sqlDB.PingContext(pingCtx); err != nil {
 		_ = sqlDB.Close()
-		return nil, fmt.Errorf("connect to database: %w", err)
+		return nil, oneLineError{err}
 	}
 	return db, nil
+}
+
+// oneLineError is a connection error on one line: pgx lists each address it tried on a line of
+// its own (often the same refusal twice, with and without TLS), which a log line or a terminal
+// shows as a wall of escapes.
+type oneLineError struct{ err error }
+
+func (e oneLineError) Error() string { return OneLine(e.err) }
+func (e oneLineError) Unwrap() error { return e.err }
+
+// OneLine renders err on one line: its lines joined with "; ", repeated lines once.
+func OneLine(err error) string {
+	var parts []string
+	for _, l := range strings.Split(err.Error(), "\n") {
+		if l = strings.TrimSpace(l); l != "" && !slices.Contains(parts, l) {
+			parts = append(parts, l)
+		}
+	}
+	var b strings.Builder
+	for i, part := range parts {
+		if i > 0 {
+			if strings.HasSuffix(parts[i-1], ":") {
+				b.WriteString(" ")
+			} else {
+				b.WriteString("; ")
+			}
+		}
+		b.WriteString(part)
+	}
+	return b.String()
 }
 
 // ReservedConns is how many connections a process keeps beyond its event workers: the HTTP
@@ -77,11 +113,39 @@ const slowQuery = 500 * time.Millisecond
 // quietLogger is gorm's slog logger, asked only about statements it will log (failed or slow).
 // gorm's own Trace renders every statement's SQL before deciding to drop it: 5% of the CPU of
 // event processing, for nothing.
-type quietLogger struct{ gormlogger.Interface }
+//
+// Its Info, Warn and Error format their message with its arguments, as gorm's callers mean them
+// (printf style); gorm's slog logger would log the format verbatim and the arguments as a
+// "data" attribute that JSON cannot always encode.
+type quietLogger struct {
+	log   *slog.Logger
+	level gormlogger.LogLevel
+	gormlogger.Interface
+}
 
 func (q quietLogger) LogMode(level gormlogger.LogLevel) gormlogger.Interface {
-	return quietLogger{q.Interface.LogMode(level)}
+	return quietLogger{log: q.log, level: level, Interface: q.Interface.LogMode(level)}
 }
+
+func (q quietLogger) Info(ctx context.Context, msg string, data ...any) {
+	if q.level >= gormlogger.Info {
+		q.log.InfoContext(ctx, oneLineText(fmt.Sprintf(msg, data...)))
+	}
+}
+
+func (q quietLogger) Warn(ctx context.Context, msg string, data ...any) {
+	if q.level >= gormlogger.Warn {
+		q.log.WarnContext(ctx, oneLineText(fmt.Sprintf(msg, data...)))
+	}
+}
+
+func (q quietLogger) Error(ctx context.Context, msg string, data ...any) {
+	if q.level >= gormlogger.Error {
+		q.log.ErrorContext(ctx, oneLineText(fmt.Sprintf(msg, data...)))
+	}
+}
+
+func oneLineText(s string) string { return OneLine(errors.New(s)) }
 
 // ParamsFilter keeps bound values out of the log (gorm asks the logger through this optional
 // interface, which embedding alone would hide).

@@ -3,9 +3,11 @@ package database_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	"billing/internal/database"
 	"billing/internal/testenv"
@@ -60,5 +62,49 @@ func TestSizePoolReservesConnectionsBeyondTheWorkers(t *testing.T) {
 		if got := sqlDB.Stats().MaxOpenConnections; n != workers+database.ReservedConns || got != n {
 			t.Errorf("SizePool(%d) = %d, pool max %d; want %d for both", workers, n, got, workers+database.ReservedConns)
 		}
+	}
+}
+
+// An unreachable database is one error on one line, logged by nobody but the caller, and still
+// classified as unavailable.
+func TestOpenUnreachableIsOneLine(t *testing.T) {
+	t.Parallel()
+	var buf bytes.Buffer
+	logger := slog.New(slog.NewJSONHandler(&buf, nil))
+	_, err := database.Open(context.Background(), "postgres://u:p@127.0.0.1:1/x", logger)
+	if err == nil {
+		t.Fatal("Open of 127.0.0.1:1 succeeded")
+	}
+	msg := err.Error()
+	if strings.ContainsAny(msg, "\n\t") || !strings.Contains(msg, "connection refused") || strings.Count(msg, "connection refused") != 1 {
+		t.Errorf("error %q: want one line naming the refusal once", msg)
+	}
+	if strings.Contains(msg, ":p@") {
+		t.Errorf("error %q shows the password", msg)
+	}
+	if !database.IsUnavailable(err) {
+		t.Errorf("IsUnavailable(%v) = false", err)
+	}
+	if buf.Len() != 0 {
+		t.Errorf("Open logged the failure itself: %s", buf.String())
+	}
+}
+
+// gorm's own messages are formatted with their arguments, on one line, whatever the arguments.
+func TestGormMessagesAreFormatted(t *testing.T) {
+	t.Parallel()
+	var buf bytes.Buffer
+	logger := slog.New(slog.NewJSONHandler(&buf, nil))
+	db, err := database.Open(context.Background(), testenv.DatabaseURL(t), logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { database.SQL(db).Close() })
+	// An argument JSON cannot encode, like the pgx configuration inside a connect error.
+	arg := struct{ Now func() time.Time }{Now: time.Now}
+	db.Logger.Error(context.Background(), "failed to initialize database, got error %v\nsecond line", fmt.Errorf("boom %T", arg))
+	out := buf.String()
+	if !strings.Contains(out, `"msg":"failed to initialize database, got error boom struct { Now func() time.Time }; second line"`) || strings.Contains(out, "!ERROR") || strings.Contains(out, "%v") {
+		t.Errorf("gorm message logged as %s", out)
 	}
 }
