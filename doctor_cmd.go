@@ -209,7 +209,8 @@ func checkWebhookSecret(cfg *config.Config) *problem {
 // checkEndpoint checks the endpoint with the URL: exactly one, enabled, of the pinned API version,
 // receiving every handled type (others it may receive: they are acknowledged and ignored).
 func checkEndpoint(ctx context.Context, sc *client.API, endpointURL string, types []string) *problem {
-	setup := "run `billing stripe setup --url " + endpointURL + "`"
+	setupWith := func(flags string) string { return "run `billing stripe setup --url " + endpointURL + flags + "`" }
+	setup := setupWith("")
 	ctx, cancel := context.WithTimeout(ctx, checkTimeout)
 	defer cancel()
 	found, err := endpointsWithURL(ctx, sc, endpointURL)
@@ -232,7 +233,7 @@ func checkEndpoint(ctx context.Context, sc *client.API, endpointURL string, type
 	d := compareEndpoint(ep, types)
 	if d.versionDiffers() {
 		return &problem{fmt.Sprintf("%s renders events in API version %s, not %s: they are dead-lettered with api_version_mismatch", ep.ID, versionOrDefault(ep.APIVersion), stripeclient.APIVersion),
-			setup + " --recreate (Stripe cannot change an endpoint's version; it gets a new signing secret)"}
+			setupWith(" --recreate") + " (Stripe cannot change an endpoint's version; the new endpoint has a new signing secret to configure)"}
 	}
 	var wrong []string
 	if d.disabled {
