@@ -243,6 +243,9 @@ func (s *Service) handleSubscriptionEvent(ctx context.Context, tx *gorm.DB, ev w
 		slog.String("event_id", ev.ID), slog.String("type", ev.Type),
 		slog.String("subscription_id", obj.ID), slog.String("outcome", outcome),
 		slog.String("from", prior.Status), slog.String("to", status))
+	if err := s.scheduleRereads(ctx, tx, ev, prior, obj, status, res.RowsAffected == 1); err != nil {
+		return err
+	}
 
 	if ev.Type != EventSubscriptionTrialWillEnd {
 		return nil

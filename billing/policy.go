@@ -155,16 +155,32 @@ func (s *Subscription) Hold() (reason string, since *time.Time, ok bool) {
 type Policy struct {
 	// PastDueEntitled keeps access while Stripe retries a failed payment (policy.past_due_entitled).
 	PastDueEntitled bool
+	// PeriodGrace is how long past its renewal is due (RenewalDue) an active or trialing
+	// subscription stays entitled when no renewal has reached the local state
+	// (policy.period_grace). Zero means none: access ends when the period does.
+	PeriodGrace time.Duration
 }
 
 // Entitled reports whether one subscription grants access at now:
-//   - trialing and active: yes;
+//   - trialing and active: yes, until RenewalDue + PeriodGrace (see Unconfirmed);
 //   - past_due: yes unless PastDueEntitled is off;
 //   - unpaid, canceled, incomplete, incomplete_expired, paused, and any unknown status: no;
 //   - cancel_at_period_end: as above until the current period ends, then no, even if the
 //     cancellation event has not arrived yet.
 func (p Policy) Entitled(s *Subscription, now time.Time) bool {
-	var ok bool
+	ok, _ := p.decide(s, now)
+	return ok
+}
+
+// Unconfirmed returns the renewal that withdraws access at now because nothing from Stripe says
+// it happened: the subscription is active or trialing, would be entitled, but is more than
+// PeriodGrace past RenewalDue. Nil otherwise, including when access ends for another reason.
+func (p Policy) Unconfirmed(s *Subscription, now time.Time) *time.Time {
+	_, since := p.decide(s, now)
+	return since
+}
+
+func (p Policy) decide(s *Subscription, now time.Time) (ok bool, unconfirmed *time.Time) {
 	switch s.Status {
 	case StatusTrialing, StatusActive:
 		ok = true
@@ -174,7 +190,29 @@ func (p Policy) Entitled(s *Subscription, now time.Time) bool {
 	if ok && s.CancelAtPeriodEnd && s.CurrentPeriodEnd != nil && !now.Before(*s.CurrentPeriodEnd) {
 		ok = false
 	}
-	return ok
+	// Stripe renews (or ends) a subscription when its period or trial ends and tells us by an
+	// event; a lost event must not leave access open forever. The re-read job scheduled for
+	// that moment normally moves the period on before the grace runs out.
+	if due := s.RenewalDue(); ok && due != nil && !now.Before(due.Add(p.PeriodGrace)) {
+		return false, due
+	}
+	return ok, nil
+}
+
+// RenewalDue is when Stripe must renew an active or trialing subscription for it to stay
+// entitled: the trial's end while trialing, else the current period's end. Nil for other
+// statuses (past_due is already waiting on Stripe's retries), or when the end is unknown.
+func (s *Subscription) RenewalDue() *time.Time {
+	switch s.Status {
+	case StatusTrialing:
+		if s.TrialEnd != nil {
+			return s.TrialEnd
+		}
+		return s.CurrentPeriodEnd
+	case StatusActive:
+		return s.CurrentPeriodEnd
+	}
+	return nil
 }
 
 // statusPreference orders statuses for picking the subscription to report when none (or

@@ -56,7 +56,8 @@ func TestPolicyCancelAtPeriodEnd(t *testing.T) {
 		{"past_due after end", StatusPastDue, at(9000), &end, false},
 		{"no period end known", StatusActive, at(9000), nil, true},
 	}
-	p := Policy{PastDueEntitled: true}
+	// Every "now" lies within the grace, which TestPolicyPeriodGrace covers.
+	p := Policy{PastDueEntitled: true, PeriodGrace: 2 * time.Hour}
 	for _, tc := range tests {
 		s := &Subscription{Status: tc.status, CancelAtPeriodEnd: true, CurrentPeriodEnd: tc.end}
 		if got := p.Entitled(s, tc.now); got != tc.want {

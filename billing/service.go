@@ -38,6 +38,11 @@ type Deps struct {
 	// Now is the clock of entitlement decisions (cancel at period end); time.Now when nil.
 	Now             func() time.Time
 	PastDueEntitled bool
+	// PeriodGrace is policy.period_grace (Policy.PeriodGrace); DefaultPeriodGrace when zero.
+	PeriodGrace time.Duration
+	// Reread reads a subscription from Stripe when its renewal is not confirmed (reread.go);
+	// without Reread.Stripe (or Jobs) no re-read is queued, and the policy alone decides.
+	Reread RereadDeps
 	// Registerer receives the service's metrics; optional.
 	Registerer prometheus.Registerer
 }
@@ -49,6 +54,7 @@ type Service struct {
 	now     func() time.Time
 	policy  Policy
 	notices *notices.Enqueuer
+	rereads *rereads
 
 	events *prometheus.CounterVec
 }
@@ -64,12 +70,16 @@ func New(d Deps) *Service {
 	if d.Now == nil {
 		d.Now = time.Now
 	}
+	if d.PeriodGrace <= 0 {
+		d.PeriodGrace = DefaultPeriodGrace
+	}
 	log := d.Logger.With("component", "billing")
 	s := &Service{
 		db:      d.DB,
 		log:     log,
 		now:     d.Now,
-		policy:  Policy{PastDueEntitled: d.PastDueEntitled},
+		policy:  Policy{PastDueEntitled: d.PastDueEntitled, PeriodGrace: d.PeriodGrace},
+		rereads: newRereads(d),
 		notices: notices.NewEnqueuer(notices.EnqueuerConfig{Jobs: d.Jobs, Logger: log, Now: d.Now, Registerer: d.Registerer}),
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "billing_subscription_events_total",

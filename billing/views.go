@@ -30,6 +30,8 @@ type SubscriptionView struct {
 	OnHold             bool       `json:"on_hold"`
 	HoldReason         *string    `json:"hold_reason"`
 	OnHoldSince        *time.Time `json:"on_hold_since"`
+	// UnconfirmedSince: see Entitlement.
+	UnconfirmedSince *time.Time `json:"unconfirmed_since"`
 	FailedInvoice
 }
 
@@ -58,7 +60,9 @@ func (s *Subscription) failedInvoice() FailedInvoice {
 
 // Entitlement is GET /v1/customers/{user_id}/entitlement: whether the user gets access now, and
 // the subscription that decides it (see Policy.Best). on_hold and hold_reason are that
-// subscription's own.
+// subscription's own. unconfirmed_since, when set, is why an active or trialing subscription is not
+// entitled: its period (or trial) ended then, more than policy.period_grace ago, and Stripe has
+// not confirmed a renewal (no event, and the re-read failed or still showed the old period).
 type Entitlement struct {
 	UserID            string     `json:"user_id"`
 	Entitled          bool       `json:"entitled"`
@@ -70,6 +74,7 @@ type Entitlement struct {
 	CurrentPeriodEnd  *time.Time `json:"current_period_end"`
 	CancelAtPeriodEnd bool       `json:"cancel_at_period_end"`
 	TrialEnd          *time.Time `json:"trial_end"`
+	UnconfirmedSince  *time.Time `json:"unconfirmed_since"`
 }
 
 // CustomerView is GET /v1/customers/{user_id}.
@@ -208,6 +213,7 @@ func (s *Service) entitlementOf(userID string, subs []Subscription, now time.Tim
 	e.CurrentPeriodEnd = utc(best.CurrentPeriodEnd)
 	e.CancelAtPeriodEnd = best.CancelAtPeriodEnd
 	e.TrialEnd = utc(best.TrialEnd)
+	e.UnconfirmedSince = utc(s.policy.Unconfirmed(best, now))
 	// The hold of the subscription the answer is about, never another's: a held subscription
 	// that is not the one reported would contradict subscription_id and status.
 	if reason, _, ok := best.Hold(); ok {
@@ -233,6 +239,7 @@ func (s *Service) subscriptionView(sub *Subscription, now time.Time) Subscriptio
 		EndedAt:            utc(sub.EndedAt),
 		TrialStart:         utc(sub.TrialStart),
 		TrialEnd:           utc(sub.TrialEnd),
+		UnconfirmedSince:   utc(s.policy.Unconfirmed(sub, now)),
 		FailedInvoice:      sub.failedInvoice(),
 	}
 	if reason, since, ok := sub.Hold(); ok {

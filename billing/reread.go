@@ -1,0 +1,290 @@
+package billing
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/riverqueue/river"
+	"github.com/stripe/stripe-go/v79"
+	"gorm.io/gorm"
+
+	"billing/internal/jobs"
+	"billing/internal/stripeclient"
+	"billing/webhooks"
+)
+
+// Time-aware entitlement: a subscription is entitled by what Stripe last told us, and Stripe
+// tells us of a renewal by an event. Should that event be lost, an active subscription would
+// stay entitled forever, so the policy gives it until its renewal is due plus policy.period_grace
+// (Policy.Unconfirmed). At that moment a River job re-reads the one subscription from Stripe and
+// applies it as a snapshot: a renewal moves the period on and access continues; a cancellation
+// ends it; a Stripe that cannot be reached, or that still shows the old period, leaves the
+// policy to withdraw access, with a warning in the log.
+//
+// The job is queued in the transaction of the event (or snapshot) that set the period, keyed by
+// subscription and renewal time: the many events of one period queue one job, a renewal queues a
+// new one, and the old one finds its period gone and does nothing.
+//
+// The same re-read settles two events of one subscription created in the same second with
+// different statuses: Stripe's seconds cannot order them, the status rank only guesses, and
+// Stripe's current object knows.
+
+// Defaults of the re-read's settings.
+const (
+	DefaultPeriodGrace      = 2 * time.Hour
+	DefaultRereadAttempts   = 8
+	DefaultRereadRetryDelay = time.Minute
+	// maxRereadRetryDelay caps the backoff: with the defaults the attempts span about two hours.
+	maxRereadRetryDelay = time.Hour
+)
+
+// SubscriptionGetter reads one subscription from Stripe. The Subscriptions client of the API
+// that internal/stripeclient builds implements it.
+type SubscriptionGetter interface {
+	Get(id string, params *stripe.SubscriptionParams) (*stripe.Subscription, error)
+}
+
+// RereadDeps configure the re-read of a subscription from Stripe.
+type RereadDeps struct {
+	// Stripe reads the subscription (pinned API version); AddWorkers requires it.
+	Stripe SubscriptionGetter
+	// Livemode is the mode of Stripe's key: a subscription of the other mode cannot be read with it.
+	Livemode bool
+	// MaxAttempts of one re-read before it gives up; DefaultRereadAttempts when zero.
+	MaxAttempts int
+	// RetryDelay is the first delay between attempts, doubled at each one; DefaultRereadRetryDelay
+	// when zero.
+	RetryDelay time.Duration
+}
+
+// RereadJobKind is the River kind of RereadArgs; queued jobs name it, so it never changes.
+const RereadJobKind = "billing_reread"
+
+// RereadArgs is the River job that re-reads one subscription from Stripe. Exactly one of Due
+// and Tie is set; with the subscription id they make the job unique.
+type RereadArgs struct {
+	SubscriptionID string `json:"subscription_id" river:"unique"`
+	Livemode       bool   `json:"livemode"`
+	// Due is the renewal (Unix seconds) whose confirmation the job checks.
+	Due int64 `json:"due,omitempty" river:"unique"`
+	// Tie is the second (Unix) in which two events with different statuses were created.
+	Tie int64 `json:"tie,omitempty" river:"unique"`
+}
+
+func (RereadArgs) Kind() string { return RereadJobKind }
+
+// rereads is the service's part that queues and runs re-reads.
+type rereads struct {
+	RereadDeps
+	jobs     jobs.Inserter
+	outcomes *prometheus.CounterVec
+}
+
+func newRereads(d Deps) *rereads {
+	r := &rereads{RereadDeps: d.Reread, jobs: d.Jobs}
+	if r.MaxAttempts <= 0 {
+		r.MaxAttempts = DefaultRereadAttempts
+	}
+	if r.RetryDelay <= 0 {
+		r.RetryDelay = DefaultRereadRetryDelay
+	}
+	r.outcomes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "billing_subscription_rereads_total",
+		Help: "Re-reads of a subscription from Stripe, by reason (renewal, tie) and outcome (applied, unchanged, unconfirmed, skipped, failed).",
+	}, []string{"reason", "outcome"})
+	if d.Registerer != nil {
+		d.Registerer.MustRegister(r.outcomes)
+	}
+	return r
+}
+
+// AddWorkers registers the re-read worker. It panics on a wiring bug (no Stripe client).
+func (s *Service) AddWorkers(w *river.Workers) {
+	if s.rereads.Stripe == nil {
+		panic("billing: Deps.Reread.Stripe is nil")
+	}
+	river.AddWorker(w, &rereadWorker{s: s})
+}
+
+// scheduleRereads queues, in the event's transaction, the re-reads that the subscription
+// event (or snapshot) ev calls for: the check of the renewal it set, when it was applied and left
+// the subscription active or trialing, and the settling of a tie with the event stored before.
+// prior is the row before ev, status what ev says.
+func (s *Service) scheduleRereads(ctx context.Context, tx *gorm.DB, ev webhooks.Event, prior *Subscription, obj *subscriptionObject, status string, applied bool) error {
+	if s.rereads.jobs == nil || s.rereads.Stripe == nil {
+		return nil // nothing could run the job (a service built for other packages' tests)
+	}
+	if applied {
+		_, end := obj.Period()
+		next := Subscription{Status: status, CurrentPeriodEnd: end.Ptr(), TrialEnd: obj.TrialEnd.Ptr()}
+		if due := next.RenewalDue(); due != nil {
+			args := RereadArgs{SubscriptionID: obj.ID, Livemode: ev.Livemode, Due: due.Unix()}
+			if err := s.queueReread(ctx, tx, args, due.Add(s.policy.PeriodGrace)); err != nil {
+				return err
+			}
+		}
+	}
+	created := ev.Created.UTC().Truncate(time.Second)
+	if prior.SubEventCreated != nil && prior.SubEventCreated.UTC().Truncate(time.Second).Equal(created) && prior.Status != status {
+		// A snapshot fetched within that second would lose the tie again: read in the next one.
+		args := RereadArgs{SubscriptionID: obj.ID, Livemode: ev.Livemode, Tie: created.Unix()}
+		if err := s.queueReread(ctx, tx, args, created.Add(time.Second)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *Service) queueReread(ctx context.Context, tx *gorm.DB, args RereadArgs, at time.Time) error {
+	sqlTx, err := jobs.SQLTx(tx)
+	if err != nil {
+		return err
+	}
+	res, err := s.rereads.jobs.InsertTx(ctx, sqlTx, args, &river.InsertOpts{
+		MaxAttempts: s.rereads.MaxAttempts,
+		ScheduledAt: at,
+		UniqueOpts:  river.UniqueOpts{ByArgs: true},
+	})
+	if err != nil {
+		return fmt.Errorf("queue re-read of %s: %w", args.SubscriptionID, err)
+	}
+	if !res.UniqueSkippedAsDuplicate {
+		s.log.DebugContext(ctx, "subscription re-read queued", "subscription_id", args.SubscriptionID,
+			"reason", args.reason(), "at", at.UTC())
+	}
+	return nil
+}
+
+func (a RereadArgs) reason() string {
+	if a.Tie != 0 {
+		return "tie"
+	}
+	return "renewal"
+}
+
+type rereadWorker struct {
+	river.WorkerDefaults[RereadArgs]
+	s *Service
+}
+
+func (w *rereadWorker) Work(ctx context.Context, job *river.Job[RereadArgs]) error {
+	outcome, err := w.s.reread(ctx, job.Args, job.Attempt >= job.MaxAttempts)
+	if outcome != "" {
+		w.s.rereads.outcomes.WithLabelValues(job.Args.reason(), outcome).Inc()
+	}
+	return err
+}
+
+// NextRetry doubles the delay at each attempt, from RetryDelay up to an hour.
+func (w *rereadWorker) NextRetry(job *river.Job[RereadArgs]) time.Time {
+	d := w.s.rereads.RetryDelay
+	for i := 1; i < job.Attempt && d < maxRereadRetryDelay; i++ {
+		d *= 2
+	}
+	return time.Now().Add(min(d, maxRereadRetryDelay))
+}
+
+// reread runs one attempt of a re-read job; last says no attempt follows. It returns the outcome
+// to count ("" while the job goes on) and the error that River acts on.
+func (s *Service) reread(ctx context.Context, a RereadArgs, last bool) (string, error) {
+	log := s.log.With("subscription_id", a.SubscriptionID, "reason", a.reason())
+	cur, err := s.Subscription(ctx, a.SubscriptionID)
+	if err != nil {
+		return "", err
+	}
+	if a.Due != 0 {
+		due := (*time.Time)(nil)
+		if cur != nil {
+			due = cur.RenewalDue()
+		}
+		if due == nil || due.Unix() != a.Due {
+			// Renewed, ended or moved on since the job was queued: an event confirmed it.
+			log.DebugContext(ctx, "re-read not needed: the renewal it checks is no longer pending")
+			return "skipped", nil
+		}
+		// Read when the grace has run out by the clock the policy uses, not River's.
+		if wait := due.Add(s.policy.PeriodGrace).Sub(s.now()); wait > 0 {
+			return "", river.JobSnooze(wait)
+		}
+	} else if cur == nil {
+		return "skipped", nil
+	}
+	if cur.Livemode != s.rereads.Livemode {
+		log.WarnContext(ctx, "subscription cannot be confirmed: it belongs to the other Stripe mode than stripe.mode",
+			"livemode", cur.Livemode)
+		return "skipped", nil
+	}
+	fetchedAt := s.now()
+	if a.Tie != 0 && fetchedAt.Unix() <= a.Tie {
+		return "", river.JobSnooze(time.Unix(a.Tie+1, 0).Sub(fetchedAt))
+	}
+
+	params := &stripe.SubscriptionParams{}
+	params.Context = ctx
+	params.AddExpand("latest_invoice")
+	got, err := s.rereads.Stripe.Get(a.SubscriptionID, params)
+	if err != nil {
+		var se *stripe.Error
+		if errors.As(err, &se) && se.HTTPStatusCode == http.StatusNotFound {
+			log.WarnContext(ctx, "subscription cannot be confirmed: Stripe does not know it", stripeclient.LogAttr(err))
+			return "failed", river.JobCancel(stripeclient.Redact(err))
+		}
+		if last {
+			log.WarnContext(ctx, "subscription cannot be confirmed: Stripe could not be read, giving up",
+				stripeclient.LogAttr(err), slog.Any("unconfirmed_since", s.policy.Unconfirmed(cur, s.now())))
+			return "failed", fmt.Errorf("re-read %s: %w", a.SubscriptionID, stripeclient.Redact(err))
+		}
+		return "", fmt.Errorf("re-read %s: %w", a.SubscriptionID, stripeclient.Redact(err))
+	}
+	if got.LastResponse == nil || len(got.LastResponse.RawJSON) == 0 {
+		return "", fmt.Errorf("re-read %s: empty answer", a.SubscriptionID)
+	}
+	raw := json.RawMessage(got.LastResponse.RawJSON)
+	var top struct {
+		Livemode      bool            `json:"livemode"`
+		LatestInvoice json.RawMessage `json:"latest_invoice"`
+	}
+	if err := json.Unmarshal(raw, &top); err != nil {
+		return "", fmt.Errorf("re-read %s: %w", a.SubscriptionID, err)
+	}
+	snap := Snapshot{Livemode: top.Livemode, Subscription: raw, FetchedAt: fetchedAt, Source: "reread:" + a.SubscriptionID}
+	if len(top.LatestInvoice) > 0 && top.LatestInvoice[0] == '{' {
+		snap.LatestInvoice = top.LatestInvoice
+	}
+
+	outcome := "unchanged"
+	err = s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		out, err := s.ApplySnapshot(ctx, tx, snap)
+		if err != nil {
+			return err
+		}
+		if out.SubscriptionApplied || out.InvoiceApplied {
+			outcome = "applied"
+		}
+		after, err := s.loadSubscriptionTx(ctx, tx, a.SubscriptionID, cur.Livemode)
+		if err != nil {
+			return err
+		}
+		if since := s.policy.Unconfirmed(after, s.now()); since != nil {
+			outcome = "unconfirmed"
+			log.WarnContext(ctx, "subscription cannot be confirmed: Stripe still shows a renewal past its grace",
+				"status", after.Status, "unconfirmed_since", since.UTC())
+		}
+		log.InfoContext(ctx, "subscription re-read from Stripe", "outcome", outcome, "from", cur.Status, "to", after.Status)
+		return nil
+	})
+	if err != nil {
+		if webhooks.IsPermanent(err) {
+			log.WarnContext(ctx, "subscription cannot be confirmed: Stripe's object cannot be applied", "error", err)
+			return "failed", river.JobCancel(err)
+		}
+		return "", err
+	}
+	return outcome, nil
+}
