@@ -64,6 +64,8 @@ const (
 	CodeAlreadyCanceled Code = "subscription_already_canceled"
 	CodeEventProcessed  Code = "event_already_processed"
 	CodeEventNotFailed  Code = "event_not_failed"
+	// A reconcile run of the mode is going; one runs at a time.
+	CodeReconcileRunning Code = "reconcile_running"
 
 	// Customers, ledger and portal.
 	CodeInvalidName           Code = "invalid_name"
@@ -120,6 +122,7 @@ var statuses = map[Code]int{
 	CodeAlreadyCanceled:       http.StatusConflict,
 	CodeEventProcessed:        http.StatusConflict,
 	CodeEventNotFailed:        http.StatusConflict,
+	CodeReconcileRunning:      http.StatusConflict,
 	CodeInvalidName:           http.StatusBadRequest,
 	CodeInvalidDescription:    http.StatusBadRequest,
 	CodeInvalidRefundReason:   http.StatusBadRequest,

@@ -42,6 +42,7 @@ type Account struct {
 	clock     int64 // created of the next object (unix seconds), counts up
 
 	pageDelay   time.Duration
+	holds       []*pageHold
 	throttle    int
 	throttleHdr http.Header
 	pages       int
@@ -275,6 +276,24 @@ func (a *Account) SetPageDelay(d time.Duration) {
 	a.pageDelay = d
 }
 
+// pageHold holds a list page after it is computed.
+type pageHold struct {
+	computed chan struct{}
+	release  chan struct{}
+}
+
+// HoldNextPage holds the next list page after its answer is computed from the state and before
+// it is sent: computed is closed then, and the page goes out when release is called. What the
+// test changes meanwhile is not in that page (a read that raced a change at Stripe).
+func (a *Account) HoldNextPage() (computed <-chan struct{}, release func()) {
+	h := &pageHold{computed: make(chan struct{}), release: make(chan struct{})}
+	a.mu.Lock()
+	a.holds = append(a.holds, h)
+	a.mu.Unlock()
+	var once sync.Once
+	return h.computed, func() { once.Do(func() { close(h.release) }) }
+}
+
 // Stats are what the account has answered.
 type Stats struct {
 	// Requests counts every request that reached the account, throttled ones included.
@@ -322,7 +341,18 @@ func (a *Account) serve(r Request) Answer {
 		if delay > 0 {
 			time.Sleep(delay) // a slow Stripe, not a synchronisation
 		}
-		return a.list(coll, params, expand)
+		ans := a.list(coll, params, expand)
+		a.mu.Lock()
+		var h *pageHold
+		if len(a.holds) > 0 {
+			h, a.holds = a.holds[0], a.holds[1:]
+		}
+		a.mu.Unlock()
+		if h != nil {
+			close(h.computed)
+			<-h.release
+		}
+		return ans
 	case r.Method == http.MethodGet && coll == "customers" && id == "search":
 		return a.searchCustomers(params.Get("query"))
 	case r.Method == http.MethodGet:

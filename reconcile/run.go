@@ -1,0 +1,538 @@
+package reconcile
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/stripe/stripe-go/v79"
+	"gorm.io/gorm"
+
+	"billing/billing"
+	"billing/internal/database"
+	"billing/internal/ids"
+	"billing/webhooks"
+)
+
+// pageSize is Stripe's largest page.
+const pageSize = 100
+
+// remote is one subscription as Stripe answered it, with its latest invoice and customer
+// expanded, and when it was read.
+type remote struct {
+	sub       *stripe.Subscription
+	raw       json.RawMessage
+	invoice   json.RawMessage
+	fetchedAt time.Time
+}
+
+// run is one reconciliation in progress.
+type run struct {
+	s       *Service
+	lk      *runLock
+	opts    RunOptions
+	started time.Time
+	sum     Summary
+	pages   int
+	// linked are the customers whose link this run has checked (per page: a customer's
+	// subscriptions usually sit together, and the set stays small).
+	linked map[string]bool
+}
+
+// begin records a new run; the caller holds the mode's lock. Runs left unfinished by a process
+// that died (no lock held, since this one got it) are marked interrupted first.
+func (s *Service) begin(ctx context.Context, lk *runLock, opts RunOptions) (*run, error) {
+	if s.billing == nil {
+		return nil, errors.New("reconcile: no local state to reconcile (SetBilling not called)")
+	}
+	if opts.Trigger == "" {
+		opts.Trigger = TriggerCommand
+	}
+	now := s.now().UTC()
+	r := &run{s: s, lk: lk, opts: opts, started: now, sum: Summary{RunID: newRunID(now), DryRun: opts.DryRun}}
+	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		if err := tx.Exec(`
+			UPDATE reconcile_runs SET finished_at = $1, errors = errors + 1,
+			  error = 'interrupted: the process running it stopped before the end'
+			WHERE livemode = $2 AND finished_at IS NULL`, now, s.livemode).Error; err != nil {
+			return err
+		}
+		return tx.Exec(`
+			INSERT INTO reconcile_runs (run_id, livemode, dry_run, trigger, started_at) VALUES ($1, $2, $3, $4, $5)`,
+			r.sum.RunID, s.livemode, opts.DryRun, opts.Trigger, now).Error
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reconcile: record the run: %w", err)
+	}
+	// The ids Stripe listed, for the subscriptions it did not: in the lock's session, so that a
+	// huge account costs disk, not memory.
+	if _, err := lk.conn.ExecContext(ctx, `
+		CREATE TEMP TABLE IF NOT EXISTS reconcile_seen (subscription_id text PRIMARY KEY);
+		TRUNCATE pg_temp.reconcile_seen`); err != nil {
+		r.finish(ctx, fmt.Errorf("create the table of listed ids: %w", err))
+		return nil, fmt.Errorf("reconcile: %w", err)
+	}
+	s.log.InfoContext(ctx, "reconcile run started", "run_id", r.sum.RunID, "dry_run", opts.DryRun,
+		"trigger", opts.Trigger, "mode", modeName(s.livemode))
+	return r, nil
+}
+
+// execute lists, compares and repairs, then records the outcome.
+func (r *run) execute(ctx context.Context) Summary {
+	err := r.list(ctx)
+	if err == nil {
+		err = r.missingAtStripe(ctx)
+	}
+	if err != nil && ctx.Err() != nil {
+		err = fmt.Errorf("interrupted: %w", context.Cause(ctx))
+	}
+	r.finish(ctx, err)
+	return r.sum
+}
+
+// list walks every page of the mode's subscriptions, newest first.
+func (r *run) list(ctx context.Context) error {
+	after := ""
+	for {
+		subs, more, fetchedAt, err := r.page(ctx, after)
+		if err != nil {
+			return err
+		}
+		r.pages++
+		r.linked = map[string]bool{}
+		ids := make([]string, 0, len(subs))
+		for _, rem := range subs {
+			rem.fetchedAt = fetchedAt
+			ids = append(ids, rem.sub.ID)
+			if err := r.one(ctx, rem); err != nil {
+				return err
+			}
+		}
+		if _, err := r.lk.conn.ExecContext(ctx,
+			`INSERT INTO pg_temp.reconcile_seen (subscription_id) SELECT unnest(CAST($1 AS text[])) ON CONFLICT DO NOTHING`, ids); err != nil {
+			return fmt.Errorf("record the listed ids: %w", err)
+		}
+		if err := r.progress(ctx); err != nil {
+			return err
+		}
+		if !more || len(subs) == 0 {
+			return nil
+		}
+		after = subs[len(subs)-1].sub.ID
+	}
+}
+
+// page reads one page of subscriptions after the id after ("" for the first), through
+// stripe-go's list iterator, one page per iterator so that each request passes the rate limiter
+// and a failed page is tried again from where it stopped.
+func (r *run) page(ctx context.Context, after string) (subs []remote, more bool, fetchedAt time.Time, err error) {
+	what := fmt.Sprintf("list subscriptions (page %d)", r.pages+1)
+	fetchedAt, err = r.s.call(ctx, what, func(ctx context.Context) error {
+		params := &stripe.SubscriptionListParams{Status: stripe.String("all")}
+		params.Context = ctx
+		params.Limit = stripe.Int64(pageSize)
+		params.Single = true
+		if after != "" {
+			params.StartingAfter = stripe.String(after)
+		}
+		params.AddExpand("data.latest_invoice")
+		params.AddExpand("data.customer")
+		it := r.s.stripe.Subscriptions.List(params)
+		subs = subs[:0]
+		for it.Next() {
+			subs = append(subs, remote{sub: it.Subscription()})
+		}
+		if err := it.Err(); err != nil {
+			return err
+		}
+		list := it.SubscriptionList()
+		var env struct {
+			Data []json.RawMessage `json:"data"`
+		}
+		if list.LastResponse == nil {
+			return errors.New("no response recorded for the page")
+		}
+		if err := json.Unmarshal(list.LastResponse.RawJSON, &env); err != nil {
+			return fmt.Errorf("decode the page: %w", err)
+		}
+		if len(env.Data) != len(subs) {
+			return fmt.Errorf("page has %d raw objects for %d subscriptions", len(env.Data), len(subs))
+		}
+		for i := range subs {
+			subs[i].raw = env.Data[i]
+			subs[i].invoice = expandedInvoice(env.Data[i])
+		}
+		more = list.HasMore
+		return nil
+	})
+	return subs, more, fetchedAt, err
+}
+
+// reread reads one subscription again, with the same expansions as the list.
+func (r *run) reread(ctx context.Context, id string) (*remote, error) {
+	var rem remote
+	fetchedAt, err := r.s.call(ctx, "read subscription "+id, func(ctx context.Context) error {
+		params := &stripe.SubscriptionParams{}
+		params.Context = ctx
+		params.AddExpand("latest_invoice")
+		params.AddExpand("customer")
+		sub, err := r.s.stripe.Subscriptions.Get(id, params)
+		if err != nil {
+			return err
+		}
+		if sub.LastResponse == nil {
+			return errors.New("no response recorded")
+		}
+		rem = remote{sub: sub, raw: sub.LastResponse.RawJSON, invoice: expandedInvoice(sub.LastResponse.RawJSON)}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	rem.fetchedAt = fetchedAt
+	return &rem, nil
+}
+
+// expandedInvoice is the latest_invoice object of a subscription's JSON, nil when it is not
+// expanded or there is none.
+func expandedInvoice(raw json.RawMessage) json.RawMessage {
+	var o struct {
+		LatestInvoice json.RawMessage `json:"latest_invoice"`
+	}
+	if json.Unmarshal(raw, &o) != nil {
+		return nil
+	}
+	if b := bytes.TrimSpace(o.LatestInvoice); len(b) > 0 && b[0] == '{' {
+		return b
+	}
+	return nil
+}
+
+// one compares a subscription with the local state and repairs what differs. Only an error that
+// must stop the run is returned; a subscription that cannot be repaired is counted and recorded.
+func (r *run) one(ctx context.Context, rem remote) error {
+	r.sum.Objects++
+	r.s.metrics.objects.Inc()
+	id := rem.sub.ID
+	local, err := r.s.billing.Subscription(ctx, id)
+	if err != nil {
+		return fmt.Errorf("load subscription %s: %w", id, err)
+	}
+	if local != nil && local.Livemode != r.s.livemode {
+		r.sum.Drifted++
+		return r.record(ctx, id, []outcome{{diff: diff{Field: FieldLivemode, Local: modeName(local.Livemode), Stripe: modeName(r.s.livemode)},
+			reason: "the id is a subscription of the other mode locally; test and live never mix"}})
+	}
+	diffs := compare(local, rem.sub)
+	if len(diffs) > 0 && newerLocally(local, rem.fetchedAt) {
+		// The row has news from the page's second or later (an event that arrived while the
+		// page was on its way): the page cannot tell whether the row is wrong, a fresh read can.
+		fresh, err := r.reread(ctx, id)
+		if err != nil {
+			if gone(err) {
+				return r.objectError(ctx, id, diffs, fmt.Errorf("re-read: %w", err))
+			}
+			return err
+		}
+		rem = *fresh
+		diffs = compare(local, rem.sub)
+	}
+	link, err := r.linkDiff(ctx, rem.sub.Customer)
+	if err != nil {
+		return err
+	}
+	if len(diffs) == 0 && link == nil {
+		return nil
+	}
+	r.sum.Drifted++
+	if r.opts.DryRun {
+		out := make([]outcome, 0, len(diffs)+1)
+		for _, d := range diffs {
+			out = append(out, outcome{diff: d, reason: "dry run"})
+		}
+		if link != nil {
+			reason := link.reason
+			if reason == "" {
+				reason = "dry run"
+			}
+			out = append(out, outcome{diff: link.diff, reason: reason})
+		}
+		return r.record(ctx, id, out)
+	}
+	return r.repair(ctx, rem, diffs, link)
+}
+
+// repair applies Stripe's subscription as a snapshot (and links its customer) in one
+// transaction, then compares again: a field counts as repaired only when the local state now
+// says what Stripe said.
+func (r *run) repair(ctx context.Context, rem remote, diffs []diff, link *linkDrift) error {
+	id := rem.sub.ID
+	err := r.s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		if len(diffs) > 0 {
+			_, err := r.s.billing.ApplySnapshot(ctx, tx, billing.Snapshot{
+				Livemode: r.s.livemode, Subscription: rem.raw, LatestInvoice: rem.invoice,
+				FetchedAt: rem.fetchedAt, Source: "reconcile:" + r.sum.RunID,
+			})
+			if err != nil {
+				return err
+			}
+		}
+		if link != nil && link.repairable {
+			return r.link(ctx, tx, rem.sub.Customer)
+		}
+		return nil
+	})
+	if err != nil {
+		if webhooks.IsPermanent(err) {
+			all := diffs
+			if link != nil {
+				all = append(all, link.diff)
+			}
+			return r.objectError(ctx, id, all, err)
+		}
+		return fmt.Errorf("repair subscription %s: %w", id, err)
+	}
+
+	local, err := r.s.billing.Subscription(ctx, id)
+	if err != nil {
+		return fmt.Errorf("load subscription %s: %w", id, err)
+	}
+	still := map[string]bool{}
+	for _, d := range compare(local, rem.sub) {
+		still[d.Field] = true
+	}
+	reason := "the snapshot was not applied: the local subscription is terminal, and Stripe never revives one"
+	if newerLocally(local, rem.fetchedAt) {
+		reason = "an event newer than Stripe's answer changed the subscription meanwhile; the next run compares again"
+	}
+	out := make([]outcome, 0, len(diffs)+1)
+	all := true
+	for _, d := range diffs {
+		o := outcome{diff: d, repaired: !still[d.Field]}
+		if !o.repaired {
+			o.reason, all = reason, false
+		}
+		out = append(out, o)
+	}
+	if link != nil {
+		o := outcome{diff: link.diff, reason: link.reason}
+		if link.repairable {
+			after, err := r.linkDiff(ctx, rem.sub.Customer)
+			if err != nil {
+				return err
+			}
+			o.repaired = after == nil
+			if after != nil {
+				o.reason = "the customer was linked otherwise meanwhile: " + after.diff.Local
+			}
+		}
+		all = all && o.repaired
+		out = append(out, o)
+	}
+	if all {
+		r.sum.Repaired++
+	}
+	return r.record(ctx, id, out)
+}
+
+// objectError counts an error that concerns one subscription only and records its drift as not
+// repaired.
+func (r *run) objectError(ctx context.Context, id string, diffs []diff, cause error) error {
+	r.sum.Errors++
+	r.s.log.WarnContext(ctx, "reconcile: subscription not repaired", "run_id", r.sum.RunID, "subscription_id", id, "error", cause)
+	out := make([]outcome, 0, len(diffs))
+	for _, d := range diffs {
+		out = append(out, outcome{diff: d, reason: "error: " + cause.Error()})
+	}
+	return r.record(ctx, id, out)
+}
+
+// gone reports whether Stripe said the object does not exist (any more).
+func gone(err error) bool {
+	var se *stripe.Error
+	return errors.As(err, &se) && se.HTTPStatusCode == http.StatusNotFound
+}
+
+// linkDrift is a customer link that differs.
+type linkDrift struct {
+	diff       diff
+	repairable bool
+	reason     string
+}
+
+// linkDiff checks that a customer whose metadata.user_id names a user is linked to that user in
+// this mode. Nil when it is, or when the customer names no user.
+func (r *run) linkDiff(ctx context.Context, c *stripe.Customer) (*linkDrift, error) {
+	if c == nil || c.Deleted || c.Metadata["user_id"] == "" || r.linked[c.ID] {
+		return nil, nil
+	}
+	userID := c.Metadata["user_id"]
+	want := fmt.Sprintf("user %s → %s (%s)", userID, c.ID, modeName(r.s.livemode))
+	if !ids.Valid(userID) {
+		return &linkDrift{diff: diff{Field: FieldCustomerLink, Stripe: want},
+			reason: "metadata.user_id is not a valid user id"}, nil
+	}
+	var rows []struct {
+		UserID           string  `gorm:"column:user_id"`
+		StripeCustomerID *string `gorm:"column:stripe_customer_id"`
+		Livemode         bool    `gorm:"column:livemode"`
+	}
+	if err := r.s.db.WithContext(ctx).Raw(
+		`SELECT user_id, stripe_customer_id, livemode FROM customers WHERE user_id = $1 OR stripe_customer_id = $2 ORDER BY user_id`,
+		userID, c.ID).Scan(&rows).Error; err != nil {
+		return nil, fmt.Errorf("load the link of customer %s: %w", c.ID, err)
+	}
+	if len(rows) == 0 {
+		return &linkDrift{diff: diff{Field: FieldCustomerLink, Stripe: want}, repairable: true}, nil
+	}
+	if len(rows) == 1 && rows[0].UserID == userID && deref(rows[0].StripeCustomerID) == c.ID && rows[0].Livemode == r.s.livemode {
+		r.linked[c.ID] = true
+		return nil, nil
+	}
+	var local []string
+	for _, row := range rows {
+		cust := deref(row.StripeCustomerID)
+		if cust == "" {
+			cust = "a link still being made"
+		}
+		local = append(local, fmt.Sprintf("user %s → %s (%s)", row.UserID, cust, modeName(row.Livemode)))
+	}
+	return &linkDrift{diff: diff{Field: FieldCustomerLink, Local: strings.Join(local, "; "), Stripe: want},
+		reason: "the user or the customer is linked otherwise; a link is never overwritten"}, nil
+}
+
+// link inserts the customer's link; a concurrent link of the user or the customer wins (the
+// comparison after the repair reports it).
+func (r *run) link(ctx context.Context, tx *gorm.DB, c *stripe.Customer) error {
+	now := r.s.now().UTC()
+	err := tx.WithContext(ctx).Exec(`
+		INSERT INTO customers (user_id, stripe_customer_id, email, name, livemode, created_at, updated_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $6)
+		ON CONFLICT DO NOTHING`,
+		c.Metadata["user_id"], c.ID, c.Email, c.Name, r.s.livemode, now).Error
+	if err != nil {
+		return fmt.Errorf("link customer %s: %w", c.ID, err)
+	}
+	r.s.log.InfoContext(ctx, "reconcile: customer linked", "run_id", r.sum.RunID, "user_id", c.Metadata["user_id"], "stripe_customer_id", c.ID)
+	return nil
+}
+
+// missingAtStripe records the local subscriptions of the mode that Stripe did not list. Rows
+// created after the run started are left out: their subscription may be newer than the listing.
+func (r *run) missingAtStripe(ctx context.Context) error {
+	rows, err := r.lk.conn.QueryContext(ctx, `
+		SELECT s.subscription_id, s.status FROM subscriptions s
+		WHERE s.livemode = $1 AND s.created_at < $2
+		  AND NOT EXISTS (SELECT 1 FROM pg_temp.reconcile_seen r WHERE r.subscription_id = s.subscription_id)
+		ORDER BY s.subscription_id`, r.s.livemode, r.started)
+	if err != nil {
+		return fmt.Errorf("find subscriptions missing at Stripe: %w", err)
+	}
+	missing, err := database.ScanAll[struct {
+		SubscriptionID string `gorm:"column:subscription_id"`
+		Status         string `gorm:"column:status"`
+	}](rows)
+	if err != nil {
+		return fmt.Errorf("find subscriptions missing at Stripe: %w", err)
+	}
+	for _, m := range missing {
+		r.sum.MissingAtStripe++
+		if err := r.record(ctx, m.SubscriptionID, []outcome{{diff: diff{Field: FieldMissingAtStripe, Local: m.Status},
+			reason: "Stripe did not list it; local subscriptions are never deleted"}}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// progress writes the page's line and the run's counts so far.
+func (r *run) progress(ctx context.Context) error {
+	line := fmt.Sprintf("reconcile: page %d: objects=%d drifted=%d repaired=%d errors=%d",
+		r.pages, r.sum.Objects, r.sum.Drifted, r.sum.Repaired, r.sum.Errors)
+	if r.opts.Progress != nil {
+		fmt.Fprintln(r.opts.Progress, line)
+	}
+	r.s.log.DebugContext(ctx, "reconcile page", "run_id", r.sum.RunID, "page", r.pages, "objects", r.sum.Objects)
+	return r.s.db.WithContext(ctx).Exec(`
+		UPDATE reconcile_runs SET objects = $2, drifted = $3, repaired = $4, errors = $5 WHERE run_id = $1`,
+		r.sum.RunID, r.sum.Objects, r.sum.Drifted, r.sum.Repaired, r.sum.Errors).Error
+}
+
+// finish records the outcome. cause is what stopped the run, nil when it went through.
+func (r *run) finish(ctx context.Context, cause error) {
+	if cause != nil {
+		r.sum.Err = cause
+		r.sum.Errors++
+	}
+	// A fresh context: a run stopped by its context's end must still record that it stopped.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	var errText *string
+	if cause != nil {
+		t := cause.Error()
+		errText = &t
+	}
+	finished := r.s.now().UTC()
+	err := r.s.db.WithContext(ctx).Exec(`
+		UPDATE reconcile_runs SET finished_at = $2, objects = $3, drifted = $4, repaired = $5,
+		  missing_at_stripe = $6, errors = $7, error = $8
+		WHERE run_id = $1`,
+		r.sum.RunID, finished, r.sum.Objects, r.sum.Drifted, r.sum.Repaired, r.sum.MissingAtStripe, r.sum.Errors, errText).Error
+	if err != nil {
+		r.s.log.ErrorContext(ctx, "reconcile: record the run's outcome", "run_id", r.sum.RunID, "error", err)
+	}
+	attrs := []any{"run_id", r.sum.RunID, "dry_run", r.opts.DryRun, "objects", r.sum.Objects, "drifted", r.sum.Drifted,
+		"repaired", r.sum.Repaired, "missing_at_stripe", r.sum.MissingAtStripe, "errors", r.sum.Errors,
+		"duration", finished.Sub(r.started)}
+	if cause != nil {
+		r.s.log.ErrorContext(ctx, "reconcile run stopped before the end", append(attrs, "error", cause)...)
+		return
+	}
+	level := slog.LevelInfo
+	if r.sum.ExitCode() != ExitClean {
+		level = slog.LevelWarn
+	}
+	r.s.log.Log(ctx, level, "reconcile run finished", attrs...)
+	if !r.opts.DryRun {
+		r.s.metrics.lastSuccess.Set(float64(finished.Unix()))
+	}
+}
+
+// outcome is one drift row.
+type outcome struct {
+	diff
+	repaired bool
+	reason   string
+}
+
+// record stores a subscription's drift rows and counts them.
+func (r *run) record(ctx context.Context, subscriptionID string, out []outcome) error {
+	now := r.s.now().UTC()
+	for _, o := range out {
+		var reason *string
+		if o.reason != "" && !o.repaired {
+			reason = &o.reason
+		}
+		if err := r.s.db.WithContext(ctx).Exec(`
+			INSERT INTO reconcile_drift (run_id, subscription_id, livemode, field, local, stripe, repaired, reason, created_at)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
+			r.sum.RunID, subscriptionID, r.s.livemode, o.Field, o.Local, o.Stripe, o.repaired, reason, now).Error; err != nil {
+			return fmt.Errorf("record drift of %s: %w", subscriptionID, err)
+		}
+		r.s.metrics.drift.WithLabelValues(o.Field).Inc()
+	}
+	return nil
+}
+
+func modeName(livemode bool) string {
+	if livemode {
+		return "live"
+	}
+	return "test"
+}

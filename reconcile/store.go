@@ -1,0 +1,111 @@
+package reconcile
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// RunView is one run in GET /admin/reconcile/runs.
+type RunView struct {
+	RunID           string     `json:"run_id" gorm:"column:run_id"`
+	Livemode        bool       `json:"livemode" gorm:"column:livemode"`
+	DryRun          bool       `json:"dry_run" gorm:"column:dry_run"`
+	Trigger         string     `json:"trigger" gorm:"column:trigger"`
+	StartedAt       time.Time  `json:"started_at" gorm:"column:started_at"`
+	FinishedAt      *time.Time `json:"finished_at" gorm:"column:finished_at"`
+	Objects         int        `json:"objects" gorm:"column:objects"`
+	Drifted         int        `json:"drifted" gorm:"column:drifted"`
+	Repaired        int        `json:"repaired" gorm:"column:repaired"`
+	MissingAtStripe int        `json:"missing_at_stripe" gorm:"column:missing_at_stripe"`
+	Errors          int        `json:"errors" gorm:"column:errors"`
+	Error           *string    `json:"error" gorm:"column:error"`
+}
+
+// DriftView is one row of GET /admin/reconcile/drift.
+type DriftView struct {
+	RunID          string    `json:"run_id" gorm:"column:run_id"`
+	SubscriptionID string    `json:"subscription_id" gorm:"column:subscription_id"`
+	Livemode       bool      `json:"livemode" gorm:"column:livemode"`
+	Field          string    `json:"field" gorm:"column:field"`
+	Local          string    `json:"local" gorm:"column:local"`
+	Stripe         string    `json:"stripe" gorm:"column:stripe"`
+	Repaired       bool      `json:"repaired" gorm:"column:repaired"`
+	Reason         *string   `json:"reason" gorm:"column:reason"`
+	CreatedAt      time.Time `json:"created_at" gorm:"column:created_at"`
+}
+
+// Runs returns the latest runs of both modes, newest first.
+func (s *Service) Runs(ctx context.Context, limit int) ([]RunView, error) {
+	runs := []RunView{}
+	err := s.db.WithContext(ctx).Raw(`
+		SELECT run_id, livemode, dry_run, trigger, started_at, finished_at, objects, drifted, repaired,
+		  missing_at_stripe, errors, error
+		FROM reconcile_runs ORDER BY started_at DESC, run_id DESC LIMIT $1`, limit).Scan(&runs).Error
+	if err != nil {
+		return nil, fmt.Errorf("list reconcile runs: %w", err)
+	}
+	return runs, nil
+}
+
+// RunByID returns one run, nil when unknown.
+func (s *Service) RunByID(ctx context.Context, runID string) (*RunView, error) {
+	var runs []RunView
+	err := s.db.WithContext(ctx).Raw(`
+		SELECT run_id, livemode, dry_run, trigger, started_at, finished_at, objects, drifted, repaired,
+		  missing_at_stripe, errors, error
+		FROM reconcile_runs WHERE run_id = $1`, runID).Scan(&runs).Error
+	if err != nil || len(runs) == 0 {
+		return nil, err
+	}
+	return &runs[0], nil
+}
+
+// Drift returns up to limit drift rows of a run in the order they were found, and whether there
+// are more.
+func (s *Service) Drift(ctx context.Context, runID string, limit int) ([]DriftView, bool, error) {
+	drift := []DriftView{}
+	err := s.db.WithContext(ctx).Raw(`
+		SELECT run_id, subscription_id, livemode, field, local, stripe, repaired, reason, created_at
+		FROM reconcile_drift WHERE run_id = $1 ORDER BY id LIMIT $2`, runID, limit+1).Scan(&drift).Error
+	if err != nil {
+		return nil, false, fmt.Errorf("list drift of run %s: %w", runID, err)
+	}
+	more := len(drift) > limit
+	if more {
+		drift = drift[:limit]
+	}
+	return drift, more, nil
+}
+
+// latestRunID is the newest run of the service's mode, "" when none.
+func (s *Service) latestRunID(ctx context.Context) (string, error) {
+	var ids []string
+	err := s.db.WithContext(ctx).Raw(
+		`SELECT run_id FROM reconcile_runs WHERE livemode = $1 ORDER BY started_at DESC, run_id DESC LIMIT 1`, s.livemode).
+		Scan(&ids).Error
+	if err != nil || len(ids) == 0 {
+		return "", err
+	}
+	return ids[0], nil
+}
+
+// lastSuccess is when the last run of the mode that went through (not a dry run) started and
+// finished; zero times when there is none.
+func (s *Service) lastSuccess(ctx context.Context) (started, finished time.Time, err error) {
+	var rows []struct {
+		StartedAt  time.Time `gorm:"column:started_at"`
+		FinishedAt time.Time `gorm:"column:finished_at"`
+	}
+	err = s.db.WithContext(ctx).Raw(`
+		SELECT started_at, finished_at FROM reconcile_runs
+		WHERE livemode = $1 AND NOT dry_run AND finished_at IS NOT NULL AND error IS NULL
+		ORDER BY started_at DESC LIMIT 1`, s.livemode).Scan(&rows).Error
+	if err != nil {
+		return time.Time{}, time.Time{}, fmt.Errorf("find the last reconcile run: %w", err)
+	}
+	if len(rows) == 0 {
+		return time.Time{}, time.Time{}, nil
+	}
+	return rows[0].StartedAt, rows[0].FinishedAt, nil
+}
