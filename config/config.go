@@ -86,6 +86,9 @@ type Config struct {
 	}
 	Policy struct {
 		PastDueEntitled bool
+		// PeriodGrace is how long past its period (or trial) end an active or trialing
+		// subscription stays entitled without a renewal from Stripe.
+		PeriodGrace time.Duration
 	}
 	Mail struct {
 		SMTPURL string // secret: may embed a password
@@ -153,6 +156,7 @@ var defaults = map[string]string{
 	"worker.concurrency":          "8",
 	"webhooks.retention":          "2160h",
 	"policy.past_due_entitled":    "true",
+	"policy.period_grace":         "2h",
 	"mail.smtp_url":               "",
 	"mail.from":                   "",
 	"log.level":                   "info",
@@ -205,6 +209,7 @@ func Load(path string) (*Config, error) {
 	c.Worker.Concurrency = l.integer("worker.concurrency")
 	c.Webhooks.Retention = l.duration("webhooks.retention")
 	c.Policy.PastDueEntitled = l.boolean("policy.past_due_entitled")
+	c.Policy.PeriodGrace = l.duration("policy.period_grace")
 	c.Mail.SMTPURL = l.secret("mail.smtp_url")
 	c.Mail.From = l.str("mail.from")
 	c.Log.Level = strings.ToLower(l.str("log.level"))
@@ -538,6 +543,9 @@ func (c *Config) validate() *Error {
 	if c.Webhooks.Retention != 0 && c.Webhooks.Retention < 24*time.Hour {
 		return errorf("webhooks.retention", "must be 0 (keep forever) or at least 24h, got %s", c.Webhooks.Retention)
 	}
+	if c.Policy.PeriodGrace <= 0 {
+		return errorf("policy.period_grace", "must be > 0, got %s", c.Policy.PeriodGrace)
+	}
 
 	if c.Mail.SMTPURL != "" {
 		// url.Parse errors quote the input, which may hold a password: use
@@ -692,7 +700,8 @@ func (c *Config) LogValue() slog.Value {
 			slog.Int("concurrency", c.Worker.Concurrency),
 		),
 		slog.Group("webhooks", slog.String("retention", c.Webhooks.Retention.String())),
-		slog.Group("policy", slog.Bool("past_due_entitled", c.Policy.PastDueEntitled)),
+		slog.Group("policy", slog.Bool("past_due_entitled", c.Policy.PastDueEntitled),
+			slog.String("period_grace", c.Policy.PeriodGrace.String())),
 		slog.Group("mail",
 			slog.String("smtp_url", setness(c.Mail.SMTPURL)),
 			slog.String("from", c.Mail.From),

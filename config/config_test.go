@@ -86,6 +86,7 @@ func TestLoadDefaults(t *testing.T) {
 	want.Worker.Concurrency = 8
 	want.Webhooks.Retention = 90 * 24 * time.Hour
 	want.Policy.PastDueEntitled = true
+	want.Policy.PeriodGrace = 2 * time.Hour
 	want.Log.Level = "info"
 	want.Log.Format = "json"
 	if !reflect.DeepEqual(c, want) {
@@ -121,6 +122,7 @@ worker:
   retry_delay: 10ms
 policy:
   past_due_entitled: false
+  period_grace: 90m
 mail:
   smtp_url: smtps://user:pw@mail.example.com:465
   from: billing@example.com
@@ -157,6 +159,7 @@ func TestLoadYAML(t *testing.T) {
 		want.Worker.Concurrency = 8
 		want.Webhooks.Retention = 90 * 24 * time.Hour
 		want.Policy.PastDueEntitled = false
+		want.Policy.PeriodGrace = 90 * time.Minute
 		want.Mail.SMTPURL = "smtps://user:pw@mail.example.com:465"
 		want.Mail.From = "billing@example.com"
 		want.Log.Level = "debug" // normalised from DEBUG
@@ -429,6 +432,9 @@ func TestLoadErrors(t *testing.T) {
 		{name: "concurrency above the pool", env: map[string]string{"BILLING_WORKER_CONCURRENCY": "33"}, key: "worker.concurrency"},
 		{name: "concurrency garbage", env: map[string]string{"BILLING_WORKER_CONCURRENCY": "many"}, key: "worker.concurrency"},
 		{name: "bool garbage", env: map[string]string{"BILLING_POLICY_PAST_DUE_ENTITLED": "maybe"}, key: "policy.past_due_entitled"},
+		{name: "period grace zero", env: map[string]string{"BILLING_POLICY_PERIOD_GRACE": "0s"}, key: "policy.period_grace"},
+		{name: "period grace negative", env: map[string]string{"BILLING_POLICY_PERIOD_GRACE": "-1h"}, key: "policy.period_grace"},
+		{name: "period grace unitless", env: map[string]string{"BILLING_POLICY_PERIOD_GRACE": "7200"}, key: "policy.period_grace"},
 		{name: "smtp bad scheme", env: map[string]string{"BILLING_MAIL_SMTP_URL": "http://u:hunter2@mail", "BILLING_MAIL_FROM": "a@b.c"}, key: "mail.smtp_url", secret: "hunter2"},
 		{name: "smtp unparsable", env: map[string]string{"BILLING_MAIL_SMTP_URL": "smtp://u:hunter2@mail:port", "BILLING_MAIL_FROM": "a@b.c"}, key: "mail.smtp_url", secret: "hunter2"},
 		{name: "mail from missing", env: map[string]string{"BILLING_MAIL_SMTP_URL": "smtp://u:hunter2@mail:587"}, key: "mail.from", secret: "hunter2"},
@@ -479,6 +485,7 @@ func TestLoadAccepts(t *testing.T) {
 		{"sk_live_ in live mode", map[string]string{"BILLING_STRIPE_MODE": "live", "BILLING_STRIPE_SECRET_KEY": "sk_live_x", "BILLING_DATABASE_URL": "postgres://db/billing"}, func(c *Config) bool { return c.Stripe.Mode == "live" }},
 		{"rk_live_ with upper-case mode", map[string]string{"BILLING_STRIPE_MODE": "LIVE", "BILLING_STRIPE_SECRET_KEY": "rk_live_x", "BILLING_DATABASE_URL": "postgres://db/billing"}, func(c *Config) bool { return c.Stripe.Mode == "live" }},
 		{"bool false", map[string]string{"BILLING_POLICY_PAST_DUE_ENTITLED": "false"}, func(c *Config) bool { return !c.Policy.PastDueEntitled }},
+		{"period grace of a day", map[string]string{"BILLING_POLICY_PERIOD_GRACE": "24h"}, func(c *Config) bool { return c.Policy.PeriodGrace == 24*time.Hour }},
 		{"smtps with from", map[string]string{"BILLING_MAIL_SMTP_URL": "smtps://mail.example.com", "BILLING_MAIL_FROM": "Billing <b@example.com>"}, func(c *Config) bool { return c.Mail.From == "Billing <b@example.com>" }},
 		{"test retry delay", map[string]string{"BILLING_WORKER_RETRY_DELAY": "10ms"}, func(c *Config) bool { return c.Worker.RetryDelay == 10*time.Millisecond }},
 		{"stripe-mock api url", map[string]string{"BILLING_STRIPE_API_URL": "http://127.0.0.1:12111"}, func(c *Config) bool { return c.Stripe.APIURL == "http://127.0.0.1:12111" }},
@@ -512,6 +519,7 @@ func validConfig() *Config {
 	c.Worker.RetryDelay = 30 * time.Second
 	c.Worker.RescueAfter = time.Minute
 	c.Worker.Concurrency = 8
+	c.Policy.PeriodGrace = 2 * time.Hour
 	c.Log.Level = "info"
 	c.Log.Format = "json"
 	return c
@@ -553,6 +561,7 @@ func TestValidate(t *testing.T) {
 		{"zero retry delay", func(c *Config) { c.Worker.RetryDelay = 0 }, "worker.retry_delay"},
 		{"rescue too soon", func(c *Config) { c.Worker.RescueAfter = time.Millisecond }, "worker.rescue_after"},
 		{"retention too short", func(c *Config) { c.Webhooks.Retention = time.Hour }, "webhooks.retention"},
+		{"no period grace", func(c *Config) { c.Policy.PeriodGrace = 0 }, "policy.period_grace"},
 		{"no Stripe calls allowed", func(c *Config) { c.Stripe.MaxConcurrentCalls = 0 }, "stripe.max_concurrent_calls"},
 		{"Stripe calls could take the pool", func(c *Config) { c.Stripe.MaxConcurrentCalls = 25 }, "stripe.max_concurrent_calls"},
 		{"negative attempts", func(c *Config) { c.Worker.MaxAttempts = -1 }, "worker.max_attempts"},
