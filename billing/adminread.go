@@ -1,0 +1,133 @@
+package billing
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"billing/internal/database"
+)
+
+// The reads of the admin console's subscription page: one subscription with the keys of the
+// events that set its two column groups and the policy's reasons, the subscriptions an id leads
+// to, its notices and its invoices.
+
+// SubscriptionState is one subscription as the console shows it.
+type SubscriptionState struct {
+	Subscription
+	// The event (or read from Stripe: "reconcile:…", "reread:…") whose key each column group
+	// holds, with its type and rank; nil while the group has never been written.
+	SubEventType *string `gorm:"column:sub_event_type"`
+	SubEventRank *int    `gorm:"column:sub_event_rank"`
+	InvEventID   *string `gorm:"column:inv_event_id"`
+	InvEventType *string `gorm:"column:inv_event_type"`
+	InvEventRank *int    `gorm:"column:inv_event_rank"`
+
+	// Entitled and Reason are the policy's answer at the time of the read, and why.
+	Entitled bool   `gorm:"-"`
+	Reason   string `gorm:"-"`
+	// HoldReason and HoldSince are set when the subscription is on hold.
+	HoldReason string     `gorm:"-"`
+	HoldSince  *time.Time `gorm:"-"`
+}
+
+// SubscriptionState returns a subscription with its customer's user, or nil when unknown.
+func (s *Service) SubscriptionState(ctx context.Context, subscriptionID string) (*SubscriptionState, error) {
+	rows, err := s.db.WithContext(ctx).Statement.ConnPool.QueryContext(ctx, `
+		SELECT `+subscriptionColumns+`, s.sub_event_type, s.sub_event_rank, s.inv_event_id, s.inv_event_type, s.inv_event_rank
+		FROM subscriptions s LEFT JOIN customers c ON c.stripe_customer_id = s.stripe_customer_id AND c.livemode = s.livemode
+		WHERE s.subscription_id = $1`, subscriptionID)
+	if err != nil {
+		return nil, fmt.Errorf("load subscription %s: %w", subscriptionID, err)
+	}
+	subs, err := database.ScanAll[SubscriptionState](rows)
+	if err != nil {
+		return nil, fmt.Errorf("load subscription %s: %w", subscriptionID, err)
+	}
+	if len(subs) == 0 {
+		return nil, nil
+	}
+	st := &subs[0]
+	now := s.now()
+	st.Entitled = s.policy.Entitled(&st.Subscription, now)
+	st.Reason = s.policy.EntitlementReason(&st.Subscription, now)
+	if reason, since, ok := st.Hold(); ok {
+		st.HoldReason, st.HoldSince = reason, utc(since)
+	}
+	return st, nil
+}
+
+// SubscriptionRef is a subscription an id leads to.
+type SubscriptionRef struct {
+	SubscriptionID   string  `gorm:"column:subscription_id"`
+	StripeCustomerID string  `gorm:"column:stripe_customer_id"`
+	UserID           *string `gorm:"column:user_id"`
+	Livemode         bool    `gorm:"column:livemode"`
+	Status           string  `gorm:"column:status"`
+}
+
+// FindSubscriptions returns the subscriptions that id names: the subscription itself, or those
+// of a Stripe customer or of a user (through the customer linked in the same mode), newest first.
+func (s *Service) FindSubscriptions(ctx context.Context, id string, limit int) ([]SubscriptionRef, error) {
+	out := []SubscriptionRef{}
+	err := s.db.WithContext(ctx).Raw(`
+		SELECT s.subscription_id, s.stripe_customer_id, c.user_id, s.livemode, s.status
+		FROM subscriptions s LEFT JOIN customers c ON c.stripe_customer_id = s.stripe_customer_id AND c.livemode = s.livemode
+		WHERE s.subscription_id = $1 OR s.stripe_customer_id = $1
+		   OR s.stripe_customer_id IN (SELECT stripe_customer_id FROM customers WHERE user_id = $1)
+		ORDER BY s.created_at DESC, s.subscription_id
+		LIMIT $2`, id, limit).Scan(&out).Error
+	if err != nil {
+		return nil, fmt.Errorf("find subscriptions of %s: %w", id, err)
+	}
+	return out, nil
+}
+
+// NoticeRow is one customer notice of a subscription.
+type NoticeRow struct {
+	ID        int64      `gorm:"column:id"`
+	EventID   string     `gorm:"column:event_id"`
+	Kind      string     `gorm:"column:kind"`
+	Recipient string     `gorm:"column:recipient"`
+	CreatedAt time.Time  `gorm:"column:created_at"`
+	Delivery  *string    `gorm:"column:delivery"`
+	SentAt    *time.Time `gorm:"column:sent_at"`
+}
+
+// SubscriptionNotices lists the notices of a subscription, newest first.
+func (s *Service) SubscriptionNotices(ctx context.Context, subscriptionID string, livemode bool, limit int) ([]NoticeRow, error) {
+	out := []NoticeRow{}
+	err := s.db.WithContext(ctx).Raw(`
+		SELECT id, event_id, kind, recipient, created_at, delivery, sent_at
+		FROM notices WHERE subscription_id = $1 AND livemode = $2
+		ORDER BY created_at DESC, id DESC LIMIT $3`, subscriptionID, livemode, limit).Scan(&out).Error
+	if err != nil {
+		return nil, fmt.Errorf("list notices of %s: %w", subscriptionID, err)
+	}
+	return out, nil
+}
+
+// InvoiceRow is one invoice of a subscription as stored from the invoice events.
+type InvoiceRow struct {
+	InvoiceID        string     `gorm:"column:invoice_id"`
+	Number           *string    `gorm:"column:number"`
+	Status           *string    `gorm:"column:status"`
+	AmountDue        *int64     `gorm:"column:amount_due"`
+	AmountPaid       *int64     `gorm:"column:amount_paid"`
+	Currency         *string    `gorm:"column:currency"`
+	HostedInvoiceURL *string    `gorm:"column:hosted_invoice_url"`
+	Created          *time.Time `gorm:"column:created"`
+}
+
+// SubscriptionInvoices lists the stored invoices of a subscription, newest first.
+func (s *Service) SubscriptionInvoices(ctx context.Context, subscriptionID string, livemode bool, limit int) ([]InvoiceRow, error) {
+	out := []InvoiceRow{}
+	err := s.db.WithContext(ctx).Raw(`
+		SELECT invoice_id, number, status, amount_due, amount_paid, currency, hosted_invoice_url, created
+		FROM invoices WHERE subscription_id = $1 AND livemode = $2
+		ORDER BY created DESC, invoice_id DESC LIMIT $3`, subscriptionID, livemode, limit).Scan(&out).Error
+	if err != nil {
+		return nil, fmt.Errorf("list invoices of %s: %w", subscriptionID, err)
+	}
+	return out, nil
+}

@@ -1,0 +1,100 @@
+package billing
+
+import (
+	"fmt"
+	"time"
+)
+
+// EntitlementReason says in words, for an operator, why a subscription does or does not grant
+// access at now. Whether it does is Entitled's answer, never decided here: the words only explain
+// it, so they cannot disagree with the policy.
+func (p Policy) EntitlementReason(s *Subscription, now time.Time) string {
+	if p.Entitled(s, now) {
+		return "Entitled: " + p.entitledBecause(s, now)
+	}
+	return "Not entitled: " + p.notEntitledBecause(s, now)
+}
+
+func (p Policy) entitledBecause(s *Subscription, now time.Time) string {
+	var why string
+	switch s.Status {
+	case StatusTrialing:
+		why = "the subscription is trialing, and a trial grants access"
+		if s.TrialEnd != nil {
+			why += " (the trial ends " + reasonTime(s.TrialEnd) + ")"
+		}
+	case StatusActive:
+		why = "the subscription is active"
+	case StatusPastDue:
+		return "the last payment failed and Stripe is retrying it (past_due); policy.past_due_entitled keeps access meanwhile."
+	default:
+		why = "the subscription is " + s.Status
+	}
+	if s.CancelAtPeriodEnd && s.CurrentPeriodEnd != nil {
+		return why + "; it is set to cancel at the end of the period, so access ends " + reasonTime(s.CurrentPeriodEnd) + "."
+	}
+	if due := renewalDue(s); due != nil && !now.Before(*due) {
+		return why + "; its period ended " + reasonTime(due) + " and no renewal has reached the local state yet: access continues for the grace period (policy.period_grace) while Stripe is asked."
+	}
+	return why + "."
+}
+
+func (p Policy) notEntitledBecause(s *Subscription, now time.Time) string {
+	switch s.Status {
+	case StatusTrialing, StatusActive:
+		if s.CancelAtPeriodEnd && s.CurrentPeriodEnd != nil && !now.Before(*s.CurrentPeriodEnd) {
+			return "it was set to cancel at the end of its period, which ended " + reasonTime(s.CurrentPeriodEnd) +
+				"; access ends then even before Stripe's cancellation event arrives."
+		}
+		if due := renewalDue(s); due != nil && !now.Before(*due) {
+			return "its " + periodWord(s) + " ended " + reasonTime(due) +
+				" and no renewal from Stripe has reached the local state within the grace period (policy.period_grace)."
+		}
+		return "the subscription is " + s.Status + ", but the policy withholds access."
+	case StatusPastDue:
+		return "the last payment failed and Stripe is retrying it (past_due), and policy.past_due_entitled is off."
+	case StatusUnpaid:
+		return "Stripe stopped retrying the failed payment (unpaid); access returns when an invoice is paid."
+	case StatusCanceled:
+		if s.EndedAt != nil {
+			return "the subscription was canceled and ended " + reasonTime(s.EndedAt) + "; canceled is final."
+		}
+		return "the subscription is canceled; canceled is final."
+	case StatusIncomplete:
+		if s.SubEventCreated == nil {
+			return "no subscription event has arrived yet: this row was made by an invoice event and waits for the subscription's own."
+		}
+		return "the first payment has not succeeded yet (incomplete)."
+	case StatusIncompleteExpired:
+		return "the first payment never succeeded and Stripe expired the subscription (incomplete_expired); that is final."
+	case StatusPaused:
+		return "the subscription is paused (a trial ended without a payment method)."
+	}
+	return fmt.Sprintf("the status %q is unknown to this service, and an unknown status never grants access.", s.Status)
+}
+
+// renewalDue is when Stripe must renew an active or trialing subscription: the trial's end while
+// trialing, else the current period's end.
+func renewalDue(s *Subscription) *time.Time {
+	switch s.Status {
+	case StatusTrialing:
+		if s.TrialEnd != nil {
+			return s.TrialEnd
+		}
+		return s.CurrentPeriodEnd
+	case StatusActive:
+		return s.CurrentPeriodEnd
+	}
+	return nil
+}
+
+func periodWord(s *Subscription) string {
+	if s.Status == StatusTrialing && s.TrialEnd != nil {
+		return "trial"
+	}
+	return "period"
+}
+
+func reasonTime(t *time.Time) string {
+	return t.UTC().Format("January 2, 2006 15:04 UTC")
+}
