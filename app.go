@@ -54,6 +54,8 @@ type App struct {
 	// Events is the inbox's registry of event handlers.
 	Events *webhooks.Registry
 	log    *slog.Logger
+	// stopRescuer ends the inbox's rescue loop.
+	stopRescuer context.CancelFunc
 }
 
 // newApp wires the service. It starts nothing: Start runs the workers, and main serves Echo.
@@ -160,11 +162,17 @@ func (a *App) Start(ctx context.Context) error {
 	if err := a.River.Start(ctx); err != nil {
 		return fmt.Errorf("start workers: %w", err)
 	}
+	rctx, cancel := context.WithCancel(ctx)
+	a.stopRescuer = cancel
+	go a.Inbox.RunRescuer(rctx)
 	return nil
 }
 
 // Stop finishes in-flight jobs (and cancels them if ctx ends first).
 func (a *App) Stop(ctx context.Context) error {
+	if a.stopRescuer != nil {
+		a.stopRescuer()
+	}
 	if err := a.River.Stop(ctx); err != nil {
 		a.log.Warn("workers did not finish in time; cancelling", "error", err)
 		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -481,6 +481,9 @@ type sendStats struct {
 	// ackedEvent[i]: plan event i got a 200; receivedBy[i]: how many 200 "received" it got.
 	ackedEvent []atomic.Bool
 	receivedBy []atomic.Int32
+	// storedAt[i]: when plan event i got its "received" (the acknowledgement that stored it), in
+	// Unix nanoseconds: the start of the wait that the recovery figure measures.
+	storedAt []atomic.Int64
 }
 
 func (s *sendStats) String() string {
@@ -513,6 +516,7 @@ func newSenders(plan *relPlan, targets []string) *senders {
 			otherCodes: map[int]int{},
 			ackedEvent: make([]atomic.Bool, len(plan.Events)),
 			receivedBy: make([]atomic.Int32, len(plan.Events)),
+			storedAt:   make([]atomic.Int64, len(plan.Events)),
 		},
 		maxAttempts: 500,
 		maxDuration: 3 * time.Minute,
@@ -565,6 +569,7 @@ func (s *senders) deliver(ctx context.Context, ev *relEvent) {
 			case "received":
 				s.stats.received.Add(1)
 				s.stats.receivedBy[ev.idx].Add(1)
+				s.stats.storedAt[ev.idx].CompareAndSwap(0, time.Now().UnixNano())
 			case "duplicate":
 				s.stats.duplicate.Add(1)
 			}

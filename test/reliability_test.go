@@ -41,7 +41,7 @@ func TestStormWithCrashes(t *testing.T) {
 
 func TestStormAcrossReplicas(t *testing.T) {
 	t.Parallel()
-	runStorm(t, stormOptions{name: "replicas", replicas: 3, kills: 5})
+	runStorm(t, stormOptions{name: "replicas", replicas: 3, kills: 5, defaultRescue: true})
 }
 
 type stormOptions struct {
@@ -49,6 +49,9 @@ type stormOptions struct {
 	replicas int
 	// kills is how many times replica 0 is SIGKILLed (and restarted) during the delivery.
 	kills int
+	// defaultRescue runs the replicas with the default worker.rescue_after, so that the recovery
+	// figure (acknowledged → applied, over the kills) is the one production gets.
+	defaultRescue bool
 }
 
 // runStorm delivers the plan's events 1–3 times each, shuffled, by concurrent senders spread
@@ -64,6 +67,9 @@ func runStorm(t *testing.T, o stormOptions) {
 	deliveries := plan.deliveries(rng)
 
 	env := relEnv(t, url)
+	if o.defaultRescue {
+		delete(env, "BILLING_WORKER_RESCUE_AFTER")
+	}
 	var replicas []*service
 	var targets []string
 	for i := range o.replicas {
@@ -104,6 +110,7 @@ func runStorm(t *testing.T, o stormOptions) {
 	waitDrained(t, db, 3*time.Minute)
 	waitNoticesSent(t, db, 2*time.Minute)
 
+	logRecovery(t, db, plan, s.stats)
 	f := verify(t, db, plan, s.stats, replicas[len(replicas)-1].url(""))
 	f.Deliveries, f.Kills = len(deliveries), victim.kills
 	logFigures(t, o.name, f, s.stats, time.Since(t0))
@@ -113,6 +120,43 @@ func runStorm(t *testing.T, o stormOptions) {
 	if len(plan.Events) < stormEvents || len(plan.Subs) < stormSubs {
 		t.Errorf("plan of %d events over %d subscriptions, want at least %d over %d", len(plan.Events), len(plan.Subs), stormEvents, stormSubs)
 	}
+}
+
+// logRecovery prints how long events waited from the acknowledgement that stored them to their
+// processing: with replicas SIGKILLed meanwhile, the worst of it is the time to recover the
+// events a dead process had taken. A figure, not an assertion (timings are measured in make
+// bench and here, never asserted).
+func logRecovery(t *testing.T, db *sql.DB, plan *relPlan, stats *sendStats) {
+	t.Helper()
+	rows, err := db.Query(`SELECT event_id, processed_at FROM webhook_events WHERE processed_at IS NOT NULL`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	processed := map[string]time.Time{}
+	for rows.Next() {
+		var id string
+		var at time.Time
+		if err := rows.Scan(&id, &at); err != nil {
+			t.Fatal(err)
+		}
+		processed[id] = at
+	}
+	var waits []time.Duration
+	for i, ev := range plan.Events {
+		stored, ok := stats.storedAt[i].Load(), false
+		var at time.Time
+		if at, ok = processed[ev.ID]; !ok || stored == 0 {
+			continue
+		}
+		waits = append(waits, at.Sub(time.Unix(0, stored)))
+	}
+	if len(waits) == 0 {
+		return
+	}
+	slices.Sort(waits)
+	p := func(q float64) time.Duration { return waits[min(len(waits)-1, int(q*float64(len(waits))))].Round(time.Millisecond) }
+	t.Logf("recovery: acknowledged → applied over %d events: p50 %s, p99 %s, worst %s", len(waits), p(0.5), p(0.99), waits[len(waits)-1].Round(time.Millisecond))
 }
 
 // waitAcked polls until at least n deliveries were acknowledged; false if the senders finished.

@@ -68,7 +68,6 @@ func (i *Inbox) AddWorkers(w *river.Workers) {
 	river.AddWorker(w, &processor{inbox: i})
 	river.AddWorker(w, &sweeper{inbox: i})
 	river.AddWorker(w, &pruner{inbox: i})
-	river.AddWorker(w, &rescuer{inbox: i})
 }
 
 func (i *Inbox) secrets(livemode bool) []string {

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/riverqueue/river"
 	"gorm.io/gorm"
 )
 
@@ -18,35 +17,34 @@ import (
 // belongs to a dead process: it gets a fresh job at once. A job that was only slow finds the
 // event processed when it goes on, and does nothing; River's own rescue stays as the backstop.
 
-// RescueArgs is the periodic job that gives events stuck behind a dead process's job a new one.
-type RescueArgs struct{}
+// rescueInterval is how often every process looks for stuck events. Every process, not one
+// leader: when the leader is the process that died, a new one is elected only after its lease
+// expires (about 15 s), too late. Rounds of several processes are safe together: each locks the
+// events it rescues (SKIP LOCKED), and an event with a live job is left alone.
+const rescueInterval = 5 * time.Second
 
-func (RescueArgs) Kind() string { return "webhook_rescue" }
+// rescueStuckAfter is how long a job may run before its event counts as stuck: far above an
+// event's processing time (milliseconds), far below River's own rescue.
+const rescueStuckAfter = 5 * time.Second
 
-func (RescueArgs) InsertOpts() river.InsertOpts {
-	// The default queue, not the webhooks one: a backlog of events must not delay their rescue.
-	return river.InsertOpts{Queue: river.QueueDefault, MaxAttempts: 1}
-}
-
-const (
-	// rescueInterval is how often the leader looks for stuck events.
-	rescueInterval = 5 * time.Second
-	// rescueStuckAfter is how long a job may run before its event counts as stuck: far above an
-	// event's processing time (milliseconds), far below River's own rescue.
-	rescueStuckAfter = 5 * time.Second
-)
-
-type rescuer struct {
-	river.WorkerDefaults[RescueArgs]
-	inbox *Inbox
-}
-
-func (r *rescuer) Work(ctx context.Context, job *river.Job[RescueArgs]) error {
-	n, err := r.inbox.RescueStuck(ctx, rescueStuckAfter)
-	if n > 0 {
-		r.inbox.log.Warn("gave events held by a dead process's jobs a new job", "count", n)
+// RunRescuer rescues stuck events every rescueInterval until ctx ends.
+func (i *Inbox) RunRescuer(ctx context.Context) {
+	t := time.NewTicker(rescueInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		n, err := i.RescueStuck(ctx, rescueStuckAfter)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			i.log.Warn("rescue of stuck webhook events failed; next round in a few seconds", "error", err)
+		case n > 0:
+			i.log.Warn("gave events held by a dead process's jobs a new job", "count", n)
+		}
 	}
-	return err
 }
 
 // RescueStuck enqueues a new job for every received event whose only job has been running for
@@ -64,7 +62,7 @@ func (i *Inbox) RescueStuck(ctx context.Context, stuckAfter time.Duration) (int,
 		JobAttempt int    `gorm:"column:job_attempt"`
 	}
 	var rows []stuck
-	dead := 0
+	dead, rescued := 0, 0
 	err := i.cfg.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		// Running jobs are few (workers × replicas); the state condition comes first so that the
 		// planner starts from them, and the live-job check reads River's fetch index by state.
@@ -88,6 +86,17 @@ func (i *Inbox) RescueStuck(ctx context.Context, stuckAfter time.Duration) (int,
 			return fmt.Errorf("find events held by stuck jobs: %w", err)
 		}
 		for _, r := range rows {
+			// Another process's round may have rescued it between our snapshot and our lock: this
+			// statement sees what committed since.
+			var live bool
+			if err := tx.Raw(`SELECT EXISTS (SELECT 1 FROM river_job
+				WHERE state IN ('available', 'pending', 'retryable', 'scheduled') AND kind = $1 AND args->>'event_id' = $2)`,
+				JobKindProcessEvent, r.EventID).Scan(&live).Error; err != nil {
+				return err
+			}
+			if live {
+				continue
+			}
 			// The number the dead attempt had, as process counts it.
 			attempt := max(r.Attempts+1, r.JobAttempt)
 			if attempt >= i.cfg.MaxAttempts {
@@ -112,6 +121,7 @@ func (i *Inbox) RescueStuck(ctx context.Context, stuckAfter time.Duration) (int,
 			if err := i.enqueue(ctx, tx, r.EventID); err != nil {
 				return err
 			}
+			rescued++
 		}
 		return nil
 	})
@@ -121,7 +131,7 @@ func (i *Inbox) RescueStuck(ctx context.Context, stuckAfter time.Duration) (int,
 	if dead > 0 {
 		i.log.Error("webhook events dead-lettered: the process applying them died every time", "count", dead)
 	}
-	return len(rows), nil
+	return rescued + dead, nil
 }
 
 // FailureCrashed is the failure reason of an event whose processing killed the process (or was

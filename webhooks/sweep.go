@@ -48,9 +48,6 @@ func (i *Inbox) PeriodicJobs() []*river.PeriodicJob {
 			return SweepArgs{}, nil
 		}, &river.PeriodicJobOpts{RunOnStart: true}),
 	}
-	jobs = append(jobs, river.NewPeriodicJob(river.PeriodicInterval(rescueInterval), func() (river.JobArgs, *river.InsertOpts) {
-		return RescueArgs{}, nil
-	}, &river.PeriodicJobOpts{RunOnStart: true}))
 	if i.cfg.Retention > 0 {
 		jobs = append(jobs, river.NewPeriodicJob(river.PeriodicInterval(time.Hour), func() (river.JobArgs, *river.InsertOpts) {
 			return RetentionArgs{}, nil
