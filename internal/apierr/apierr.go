@@ -80,6 +80,17 @@ const (
 	// A request of this service's mode (stripe.mode) reached state of the other mode: a user
 	// linked to a test customer while the service runs live, or the reverse. Test and live never mix.
 	CodeLivemodeConflict Code = "livemode_conflict"
+
+	// Checkout, plan changes and links to existing Stripe customers.
+	CodeInvalidRequestID           Code = "invalid_request_id"
+	CodeInvalidPriceID             Code = "invalid_price_id"
+	CodeInvalidQuantity            Code = "invalid_quantity"
+	CodeInvalidTrialPeriodDays     Code = "invalid_trial_period_days"
+	CodeInvalidCustomerID          Code = "invalid_customer_id"
+	CodeAlreadySubscribed          Code = "already_subscribed"
+	CodeCustomerBelongsToOtherUser Code = "customer_belongs_to_other_user"
+	// Stripe refused to open the session (an unknown price): final for that request_id.
+	CodeCheckoutFailed Code = "checkout_failed"
 )
 
 var statuses = map[Code]int{
@@ -130,6 +141,15 @@ var statuses = map[Code]int{
 	CodeChargeFailed:          http.StatusUnprocessableEntity,
 	CodeRefundFailed:          http.StatusUnprocessableEntity,
 	CodeLivemodeConflict:      http.StatusConflict,
+
+	CodeInvalidRequestID:           http.StatusBadRequest,
+	CodeInvalidPriceID:             http.StatusBadRequest,
+	CodeInvalidQuantity:            http.StatusBadRequest,
+	CodeInvalidTrialPeriodDays:     http.StatusBadRequest,
+	CodeInvalidCustomerID:          http.StatusBadRequest,
+	CodeAlreadySubscribed:          http.StatusConflict,
+	CodeCustomerBelongsToOtherUser: http.StatusConflict,
+	CodeCheckoutFailed:             http.StatusUnprocessableEntity,
 }
 
 // Status is the HTTP status of a code; an unknown code is a 500 so that a forgotten entry is loud.

@@ -1,0 +1,560 @@
+package checkout
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/labstack/echo/v4"
+	"github.com/stripe/stripe-go/v79"
+	"gorm.io/gorm"
+
+	"billing/billing"
+	"billing/internal/apierr"
+	"billing/internal/database"
+	"billing/internal/httpserver"
+	"billing/internal/ids"
+	"billing/internal/outbound"
+	"billing/internal/stripeclient"
+)
+
+// Row states.
+const (
+	statePending   = "pending"
+	stateCompleted = "completed"
+)
+
+// Limits of the request's numbers, Stripe's own.
+const (
+	maxQuantity        = 999_999
+	maxTrialPeriodDays = 730
+	maxURLLength       = 2048
+)
+
+// SessionKey is the Stripe idempotency key of a user's checkout request.
+func SessionKey(userID, requestID string) string { return outbound.Key("checkout", userID, requestID) }
+
+type createRequestJSON struct {
+	RequestID       *string `json:"request_id"`
+	PriceID         *string `json:"price_id"`
+	Quantity        *int64  `json:"quantity"`
+	TrialPeriodDays *int64  `json:"trial_period_days"`
+	SuccessURL      *string `json:"success_url"`
+	CancelURL       *string `json:"cancel_url"`
+}
+
+// createRequest is a validated request; its JSON encoding (fixed field order, the URLs as the
+// client gave them) is what request_hash hashes.
+type createRequest struct {
+	RequestID       string  `json:"request_id"`
+	PriceID         string  `json:"price_id"`
+	Quantity        int64   `json:"quantity"`
+	TrialPeriodDays *int64  `json:"trial_period_days"`
+	SuccessURL      *string `json:"success_url"`
+	CancelURL       *string `json:"cancel_url"`
+}
+
+func (r createRequest) hash() string {
+	b, err := json.Marshal(r)
+	if err != nil {
+		// Only strings and integers are hashed; this cannot fail.
+		panic(fmt.Sprintf("checkout: hash request: %v", err))
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
+// sessionBody is the success answer of POST /v1/customers/{user_id}/checkout-sessions.
+type sessionBody struct {
+	ID             string    `json:"id"`
+	URL            string    `json:"url"`
+	ExpiresAt      time.Time `json:"expires_at"`
+	IdempotencyKey string    `json:"idempotency_key"`
+}
+
+// sessionRow is a row of checkout_sessions, scanned by column name.
+type sessionRow struct {
+	ID               int64
+	Livemode         bool
+	UserID           *string
+	StripeCustomerID *string
+	RequestID        *string
+	RequestHash      *string
+	IdempotencyKey   *string
+	PriceID          *string
+	Quantity         *int64
+	TrialPeriodDays  *int64
+	SuccessURL       *string
+	CancelURL        *string
+	State            string
+	Answer           *string
+	Attempts         int
+	SessionID        *string
+	SessionStatus    *string
+	PaymentStatus    *string
+	SubscriptionID   *string
+	CreatedAt        time.Time
+}
+
+func parseCreateRequest(c echo.Context) (createRequest, error) {
+	var raw createRequestJSON
+	if err := httpserver.DecodeJSON(c, &raw, false); err != nil {
+		return createRequest{}, err
+	}
+	var req createRequest
+	if raw.RequestID == nil {
+		return req, apierr.New(apierr.CodeInvalidRequestID, "request_id is required")
+	}
+	if err := ids.Check(*raw.RequestID, "request_id", apierr.CodeInvalidRequestID); err != nil {
+		return req, err
+	}
+	req.RequestID = *raw.RequestID
+	if raw.PriceID == nil {
+		return req, apierr.New(apierr.CodeInvalidPriceID, "price_id is required")
+	}
+	if err := ids.Check(*raw.PriceID, "price_id", apierr.CodeInvalidPriceID); err != nil {
+		return req, err
+	}
+	req.PriceID = *raw.PriceID
+	req.Quantity = 1
+	if raw.Quantity != nil {
+		if *raw.Quantity < 1 || *raw.Quantity > maxQuantity {
+			return req, apierr.New(apierr.CodeInvalidQuantity, "quantity must be an integer from 1 to %d", maxQuantity)
+		}
+		req.Quantity = *raw.Quantity
+	}
+	if raw.TrialPeriodDays != nil {
+		if *raw.TrialPeriodDays < 1 || *raw.TrialPeriodDays > maxTrialPeriodDays {
+			return req, apierr.New(apierr.CodeInvalidTrialPeriodDays, "trial_period_days must be an integer from 1 to %d", maxTrialPeriodDays)
+		}
+		req.TrialPeriodDays = raw.TrialPeriodDays
+	}
+	for _, u := range []struct {
+		name string
+		raw  *string
+		dst  **string
+	}{{"success_url", raw.SuccessURL, &req.SuccessURL}, {"cancel_url", raw.CancelURL, &req.CancelURL}} {
+		if u.raw == nil {
+			continue
+		}
+		if err := checkURL(u.name, *u.raw); err != nil {
+			return req, err
+		}
+		*u.dst = u.raw
+	}
+	return req, nil
+}
+
+// checkURL accepts absolute http(s) URLs. Stripe's {CHECKOUT_SESSION_ID} placeholder in a
+// success URL parses as part of its query.
+func checkURL(name, raw string) error {
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || len(raw) > maxURLLength {
+		return apierr.New(apierr.CodeInvalidURL, "%s must be an absolute http or https URL of at most %d characters", name, maxURLLength)
+	}
+	return nil
+}
+
+// urls resolves the request's URLs against the configured defaults.
+func (s *Service) urls(req createRequest) (success, cancel string, err error) {
+	success, cancel = s.successURL, s.cancelURL
+	if req.SuccessURL != nil {
+		success = *req.SuccessURL
+	}
+	if req.CancelURL != nil {
+		cancel = *req.CancelURL
+	}
+	if success == "" {
+		return "", "", apierr.New(apierr.CodeInvalidURL, "success_url is required: the request gives none and checkout.success_url is not configured")
+	}
+	if cancel == "" {
+		return "", "", apierr.New(apierr.CodeInvalidURL, "cancel_url is required: the request gives none and checkout.cancel_url is not configured")
+	}
+	return success, cancel, nil
+}
+
+func (s *Service) postSession(c echo.Context) error {
+	userID := c.Param("user_id")
+	if err := ids.CheckUser(userID); err != nil {
+		return err
+	}
+	req, err := parseCreateRequest(c)
+	if err != nil {
+		return err
+	}
+	// Once Stripe may have acted, the answer is recorded even if the client has gone.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request().Context()), httpserver.OutboundBudget)
+	defer cancel()
+	return s.create(ctx, userID, req).write(c)
+}
+
+// create runs the outbound path of the package doc for one request.
+func (s *Service) create(ctx context.Context, userID string, req createRequest) reply {
+	hash := req.hash()
+	row, found, err := s.loadRequest(ctx, userID, req.RequestID)
+	if err != nil {
+		return reply{err: err}
+	}
+	if !found {
+		// The refusals come before anything is recorded, so that the same request_id can be
+		// used again once they no longer hold. Linking first also refuses a user of the other
+		// mode (livemode_conflict); a user without a customer cannot be entitled.
+		cust, err := s.customers.EnsureLinked(ctx, userID)
+		if err != nil {
+			return reply{err: err}
+		}
+		if err := s.refuseEntitled(ctx, userID); err != nil {
+			return reply{err: err}
+		}
+		success, cancel, err := s.urls(req)
+		if err != nil {
+			return reply{err: err}
+		}
+		if err := s.insertRequest(ctx, userID, req, hash, cust.StripeID(), success, cancel); err != nil {
+			return reply{err: err}
+		}
+		if row, found, err = s.loadRequest(ctx, userID, req.RequestID); err != nil {
+			return reply{err: err}
+		} else if !found {
+			// The key checkout-{user_id}-{request_id} is another user's request's key.
+			return reply{err: apierr.New(apierr.CodeIdempotencyConflict,
+				"the idempotency key %s is taken by another request; use another request_id", SessionKey(userID, req.RequestID)).
+				With("request_id", req.RequestID)}
+		}
+	}
+	if row.Livemode != s.livemode {
+		return reply{err: modeConflict("checkout request "+req.RequestID, row.Livemode)}
+	}
+	if row.RequestHash == nil || *row.RequestHash != hash {
+		return reply{err: apierr.New(apierr.CodeIdempotencyConflict,
+			"request_id %s was already used with other values; use a new request_id for another session", req.RequestID).
+			With("request_id", req.RequestID)}
+	}
+	if row.State == stateCompleted {
+		return answerOf(row.Answer, false)
+	}
+	return s.finish(ctx, row.ID)
+}
+
+// refuseEntitled answers 409 already_subscribed while the user has an entitled subscription.
+func (s *Service) refuseEntitled(ctx context.Context, userID string) error {
+	e, err := s.billing.Entitlement(ctx, userID)
+	if errors.Is(err, billing.ErrNoCustomer) {
+		return nil
+	}
+	if err != nil {
+		return database.APIError(err, "load entitlement")
+	}
+	if e.Entitled {
+		ae := apierr.New(apierr.CodeAlreadySubscribed, "user %s already has an entitled subscription; change it instead", userID)
+		if e.SubscriptionID != nil {
+			ae = ae.With("subscription_id", *e.SubscriptionID)
+		}
+		return ae
+	}
+	return nil
+}
+
+func (s *Service) loadRequest(ctx context.Context, userID, requestID string) (*sessionRow, bool, error) {
+	var row sessionRow
+	res := s.db.WithContext(ctx).Raw(`SELECT * FROM checkout_sessions WHERE user_id = $1 AND request_id = $2`, userID, requestID).Scan(&row)
+	if res.Error != nil {
+		return nil, false, database.APIError(res.Error, "load checkout request")
+	}
+	return &row, res.RowsAffected > 0, nil
+}
+
+// insertRequest writes the pending row, committed before any call to Stripe. A row already there
+// (a concurrent identical request, a conflicting one, or another request with the same key) is
+// left alone: the conflict target is open because either unique key may collide.
+func (s *Service) insertRequest(ctx context.Context, userID string, req createRequest, hash, stripeCustomerID, success, cancel string) error {
+	now := s.now().UTC()
+	err := s.db.WithContext(ctx).Exec(`
+		INSERT INTO checkout_sessions (livemode, user_id, stripe_customer_id, request_id, request_hash, idempotency_key,
+			price_id, quantity, trial_period_days, success_url, cancel_url, state, created_at, updated_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13)
+		ON CONFLICT DO NOTHING`,
+		s.livemode, userID, stripeCustomerID, req.RequestID, hash, SessionKey(userID, req.RequestID),
+		req.PriceID, req.Quantity, req.TrialPeriodDays, success, cancel, statePending, now).Error
+	return database.APIError(err, "insert checkout request")
+}
+
+// finish finishes a pending row through the outbound protocol.
+func (s *Service) finish(ctx context.Context, id int64) reply {
+	var (
+		row sessionRow
+		rep reply
+	)
+	res, err := outbound.Run(ctx, s.db, outbound.Call[*stripe.CheckoutSession]{
+		Lock: outbound.Select{SQL: `SELECT * FROM checkout_sessions WHERE id = $1`, Args: []any{id}, Into: &row},
+		Locked: func(*gorm.DB) (outbound.State, error) {
+			if row.Livemode != s.livemode {
+				return outbound.State{}, modeConflict("checkout request "+deref(row.RequestID), row.Livemode)
+			}
+			return outbound.State{Key: deref(row.IdempotencyKey), CreatedAt: row.CreatedAt, Done: row.State == stateCompleted}, nil
+		},
+		Find: func(ctx context.Context) (*stripe.CheckoutSession, bool, error) { return s.findSession(ctx, &row) },
+		Create: func(p stripe.Params) (*stripe.CheckoutSession, error) {
+			return s.stripe.CheckoutSessions.New(sessionParams(p, &row))
+		},
+		Complete: func(tx *gorm.DB, cs *stripe.CheckoutSession, a outbound.Attempt) error {
+			var err error
+			rep, err = s.complete(ctx, tx, &row, cs, a)
+			return err
+		},
+		Refuse: func(tx *gorm.DB, a outbound.Attempt) error {
+			var err error
+			rep, err = s.refuse(ctx, tx, &row, a)
+			return err
+		},
+		RecordAttempt: func(tx *gorm.DB, a outbound.Attempt) error {
+			apiErr := unfinished(a)
+			if err := tx.Exec(`
+				UPDATE checkout_sessions SET attempts = attempts + 1, last_attempt_at = $1, error_code = $2, updated_at = $1
+				WHERE id = $3`, a.At, string(apiErr.Code), id).Error; err != nil {
+				return fmt.Errorf("record checkout attempt: %w", err)
+			}
+			rep = reply{err: apiErr}
+			return nil
+		},
+		Now: s.now,
+		Log: s.log.With("user_id", deref(row.UserID), "request_id", deref(row.RequestID)),
+	})
+	if err != nil {
+		return reply{err: database.APIError(err, "finish checkout request")}
+	}
+	switch res.Outcome {
+	case outbound.AlreadyDone:
+		// A concurrent identical request finished it while we waited for the lock.
+		return answerOf(row.Answer, false)
+	case outbound.Gone:
+		return reply{err: apierr.Internal(fmt.Errorf("checkout row %d vanished", id))}
+	}
+	return rep
+}
+
+// sessionParams asks for the row's session: subscription mode, for the row's customer, with the
+// row's values (never the request at hand's), so that every attempt under the key sends the same.
+func sessionParams(p stripe.Params, row *sessionRow) *stripe.CheckoutSessionParams {
+	md := map[string]string{"user_id": deref(row.UserID), "request_id": deref(row.RequestID)}
+	params := &stripe.CheckoutSessionParams{
+		Params:            p,
+		Mode:              stripe.String(string(stripe.CheckoutSessionModeSubscription)),
+		Customer:          row.StripeCustomerID,
+		ClientReferenceID: row.UserID,
+		LineItems:         []*stripe.CheckoutSessionLineItemParams{{Price: row.PriceID, Quantity: row.Quantity}},
+		SuccessURL:        row.SuccessURL,
+		CancelURL:         row.CancelURL,
+		Metadata:          md,
+		// The subscription carries the user too, for whoever reads it without the session.
+		SubscriptionData: &stripe.CheckoutSessionSubscriptionDataParams{
+			Metadata:        map[string]string{"user_id": deref(row.UserID)},
+			TrialPeriodDays: row.TrialPeriodDays,
+		},
+	}
+	return params
+}
+
+// findSession looks for the session an earlier attempt at the row made: the customer's sessions
+// created since shortly before the row, matched on the metadata every attempt sends.
+func (s *Service) findSession(ctx context.Context, row *sessionRow) (*stripe.CheckoutSession, bool, error) {
+	params := &stripe.CheckoutSessionListParams{
+		Customer:     row.StripeCustomerID,
+		CreatedRange: &stripe.RangeQueryParams{GreaterThanOrEqual: row.CreatedAt.Add(-time.Hour).Unix()},
+	}
+	params.Context = ctx
+	params.Limit = stripe.Int64(100)
+	it := s.stripe.CheckoutSessions.List(params)
+	for it.Next() {
+		cs := it.CheckoutSession()
+		if cs.Metadata["request_id"] == deref(row.RequestID) && cs.Metadata["user_id"] == deref(row.UserID) {
+			return cs, true, nil
+		}
+	}
+	if err := it.Err(); err != nil {
+		return nil, false, fmt.Errorf("list checkout sessions of customer %s: %w", deref(row.StripeCustomerID), err)
+	}
+	return nil, false, nil
+}
+
+// complete records the session Stripe made (or Find found) in the locked row and answers it.
+func (s *Service) complete(ctx context.Context, tx *gorm.DB, row *sessionRow, cs *stripe.CheckoutSession, a outbound.Attempt) (reply, error) {
+	body := sessionBody{ID: cs.ID, URL: cs.URL, ExpiresAt: time.Unix(cs.ExpiresAt, 0).UTC(), IdempotencyKey: deref(row.IdempotencyKey)}
+	answer, err := encodeAnswer(body, nil)
+	if err != nil {
+		return reply{}, apierr.Internal(err)
+	}
+	// An event about the session may have recorded it already (it can only come after the
+	// session exists, e.g. when an earlier attempt's answer was lost): this row takes its place.
+	var earlier []sessionState
+	if err := tx.Raw(`DELETE FROM checkout_sessions WHERE session_id = $1 AND id <> $2
+		RETURNING session_status, payment_status, subscription_id`, cs.ID, row.ID).Scan(&earlier).Error; err != nil {
+		return reply{}, fmt.Errorf("merge recorded session %s: %w", cs.ID, err)
+	}
+	st := sessionState{SessionStatus: nullString(string(cs.Status)), PaymentStatus: nullString(string(cs.PaymentStatus))}
+	if cs.Subscription != nil {
+		st.SubscriptionID = nullString(cs.Subscription.ID)
+	}
+	for _, e := range earlier {
+		st = st.merge(e)
+	}
+	if err := tx.Exec(`
+		UPDATE checkout_sessions SET state = $1, answer = CAST($2 AS jsonb), session_id = $3, session_status = $4,
+			payment_status = $5, subscription_id = $6, url = $7, expires_at = $8, error_code = NULL,
+			attempts = attempts + 1, last_attempt_at = $9, completed_at = $9, updated_at = $9
+		WHERE id = $10`,
+		stateCompleted, answer, cs.ID, st.SessionStatus, st.PaymentStatus, st.SubscriptionID, cs.URL, body.ExpiresAt, a.At,
+		row.ID).Error; err != nil {
+		return reply{}, fmt.Errorf("complete checkout request: %w", err)
+	}
+	s.log.InfoContext(ctx, "checkout session opened", "user_id", deref(row.UserID), "request_id", deref(row.RequestID),
+		"session_id", cs.ID, "found_past_key_window", a.Step == outbound.StepFind)
+	// The client never had an answer to this request: whether made now or found, it is the first.
+	return answerOf(&answer, true), nil
+}
+
+// refuse records Stripe's final refusal (an unknown price, a customer Stripe does not know) as
+// the request's answer: the same request_id answers it again, another request_id starts over.
+func (s *Service) refuse(ctx context.Context, tx *gorm.DB, row *sessionRow, a outbound.Attempt) (reply, error) {
+	apiErr := apierr.Wrap(stripeclient.Redact(a.Err), apierr.CodeCheckoutFailed, "Stripe refused to open the Checkout session: %s", stripeMessage(a.Err)).
+		With("request_id", deref(row.RequestID))
+	answer, err := encodeAnswer(nil, apiErr)
+	if err != nil {
+		return reply{}, apierr.Internal(err)
+	}
+	if err := tx.Exec(`
+		UPDATE checkout_sessions SET state = $1, answer = CAST($2 AS jsonb), error_code = $3,
+			attempts = attempts + 1, last_attempt_at = $4, completed_at = $4, updated_at = $4
+		WHERE id = $5`,
+		stateCompleted, answer, string(apiErr.Code), a.At, row.ID).Error; err != nil {
+		return reply{}, fmt.Errorf("record checkout refusal: %w", err)
+	}
+	return reply{err: apiErr}, nil
+}
+
+func stripeMessage(err error) string {
+	var se *stripe.Error
+	if errors.As(err, &se) && se.Msg != "" {
+		return se.Msg
+	}
+	return "no reason given"
+}
+
+// unfinished is the answer to an attempt that left the row pending.
+func unfinished(a outbound.Attempt) *apierr.Error {
+	what := "open the Checkout session"
+	if a.Step == outbound.StepFind {
+		what = "look up an earlier attempt at the Checkout session"
+	}
+	cause := fmt.Errorf("%s: %w", what, stripeclient.Redact(a.Err))
+	if stripeclient.Retryable(a.Err) || a.Step == outbound.StepFind {
+		return apierr.Wrap(cause, apierr.CodeStripeUnavailable, "Stripe could not be reached to %s; repeat the same request to finish it", what)
+	}
+	return apierr.Wrap(cause, apierr.CodeStripeError, "Stripe refused the call to %s; the request stays pending", what)
+}
+
+// modeConflict answers a request about a row of the other mode.
+func modeConflict(what string, rowLivemode bool) error {
+	row, service := "test", "live"
+	if rowLivemode {
+		row, service = "live", "test"
+	}
+	return apierr.New(apierr.CodeLivemodeConflict, "%s was recorded in %s mode; this service runs in %s mode", what, row, service)
+}
+
+// storedAnswer is the `answer` column: exactly one of Body and Error. The first answer and every
+// replay are rendered from it, so a repeat gets the same JSON.
+type storedAnswer struct {
+	Body  json.RawMessage `json:"body,omitempty"`
+	Error *storedError    `json:"error,omitempty"`
+}
+
+type storedError struct {
+	Code    apierr.Code    `json:"code"`
+	Message string         `json:"message"`
+	Details map[string]any `json:"details,omitempty"`
+}
+
+func encodeAnswer(body any, apiErr *apierr.Error) (string, error) {
+	var a storedAnswer
+	if apiErr != nil {
+		a.Error = &storedError{Code: apiErr.Code, Message: apiErr.Message, Details: apiErr.Details}
+	} else {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return "", fmt.Errorf("encode answer body: %w", err)
+		}
+		a.Body = b
+	}
+	b, err := json.Marshal(a)
+	if err != nil {
+		return "", fmt.Errorf("encode answer: %w", err)
+	}
+	return string(b), nil
+}
+
+// reply is a 201 (this request made the session), a 200 (a replay) or an *apierr.Error.
+type reply struct {
+	created bool
+	body    json.RawMessage
+	err     error
+}
+
+func (r reply) write(c echo.Context) error {
+	if r.err != nil {
+		return r.err
+	}
+	status := http.StatusOK
+	if r.created {
+		status = http.StatusCreated
+	}
+	return c.JSONBlob(status, r.body)
+}
+
+// answerOf renders a stored answer, decoded and encoded again so that the first answer and every
+// replay have the same bytes whatever jsonb did to key order and spacing.
+func answerOf(raw *string, created bool) reply {
+	if raw == nil {
+		return reply{err: apierr.Internal(errors.New("completed checkout row without an answer"))}
+	}
+	var a storedAnswer
+	if err := json.Unmarshal([]byte(*raw), &a); err != nil {
+		return reply{err: apierr.Internal(fmt.Errorf("decode stored answer: %w", err))}
+	}
+	if a.Error != nil {
+		e := apierr.New(a.Error.Code, "%s", a.Error.Message)
+		for k, v := range a.Error.Details {
+			e = e.With(k, v)
+		}
+		return reply{err: e}
+	}
+	var body sessionBody
+	if err := json.Unmarshal(a.Body, &body); err != nil {
+		return reply{err: apierr.Internal(fmt.Errorf("decode stored answer body: %w", err))}
+	}
+	out, err := json.Marshal(body)
+	if err != nil {
+		return reply{err: apierr.Internal(fmt.Errorf("encode answer body: %w", err))}
+	}
+	return reply{created: created, body: out}
+}
+
+func deref(p *string) string {
+	if p == nil {
+		return ""
+	}
+	return *p
+}
+
+func nullString(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
