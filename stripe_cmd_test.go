@@ -396,3 +396,26 @@ func TestSetupReportsStripeErrors(t *testing.T) {
 		t.Errorf("%d endpoints", n)
 	}
 }
+
+// The README's list of handled event types is the code's.
+func TestReadmeListsTheHandledEventTypes(t *testing.T) {
+	b, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(b), "<!-- handled event types:")
+	list, _, ok2 := strings.Cut(rest, "<!-- end of handled event types -->")
+	if !ok || !ok2 {
+		t.Fatal("README.md has no marked list of handled event types")
+	}
+	var listed []string
+	for _, line := range strings.Split(list, "\n") {
+		if typ, found := strings.CutPrefix(strings.TrimSpace(line), "- `"); found {
+			listed = append(listed, strings.TrimSuffix(typ, "`"))
+		}
+	}
+	slices.Sort(listed)
+	if want := handledEventTypes(); !slices.Equal(listed, want) {
+		t.Errorf("README.md lists %v, the code handles %v", listed, want)
+	}
+}
