@@ -139,8 +139,13 @@ func newApp(opts appOptions) (*App, error) {
 		Logger:          logger,
 		Now:             now,
 		PastDueEntitled: cfg.Policy.PastDueEntitled,
+		PeriodGrace:     cfg.Policy.PeriodGrace,
+		Reread:          billing.RereadDeps{Stripe: stripe.Subscriptions, Livemode: livemode},
 		Registerer:      reg,
 	})
+	// The re-read worker needs the service, which needs the client: River looks workers up in
+	// the bundle when it inserts or works a job, so adding it before Start is in time.
+	subs.AddWorkers(workers)
 	registerEventHandlers(registry, subs)
 	customers.NewHandlers(customers.Deps{DB: db, Accounts: subs, Stripe: stripe, Livemode: livemode, Logger: logger, Now: now}).Mount(v1)
 	ledger.New(ledger.Deps{DB: db, Stripe: stripe, Livemode: livemode, Logger: logger, Now: now}).Mount(v1)
