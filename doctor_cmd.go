@@ -34,18 +34,17 @@ func doctorCommand(args []string) int {
 	fs := flag.NewFlagSet("doctor", flag.ContinueOnError)
 	endpointURL := fs.String("url", "", "also check the webhook endpoint with this URL, https://HOST/webhooks/stripe")
 	cfgPath := fs.String("config", "", "YAML configuration file (default $BILLING_CONFIG)")
-	fs.Usage = func() {
-		fmt.Fprintln(os.Stderr, "usage: billing doctor [--url https://HOST/webhooks/stripe] [--config PATH]\n\n"+
-			"Checks the database, the Stripe key, the webhook secret, the webhook endpoint (with --url) and the\n"+
-			"Customer Portal: one line per check, ok or FAIL with the fix; exit 0 when all pass, 1 otherwise.\n\nflags:")
-		fs.PrintDefaults()
+	help := commandHelp{
+		Usage: "billing doctor [--url https://HOST/webhooks/stripe] [--config PATH]",
+		About: "Checks the database, the Stripe key, the webhook secret, the webhook endpoint (with --url) and the\n" +
+			"Customer Portal: one line per check, ok or FAIL with the fix; exit 0 when all pass, 1 otherwise.",
+		Env: configEnv("the database, stripe.* keys and the webhook secrets are checked"),
 	}
-	if err := fs.Parse(args); err != nil {
-		return exitUsage
+	if code, done := parseFlags(fs, help, args); done {
+		return code
 	}
 	if fs.NArg() > 0 {
-		fs.Usage()
-		return exitUsage
+		return usageError(fs, help, fmt.Sprintf("billing doctor: unexpected argument %q", fs.Arg(0)))
 	}
 	cfg, err := config.Load(*cfgPath)
 	if err != nil {

@@ -4,6 +4,9 @@
 //	billing serve   [--config PATH]   HTTP API, webhook endpoint and workers
 //	billing migrate [--config PATH]   apply pending migrations and exit
 //	billing trigger EVENT_TYPE [...]  post a signed sample event to a running service
+//	billing --version                 version, commit and the pinned Stripe API version
+//
+// Every command prints its usage, flags and environment with -h.
 package main
 
 import (
@@ -11,6 +14,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -42,20 +46,22 @@ func main() {
 	os.Exit(run(os.Args[1:]))
 }
 
-func usage() {
-	fmt.Fprintln(os.Stderr, `usage: billing <command> [flags]
+func usage(w io.Writer) {
+	fmt.Fprintln(w, `usage: billing <command> [flags]       (billing <command> -h: its flags and environment)
+       billing --version
 
 commands:
   serve     run the HTTP API, the webhook endpoint and the workers
   migrate   apply pending database migrations and exit
   trigger   post a signed sample event to a running service (billing trigger -h)
   stripe    stripe setup --url URL: create or correct the webhook endpoint at Stripe (billing stripe setup -h)
-  doctor    check the database, the Stripe key and secrets, the endpoint and the portal (billing doctor -h)`)
+  doctor    check the database, the Stripe key and secrets, the endpoint and the portal (billing doctor -h)
+  reconcile compare every subscription with Stripe and repair what differs (billing reconcile -h)`)
 }
 
 func run(args []string) int {
 	if len(args) == 0 {
-		usage()
+		usage(os.Stderr)
 		return exitUsage
 	}
 	switch args[0] {
@@ -69,22 +75,52 @@ func run(args []string) int {
 		return stripeCommand(args[1:])
 	case "doctor":
 		return doctorCommand(args[1:])
-	case "-h", "--help", "help":
-		usage()
+	case "reconcile":
+		return reconcileCommand(args[1:])
+	case "-h", "-help", "--help", "help":
+		usage(os.Stdout)
+		return 0
+	case "--version", "-version", "version":
+		printVersion(os.Stdout)
 		return 0
 	}
 	fmt.Fprintf(os.Stderr, "billing: unknown command %q\n", args[0])
-	usage()
+	usage(os.Stderr)
 	return exitUsage
 }
 
+var serveHelp = commandHelp{
+	Usage: "billing serve [--config PATH]",
+	About: "Runs the HTTP API, the webhook endpoint and the background workers; applies pending\n" +
+		"migrations first. Without database.url it runs its own PostgreSQL under " + embeddedDir + ".\n" +
+		"Stops gracefully on SIGTERM or SIGINT.",
+	Env: configEnv("see README.md for every key"),
+}
+
+var migrateHelp = commandHelp{
+	Usage: "billing migrate [--config PATH]",
+	About: "Applies pending database migrations (the service's and River's) and exits. Without\n" +
+		"database.url it migrates the embedded cluster under " + embeddedDir + ". On a terminal it shows\n" +
+		"progress on one line; otherwise it logs a line per migration.",
+	Env: [][2]string{
+		{config.ConfigEnv, "YAML configuration file (like --config); the whole configuration is validated"},
+		{"BILLING_DATABASE_URL", "the database to migrate (empty: the embedded cluster)"},
+		{"BILLING_LOG_LEVEL", "debug, info, warn, error"},
+		{"BILLING_LOG_FORMAT", "json or text"},
+	},
+}
+
 // loadConfig parses the command's flags and the configuration, with serve's own requirements
-// (tokens, a webhook secret) when serving; on failure it prints one line and returns the exit code.
-func loadConfig(name string, args []string, serving bool) (*config.Config, int) {
+// (tokens, a webhook secret) when serving; on failure it prints one line and returns the exit
+// code (0 after -h).
+func loadConfig(name string, help commandHelp, args []string, serving bool) (*config.Config, int) {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	path := fs.String("config", "", "YAML configuration file (default $BILLING_CONFIG)")
-	if err := fs.Parse(args); err != nil {
-		return nil, exitUsage
+	if code, done := parseFlags(fs, help, args); done {
+		return nil, code
+	}
+	if fs.NArg() > 0 {
+		return nil, usageError(fs, help, fmt.Sprintf("billing %s: unexpected argument %q", name, fs.Arg(0)))
 	}
 	cfg, err := config.Load(*path)
 	if err == nil && serving {
@@ -100,15 +136,22 @@ func loadConfig(name string, args []string, serving bool) (*config.Config, int) 
 // newLogger logs to stderr through a logging.Writer, so that no request waits for another's log
 // line to be written; flush writes out what is queued (call it before exiting).
 func newLogger(cfg *config.Config) (logger *slog.Logger, flush func()) {
+	logger, _, flush = newLogWriter(cfg)
+	return logger, flush
+}
+
+// newLogWriter is newLogger that also returns the log's writer, for output that must come out in
+// order with the log lines.
+func newLogWriter(cfg *config.Config) (logger *slog.Logger, out io.Writer, flush func()) {
 	var level slog.Level
 	_ = level.UnmarshalText([]byte(cfg.Log.Level))
 	opts := &slog.HandlerOptions{Level: level}
-	out := logging.NewWriter(os.Stderr, 0)
-	flush = func() { _ = out.Close() }
+	w := logging.NewWriter(os.Stderr, 0)
+	flush = func() { _ = w.Close() }
 	if cfg.Log.Format == "text" {
-		return slog.New(slog.NewTextHandler(out, opts)), flush
+		return slog.New(slog.NewTextHandler(w, opts)), w, flush
 	}
-	return slog.New(slog.NewJSONHandler(out, opts)), flush
+	return slog.New(slog.NewJSONHandler(w, opts)), w, flush
 }
 
 // openDatabase connects to the configured database, or starts the embedded cluster when none is
@@ -126,8 +169,9 @@ func openDatabase(ctx context.Context, cfg *config.Config, logger *slog.Logger) 
 			logger.Error("start embedded PostgreSQL", "dir", embeddedDir, "error", err)
 			return nil, stop, exitFailure
 		}
-		logger.Info("no database.url configured: using the embedded PostgreSQL cluster", "dir", embeddedDir, "port", cluster.Port())
 		url = cluster.URL("postgres")
+		logger.Info("no database.url configured: using the embedded PostgreSQL cluster", "dir", embeddedDir, "port", cluster.Port(),
+			"psql", "psql '"+url+"'")
 		stop = func() {
 			sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
@@ -140,7 +184,7 @@ func openDatabase(ctx context.Context, cfg *config.Config, logger *slog.Logger) 
 	}
 	db, err := database.Open(ctx, url, logger)
 	if err != nil {
-		logger.Error("open database", "error", err)
+		logger.Error("cannot reach the database", "error", err)
 		stop()
 		return nil, func() {}, exitFailure
 	}
@@ -154,11 +198,11 @@ func openDatabase(ctx context.Context, cfg *config.Config, logger *slog.Logger) 
 }
 
 func migrate(args []string) int {
-	cfg, code := loadConfig("migrate", args, false)
+	cfg, code := loadConfig("migrate", migrateHelp, args, false)
 	if cfg == nil {
 		return code
 	}
-	logger, flush := newLogger(cfg)
+	logger, out, flush := newLogWriter(cfg)
 	defer flush()
 	ctx := context.Background()
 	db, stop, code := openDatabase(ctx, cfg, logger)
@@ -166,7 +210,15 @@ func migrate(args []string) int {
 		return code
 	}
 	defer stop()
-	if err := migrations.Apply(ctx, database.SQL(db), logger); err != nil {
+	opts := migrations.Options{Logger: logger}
+	if isTerminal(os.Stderr) {
+		// A person watching: one line that says where the run is, instead of a line each.
+		opts = migrations.Options{
+			Progress: migrationProgress(out),
+			Waiting:  func() { fmt.Fprintln(out, "waiting for another process's migration to finish …") },
+		}
+	}
+	if err := migrations.ApplyWith(ctx, database.SQL(db), opts); err != nil {
 		logger.Error("migrate", "error", err)
 		return exitFailure
 	}
@@ -175,7 +227,7 @@ func migrate(args []string) int {
 }
 
 func serve(args []string) int {
-	cfg, code := loadConfig("serve", args, true)
+	cfg, code := loadConfig("serve", serveHelp, args, true)
 	if cfg == nil {
 		return code
 	}

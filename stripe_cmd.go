@@ -24,8 +24,31 @@ func stripeCommand(args []string) int {
 	if len(args) > 0 && args[0] == "setup" {
 		return stripeSetupCommand(args[1:])
 	}
-	fmt.Fprintln(os.Stderr, "usage: billing stripe setup --url https://HOST/webhooks/stripe [--secret-file PATH] [--dry-run] [--recreate] [--config PATH]")
+	const synopsis = "usage: billing stripe setup --url https://HOST/webhooks/stripe [--secret-file PATH] [--dry-run] [--recreate] [--config PATH]\n" +
+		"       (billing stripe setup -h: what it does, its flags and environment)"
+	if len(args) == 1 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help") {
+		fmt.Println(synopsis)
+		return 0
+	}
+	fmt.Fprintln(os.Stderr, synopsis)
 	return exitUsage
+}
+
+func stripeSetupHelp() commandHelp {
+	return commandHelp{
+		Usage: "billing stripe setup --url https://HOST/webhooks/stripe [flags]",
+		About: "Makes sure exactly one webhook endpoint with that URL exists at Stripe (in the mode of\n" +
+			"stripe.secret_key): enabled, API version " + stripeclient.APIVersion + ", and exactly the handled event types:\n  " +
+			strings.Join(handledEventTypes(), "\n  "),
+		Env: [][2]string{
+			{config.ConfigEnv, "YAML configuration file (like --config); the whole configuration is validated"},
+			{"BILLING_STRIPE_SECRET_KEY", "the key of the mode the endpoint serves"},
+			{"BILLING_STRIPE_MODE", "test or live"},
+			{"BILLING_STRIPE_API_URL", "the Stripe API"},
+			{"BILLING_LOG_LEVEL", "debug, info, warn, error"},
+			{"BILLING_LOG_FORMAT", "json or text"},
+		},
+	}
 }
 
 func stripeSetupCommand(args []string) int {
@@ -35,19 +58,12 @@ func stripeSetupCommand(args []string) int {
 	dryRun := fs.Bool("dry-run", false, "only say what would change: exit 1 if something would, 0 if the endpoint is in sync")
 	recreate := fs.Bool("recreate", false, "delete and create the endpoint when its API version is not "+stripeclient.APIVersion+" (a new signing secret)")
 	cfgPath := fs.String("config", "", "YAML configuration file (default $BILLING_CONFIG)")
-	fs.Usage = func() {
-		fmt.Fprintln(os.Stderr, "usage: billing stripe setup --url https://HOST/webhooks/stripe [flags]\n\n"+
-			"Makes sure exactly one webhook endpoint with that URL exists at Stripe (in the mode of\n"+
-			"stripe.secret_key): enabled, API version "+stripeclient.APIVersion+", and exactly the handled event types:\n  "+
-			strings.Join(handledEventTypes(), "\n  ")+"\n\nflags:")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		return exitUsage
+	help := stripeSetupHelp()
+	if code, done := parseFlags(fs, help, args); done {
+		return code
 	}
 	if *endpointURL == "" || fs.NArg() > 0 {
-		fs.Usage()
-		return exitUsage
+		return usageError(fs, help, "billing stripe setup: --url is required, and takes no arguments")
 	}
 	cfg, err := config.Load(*cfgPath)
 	if err != nil {

@@ -16,32 +16,49 @@ import (
 	"billing/internal/stripeevents"
 )
 
+var triggerHelp = commandHelp{
+	Usage: "billing trigger [flags] EVENT_TYPE",
+	About: "Posts a correctly signed sample event to a running service: the local `stripe trigger`.\n" +
+		"EVENT_TYPE: customer.subscription.created|updated|deleted|trial_will_end,\n" +
+		"invoice.payment_succeeded|payment_failed, customer.created|updated.\n" +
+		"Every event gets a new id unless --event-id is given (the same id again is a redelivery).\n" +
+		"--customer, --subscription and --invoice name the objects, so that several events play the\n" +
+		"lifecycle of one customer linked with PUT /v1/customers/{user_id}; --api-version other than\n" +
+		"the pinned " + stripeevents.APIVersion + " makes an event the service dead-letters.",
+	Env: [][2]string{
+		{config.ConfigEnv, "YAML configuration file (like --config), read for the webhook secret"},
+		{"BILLING_STRIPE_WEBHOOK_SECRETS_TEST", "secrets to sign test-mode events with (the first one)"},
+		{"BILLING_STRIPE_WEBHOOK_SECRETS_LIVE", "the same for --live"},
+	},
+}
+
 // trigger posts a signed sample event to a running service: the local `stripe trigger`.
 func trigger(args []string) int {
 	fs := flag.NewFlagSet("trigger", flag.ContinueOnError)
 	url := fs.String("url", "http://localhost:8080/webhooks/stripe", "webhook endpoint of the running service")
 	secret := fs.String("secret", "", "webhook secret to sign with (default: the first configured secret of the mode)")
 	live := fs.Bool("live", false, "send a live-mode event")
-	suffix := fs.String("id", "", "suffix of the sample's ids (default random): sub_<id>, cus_<id>, in_<id>, evt_<id>")
+	suffix := fs.String("id", "", "suffix of the objects' ids (default random): sub_<id>, cus_<id>, in_<id>")
+	eventID := fs.String("event-id", "", "the event's id (default a new evt_… every time; repeat one to redeliver)")
+	customer := fs.String("customer", "", "the customer's id, e.g. the stripe_customer_id of PUT /v1/customers/{user_id} (default cus_<id>)")
+	subscription := fs.String("subscription", "", "the subscription's id (default sub_<id>)")
+	invoice := fs.String("invoice", "", "the invoice's id (default in_<id>)")
+	status := fs.String("status", "", "the subscription's status (customer.subscription.*: trialing, active, past_due, unpaid, canceled…) or the invoice's (invoice.*)")
+	apiVersion := fs.String("api-version", stripeevents.APIVersion, "the event's api_version (another one is dead-lettered)")
 	cfgPath := fs.String("config", "", "YAML configuration file (default $BILLING_CONFIG)")
-	fs.Usage = func() {
-		fmt.Fprintln(os.Stderr, "usage: billing trigger [flags] EVENT_TYPE\n\nflags:")
-		fs.PrintDefaults()
-	}
 	// Accept the event type before or after the flags.
 	var typ string
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		typ, args = args[0], args[1:]
 	}
-	if err := fs.Parse(args); err != nil {
-		return exitUsage
+	if code, done := parseFlags(fs, triggerHelp, args); done {
+		return code
 	}
 	if typ == "" && fs.NArg() > 0 {
 		typ = fs.Arg(0)
 	}
 	if typ == "" {
-		fs.Usage()
-		return exitUsage
+		return usageError(fs, triggerHelp, "billing trigger: name an EVENT_TYPE")
 	}
 	if *secret == "" {
 		cfg, err := config.Load(*cfgPath)
@@ -58,12 +75,16 @@ func trigger(args []string) int {
 		return exitUsage
 	}
 	if *suffix == "" {
-		var b [8]byte
-		_, _ = rand.Read(b[:])
-		*suffix = "trig" + hex.EncodeToString(b[:])
+		*suffix = "trig" + randomHex(8)
+	}
+	if *eventID == "" {
+		*eventID = "evt_trig" + randomHex(12)
 	}
 	now := time.Now()
-	payload, err := stripeevents.Sample(typ, *suffix, now, *live)
+	payload, err := stripeevents.SampleWith(typ, stripeevents.SampleOptions{
+		Suffix: *suffix, EventID: *eventID, Customer: *customer, Subscription: *subscription,
+		Invoice: *invoice, Status: *status, APIVersion: *apiVersion, Now: now, Livemode: *live,
+	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "billing trigger: "+err.Error())
 		return exitUsage
@@ -82,9 +103,15 @@ func trigger(args []string) int {
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	fmt.Printf("%s %s -> %d %s\n", typ, "evt_"+*suffix, resp.StatusCode, strings.TrimSpace(string(body)))
+	fmt.Printf("%s %s -> %d %s\n", typ, *eventID, resp.StatusCode, strings.TrimSpace(string(body)))
 	if resp.StatusCode != http.StatusOK {
 		return exitFailure
 	}
 	return 0
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
 }

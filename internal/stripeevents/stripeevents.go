@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -109,6 +110,10 @@ func (inv Invoice) object(livemode bool) map[string]any {
 
 // Event returns the JSON of an event of type typ carrying object.
 func Event(id, typ string, created time.Time, livemode bool, object map[string]any, previous map[string]any) []byte {
+	return event(id, typ, APIVersion, created, livemode, object, previous)
+}
+
+func event(id, typ, apiVersion string, created time.Time, livemode bool, object map[string]any, previous map[string]any) []byte {
 	data := map[string]any{"object": object}
 	if previous != nil {
 		data["previous_attributes"] = previous
@@ -116,7 +121,7 @@ func Event(id, typ string, created time.Time, livemode bool, object map[string]a
 	ev := map[string]any{
 		"id":               id,
 		"object":           "event",
-		"api_version":      APIVersion,
+		"api_version":      apiVersion,
 		"created":          created.Unix(),
 		"type":             typ,
 		"livemode":         livemode,
@@ -151,40 +156,89 @@ func SignatureHeader(payload []byte, secret string, t time.Time) string {
 	return "t=" + ts + ",v1=" + hex.EncodeToString(mac.Sum(nil))
 }
 
-// Sample returns a plausible event of typ for `billing trigger`, ids derived from suffix.
+// Sample returns a plausible event of typ for `billing trigger`, ids derived from suffix (the
+// event's too).
 func Sample(typ, suffix string, now time.Time, livemode bool) ([]byte, error) {
+	return SampleWith(typ, SampleOptions{Suffix: suffix, Now: now, Livemode: livemode})
+}
+
+// SampleOptions shape a sample event. Empty fields take their defaults.
+type SampleOptions struct {
+	// Suffix names the objects: sub_<suffix>, cus_<suffix>, in_<suffix>; and the event,
+	// evt_<suffix>, unless EventID is set.
+	Suffix string
+	// EventID, Customer, Subscription and Invoice replace the ids derived from Suffix.
+	EventID, Customer, Subscription, Invoice string
+	// Status is the subscription's status (customer.subscription.*) or the invoice's (invoice.*).
+	Status string
+	// APIVersion stamps the event (default the pinned one).
+	APIVersion string
+	Now        time.Time
+	Livemode   bool
+}
+
+func orDefault(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// SampleWith is Sample with every id, the status and the API version open to choice, so that a
+// whole lifecycle of one linked customer can be played by hand.
+func SampleWith(typ string, o SampleOptions) ([]byte, error) {
+	now := o.Now
+	if now.IsZero() {
+		now = time.Now()
+	}
+	subID := orDefault(o.Subscription, "sub_"+o.Suffix)
+	cusID := orDefault(o.Customer, "cus_"+o.Suffix)
+	invID := orDefault(o.Invoice, "in_"+o.Suffix)
 	sub := Subscription{
-		ID: "sub_" + suffix, Customer: "cus_" + suffix, Status: "active", PriceID: "price_monthly",
+		ID: subID, Customer: cusID, Status: "active", PriceID: "price_monthly",
 		CurrentPeriodStart: now, CurrentPeriodEnd: now.AddDate(0, 1, 0),
 	}
 	inv := Invoice{
-		ID: "in_" + suffix, Customer: "cus_" + suffix, Subscription: "sub_" + suffix, Currency: "usd",
-		AmountDue: 2000, HostedInvoiceURL: "https://invoice.stripe.com/i/acct_test/" + suffix,
-		CustomerEmail: "customer+" + suffix + "@example.com",
+		ID: invID, Customer: cusID, Subscription: subID, Currency: "usd",
+		AmountDue: 2000, HostedInvoiceURL: "https://invoice.stripe.com/i/acct_test/" + invID,
+		CustomerEmail: "customer+" + o.Suffix + "@example.com",
 	}
-	id := "evt_" + suffix
+	id := orDefault(o.EventID, "evt_"+o.Suffix)
+	var object map[string]any
 	switch typ {
 	case "customer.subscription.created":
 		sub.Status = "trialing"
 		sub.TrialStart, sub.TrialEnd = now, now.AddDate(0, 0, 14)
-		return SubscriptionEvent(id, typ, now, livemode, sub), nil
 	case "customer.subscription.updated":
-		return SubscriptionEvent(id, typ, now, livemode, sub), nil
 	case "customer.subscription.deleted":
 		sub.Status, sub.CanceledAt, sub.EndedAt = "canceled", now, now
-		return SubscriptionEvent(id, typ, now, livemode, sub), nil
 	case "customer.subscription.trial_will_end":
 		sub.Status = "trialing"
 		sub.TrialStart, sub.TrialEnd = now.AddDate(0, 0, -11), now.AddDate(0, 0, 3)
-		return SubscriptionEvent(id, typ, now, livemode, sub), nil
 	case "invoice.payment_failed":
 		inv.Status, inv.AttemptCount, inv.NextPaymentAttempt = "open", 1, now.AddDate(0, 0, 3)
-		return InvoiceEvent(id, typ, now, livemode, inv), nil
 	case "invoice.payment_succeeded", "invoice.paid":
 		inv.Status, inv.AttemptCount, inv.AmountPaid = "paid", 1, inv.AmountDue
-		return InvoiceEvent(id, typ, now, livemode, inv), nil
 	case "customer.created", "customer.updated":
-		return Event(id, typ, now, livemode, map[string]any{"id": "cus_" + suffix, "object": "customer", "email": inv.CustomerEmail}, nil), nil
+		object = map[string]any{"id": cusID, "object": "customer", "email": inv.CustomerEmail}
+	default:
+		return nil, fmt.Errorf("no sample for event type %q (try customer.subscription.created|updated|deleted|trial_will_end, invoice.payment_succeeded|payment_failed, customer.created)", typ)
 	}
-	return nil, fmt.Errorf("no sample for event type %q (try customer.subscription.created|updated|deleted|trial_will_end, invoice.payment_succeeded|payment_failed, customer.created)", typ)
+	switch {
+	case object != nil:
+	case strings.HasPrefix(typ, "customer.subscription."):
+		if o.Status != "" {
+			sub.Status = o.Status
+			if o.Status != "trialing" {
+				sub.TrialStart, sub.TrialEnd = time.Time{}, time.Time{}
+			}
+		}
+		object = sub.object(o.Livemode)
+	default:
+		if o.Status != "" {
+			inv.Status = o.Status
+		}
+		object = inv.object(o.Livemode)
+	}
+	return event(id, typ, orDefault(o.APIVersion, APIVersion), now, o.Livemode, object, nil), nil
 }
