@@ -125,7 +125,11 @@ func terminal(status string) bool { return status == "canceled" || status == "in
 // kind is unambiguous and the expected final state does not depend on the tie rule.
 func genPlan(rng *rand.Rand, run string, minSubs, minEvents int) *relPlan {
 	plan := &relPlan{}
-	start := time.Now().Add(-90 * 24 * time.Hour).Truncate(time.Second)
+	// Recent enough that every period and trial is still running now, as it would be for events
+	// Stripe is delivering: an entitled subscription whose period ended long ago without a
+	// renewal is not entitled any more (time-aware entitlement), and an ended trial gets no
+	// "your trial ends" mail.
+	start := time.Now().Add(-72 * time.Hour).Truncate(time.Second)
 	for i := 0; len(plan.Subs) < minSubs || len(plan.Events) < minEvents; i++ {
 		s := &relSub{ID: fmt.Sprintf("sub_%s_%03d", run, i), Customer: fmt.Sprintf("cus_%s_%03d", run, i)}
 		clock := start.Add(time.Duration(i) * time.Hour)
