@@ -20,6 +20,7 @@ import (
 
 	"billing/admin"
 	"billing/billing"
+	"billing/checkout"
 	"billing/config"
 	"billing/customers"
 	"billing/internal/auth"
@@ -114,6 +115,9 @@ func newApp(opts appOptions) (*App, error) {
 	workers := river.NewWorkers()
 	inbox.AddWorkers(workers)
 	river.AddWorker(workers, notices.NewWorker(db, mail.Config{SMTPURL: cfg.Mail.SMTPURL, From: cfg.Mail.From}, logger))
+	// Checkout's subscription reads need the checkout service, which is built after the client.
+	checkoutSync := checkout.NewSyncWorker()
+	river.AddWorker(workers, checkoutSync)
 
 	stripe := stripeclient.New(cfg.Stripe.APIURL, cfg.Stripe.SecretKey, logger)
 	livemode := cfg.Stripe.Mode == "live"
@@ -146,8 +150,15 @@ func newApp(opts appOptions) (*App, error) {
 	// The re-read worker needs the service, which needs the client: River looks workers up in
 	// the bundle when it inserts or works a job, so adding it before Start is in time.
 	subs.AddWorkers(workers)
-	registerEventHandlers(registry, subs)
-	customers.NewHandlers(customers.Deps{DB: db, Accounts: subs, Stripe: stripe, Livemode: livemode, Logger: logger, Now: now}).Mount(v1)
+	links := customers.NewHandlers(customers.Deps{DB: db, Accounts: subs, Stripe: stripe, Livemode: livemode, Logger: logger, Now: now})
+	links.Mount(v1)
+	sessions := checkout.New(checkout.Deps{
+		DB: db, Stripe: stripe, Customers: links, Billing: subs, Jobs: riverClient, Livemode: livemode,
+		SuccessURL: cfg.Checkout.SuccessURL, CancelURL: cfg.Checkout.CancelURL, Logger: logger, Now: now,
+	})
+	sessions.Mount(v1)
+	checkoutSync.Bind(sessions)
+	registerEventHandlers(registry, subs, sessions)
 	ledger.New(ledger.Deps{DB: db, Stripe: stripe, Livemode: livemode, Logger: logger, Now: now}).Mount(v1)
 	portal.New(portal.Deps{DB: db, Stripe: stripe, Subscriptions: subs, Livemode: livemode, DefaultReturnURL: cfg.Portal.ReturnURL, Logger: logger}).Mount(v1)
 	subs.MountAPI(v1)
