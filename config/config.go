@@ -84,6 +84,10 @@ type Config struct {
 		// Retention is how long processed and ignored events are kept; 0 keeps them forever.
 		Retention time.Duration
 	}
+	Reconcile struct {
+		// Interval is how often serve reconciles with Stripe; 0 turns it off.
+		Interval time.Duration
+	}
 	Policy struct {
 		PastDueEntitled bool
 		// PeriodGrace is how long past its period (or trial) end an active or trialing
@@ -155,6 +159,7 @@ var defaults = map[string]string{
 	"worker.rescue_after":         "1m",
 	"worker.concurrency":          "8",
 	"webhooks.retention":          "2160h",
+	"reconcile.interval":          "6h",
 	"policy.past_due_entitled":    "true",
 	"policy.period_grace":         "2h",
 	"mail.smtp_url":               "",
@@ -208,6 +213,7 @@ func Load(path string) (*Config, error) {
 	c.Worker.RescueAfter = l.duration("worker.rescue_after")
 	c.Worker.Concurrency = l.integer("worker.concurrency")
 	c.Webhooks.Retention = l.duration("webhooks.retention")
+	c.Reconcile.Interval = l.duration("reconcile.interval")
 	c.Policy.PastDueEntitled = l.boolean("policy.past_due_entitled")
 	c.Policy.PeriodGrace = l.duration("policy.period_grace")
 	c.Mail.SMTPURL = l.secret("mail.smtp_url")
@@ -543,6 +549,10 @@ func (c *Config) validate() *Error {
 	if c.Webhooks.Retention != 0 && c.Webhooks.Retention < 24*time.Hour {
 		return errorf("webhooks.retention", "must be 0 (keep forever) or at least 24h, got %s", c.Webhooks.Retention)
 	}
+	// A run lists the whole account; more often than a minute only spends Stripe's rate limit.
+	if c.Reconcile.Interval != 0 && c.Reconcile.Interval < time.Minute {
+		return errorf("reconcile.interval", "must be 0 (off) or at least 1m, got %s", c.Reconcile.Interval)
+	}
 	if c.Policy.PeriodGrace <= 0 {
 		return errorf("policy.period_grace", "must be > 0, got %s", c.Policy.PeriodGrace)
 	}
@@ -700,6 +710,7 @@ func (c *Config) LogValue() slog.Value {
 			slog.Int("concurrency", c.Worker.Concurrency),
 		),
 		slog.Group("webhooks", slog.String("retention", c.Webhooks.Retention.String())),
+		slog.Group("reconcile", slog.String("interval", c.Reconcile.Interval.String())),
 		slog.Group("policy", slog.Bool("past_due_entitled", c.Policy.PastDueEntitled),
 			slog.String("period_grace", c.Policy.PeriodGrace.String())),
 		slog.Group("mail",

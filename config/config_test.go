@@ -85,6 +85,7 @@ func TestLoadDefaults(t *testing.T) {
 	want.Worker.RescueAfter = time.Minute
 	want.Worker.Concurrency = 8
 	want.Webhooks.Retention = 90 * 24 * time.Hour
+	want.Reconcile.Interval = 6 * time.Hour
 	want.Policy.PastDueEntitled = true
 	want.Policy.PeriodGrace = 2 * time.Hour
 	want.Log.Level = "info"
@@ -158,6 +159,7 @@ func TestLoadYAML(t *testing.T) {
 		want.Worker.RescueAfter = time.Minute
 		want.Worker.Concurrency = 8
 		want.Webhooks.Retention = 90 * 24 * time.Hour
+		want.Reconcile.Interval = 6 * time.Hour
 		want.Policy.PastDueEntitled = false
 		want.Policy.PeriodGrace = 90 * time.Minute
 		want.Mail.SMTPURL = "smtps://user:pw@mail.example.com:465"
@@ -485,6 +487,8 @@ func TestLoadAccepts(t *testing.T) {
 		{"sk_live_ in live mode", map[string]string{"BILLING_STRIPE_MODE": "live", "BILLING_STRIPE_SECRET_KEY": "sk_live_x", "BILLING_DATABASE_URL": "postgres://db/billing"}, func(c *Config) bool { return c.Stripe.Mode == "live" }},
 		{"rk_live_ with upper-case mode", map[string]string{"BILLING_STRIPE_MODE": "LIVE", "BILLING_STRIPE_SECRET_KEY": "rk_live_x", "BILLING_DATABASE_URL": "postgres://db/billing"}, func(c *Config) bool { return c.Stripe.Mode == "live" }},
 		{"bool false", map[string]string{"BILLING_POLICY_PAST_DUE_ENTITLED": "false"}, func(c *Config) bool { return !c.Policy.PastDueEntitled }},
+		{"reconcile off", map[string]string{"BILLING_RECONCILE_INTERVAL": "0"}, func(c *Config) bool { return c.Reconcile.Interval == 0 }},
+		{"reconcile hourly", map[string]string{"BILLING_RECONCILE_INTERVAL": "1h"}, func(c *Config) bool { return c.Reconcile.Interval == time.Hour }},
 		{"period grace of a day", map[string]string{"BILLING_POLICY_PERIOD_GRACE": "24h"}, func(c *Config) bool { return c.Policy.PeriodGrace == 24*time.Hour }},
 		{"smtps with from", map[string]string{"BILLING_MAIL_SMTP_URL": "smtps://mail.example.com", "BILLING_MAIL_FROM": "Billing <b@example.com>"}, func(c *Config) bool { return c.Mail.From == "Billing <b@example.com>" }},
 		{"test retry delay", map[string]string{"BILLING_WORKER_RETRY_DELAY": "10ms"}, func(c *Config) bool { return c.Worker.RetryDelay == 10*time.Millisecond }},
@@ -561,6 +565,8 @@ func TestValidate(t *testing.T) {
 		{"zero retry delay", func(c *Config) { c.Worker.RetryDelay = 0 }, "worker.retry_delay"},
 		{"rescue too soon", func(c *Config) { c.Worker.RescueAfter = time.Millisecond }, "worker.rescue_after"},
 		{"retention too short", func(c *Config) { c.Webhooks.Retention = time.Hour }, "webhooks.retention"},
+		{"reconcile interval too short", func(c *Config) { c.Reconcile.Interval = 30 * time.Second }, "reconcile.interval"},
+		{"reconcile interval negative", func(c *Config) { c.Reconcile.Interval = -time.Hour }, "reconcile.interval"},
 		{"no period grace", func(c *Config) { c.Policy.PeriodGrace = 0 }, "policy.period_grace"},
 		{"no Stripe calls allowed", func(c *Config) { c.Stripe.MaxConcurrentCalls = 0 }, "stripe.max_concurrent_calls"},
 		{"Stripe calls could take the pool", func(c *Config) { c.Stripe.MaxConcurrentCalls = 25 }, "stripe.max_concurrent_calls"},
