@@ -1,8 +1,9 @@
-// Package portal opens Stripe Customer Portal sessions: POST /v1/customers/{user_id}/portal-sessions
-// and the cancellation redirect POST /v1/customers/{user_id}/subscriptions/{subscription_id}/cancel.
+// Package portal opens Stripe Customer Portal sessions: POST /v1/customers/{user_id}/portal-sessions,
+// the cancellation redirect POST /v1/customers/{user_id}/subscriptions/{subscription_id}/cancel and
+// the plan change redirect POST …/subscriptions/{subscription_id}/change.
 //
-// The service never cancels a subscription itself: the redirect sends the customer to Stripe's own
-// cancellation flow, and the outcome comes back as webhook events.
+// The service never cancels or changes a subscription itself: the redirects send the customer to
+// Stripe's own flows, and the outcome comes back as webhook events.
 package portal
 
 import (
@@ -68,6 +69,7 @@ func New(d Deps) *Service {
 func (s *Service) Mount(v1 *echo.Group) {
 	v1.POST("/customers/:user_id/portal-sessions", s.postSession)
 	v1.POST("/customers/:user_id/subscriptions/:subscription_id/cancel", s.postCancel)
+	v1.POST("/customers/:user_id/subscriptions/:subscription_id/change", s.postChange)
 }
 
 type sessionRequest struct {
