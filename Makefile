@@ -6,8 +6,13 @@ PKGS := ./...
 
 all: build
 
+# `billing --version` names the release and the commit; the build's own VCS stamp is missing where
+# -buildvcs=false is set or .git is absent, so they are passed explicitly.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null)
+COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
+
 build: check-go
-	$(GO) build -o bin/billing .
+	$(GO) build -ldflags "-X main.version=$(VERSION) -X main.commit=$(COMMIT)" -o bin/billing .
 
 # Go itself cannot come from the distribution's packages at the version go.mod needs.
 check-go:

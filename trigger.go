@@ -46,20 +46,23 @@ func trigger(args []string) int {
 	status := fs.String("status", "", "the subscription's status (customer.subscription.*: trialing, active, past_due, unpaid, canceled…) or the invoice's (invoice.*)")
 	apiVersion := fs.String("api-version", stripeevents.APIVersion, "the event's api_version (another one is dead-lettered)")
 	cfgPath := fs.String("config", "", "YAML configuration file (default $BILLING_CONFIG)")
-	// Accept the event type before or after the flags.
-	var typ string
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		typ, args = args[0], args[1:]
+	// The event type may stand anywhere among the flags (flag parsing stops at it, so parse on
+	// after it).
+	var types []string
+	for {
+		if code, done := parseFlags(fs, triggerHelp, args); done {
+			return code
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		types = append(types, fs.Arg(0))
+		args = fs.Args()[1:]
 	}
-	if code, done := parseFlags(fs, triggerHelp, args); done {
-		return code
+	if len(types) != 1 {
+		return usageError(fs, triggerHelp, "billing trigger: name one EVENT_TYPE")
 	}
-	if typ == "" && fs.NArg() > 0 {
-		typ = fs.Arg(0)
-	}
-	if typ == "" {
-		return usageError(fs, triggerHelp, "billing trigger: name an EVENT_TYPE")
-	}
+	typ := types[0]
 	if *secret == "" {
 		cfg, err := config.Load(*cfgPath)
 		if err != nil {

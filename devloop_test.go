@@ -1,0 +1,258 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/riverqueue/river"
+
+	"billing/config"
+	"billing/internal/apitest"
+	"billing/internal/stripetest"
+	"billing/internal/testenv"
+	"billing/webhooks"
+)
+
+const devSecret = "whsec_devloop_test_secret_0123456789"
+
+// devService is the service as `make run` assembles it: newApp on a test database, calling the
+// dev Stripe (the proxy in Dev mode in front of stripe-mock), served over HTTP.
+type devService struct {
+	t      *testing.T
+	app    *App
+	proxy  *stripetest.Proxy
+	server *httptest.Server
+}
+
+func newDevService(t *testing.T) *devService {
+	t.Helper()
+	proxy := stripetest.New(t, testenv.StripeMockURL(t))
+	proxy.Dev()
+	cfg, err := config.Load("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Stripe.Mode = "test"
+	cfg.Stripe.SecretKey = "sk_test_123"
+	cfg.Stripe.APIURL = proxy.URL
+	cfg.Stripe.WebhookSecrets.Test = []string{devSecret}
+	cfg.Auth.APITokens = []string{apitest.AppToken}
+	cfg.Auth.AdminTokens = []string{apitest.AdminToken}
+	cfg.Portal.ReturnURL = "http://localhost:8080/"
+	a, err := newApp(appOptions{Config: cfg, DB: testenv.DB(t), Logger: apitest.Logger(t, slog.LevelWarn)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(a.Echo)
+	t.Cleanup(srv.Close)
+	return &devService{t: t, app: a, proxy: proxy, server: srv}
+}
+
+// do sends a JSON request with token and decodes the JSON answer (nil for an empty body).
+func (d *devService) do(token, method, path string, body any) (int, map[string]any) {
+	d.t.Helper()
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequest(method, d.server.URL+path, rd)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := client.Do(req)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	var out map[string]any
+	if len(b) > 0 && strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
+		if err := json.Unmarshal(b, &out); err != nil {
+			d.t.Fatalf("%s %s: %v: %s", method, path, err, b)
+		}
+	}
+	return resp.StatusCode, out
+}
+
+// setCard sets a customer's default payment method at the dev Stripe, as the README shows.
+func (d *devService) setCard(customerID, pm string) {
+	d.t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, d.proxy.URL+"/v1/customers/"+customerID,
+		strings.NewReader(url.Values{"invoice_settings[default_payment_method]": {pm}}.Encode()))
+	req.SetBasicAuth("sk_test_123", "")
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		d.t.Fatalf("set card %s: %d", pm, resp.StatusCode)
+	}
+}
+
+// In the dev loop a charge succeeds on the default card, and the test cards set as the
+// customer's default payment method reach the API as Stripe's test mode answers them.
+func TestDevLoopChargesFollowTheCustomersTestCard(t *testing.T) {
+	t.Parallel()
+	d := newDevService(t)
+	status, cust := d.do(apitest.AppToken, http.MethodPut, "/v1/customers/u_dev", map[string]any{"email": "dev@example.com", "name": "Dev"})
+	if status != http.StatusCreated {
+		t.Fatalf("PUT customer: %d %v", status, cust)
+	}
+	cus, _ := cust["stripe_customer_id"].(string)
+	charge := func(order string) (int, map[string]any) {
+		return d.do(apitest.AppToken, http.MethodPost, "/v1/charges", map[string]any{"order_id": order, "user_id": "u_dev", "amount": 1250, "currency": "eur"})
+	}
+	if status, body := charge("o_visa"); status != http.StatusCreated || body["status"] != "succeeded" {
+		t.Errorf("charge on the default card: %d %v", status, body)
+	}
+	for _, tc := range []struct{ card, code, decline string }{
+		{"pm_card_chargeDeclined", "card_declined", "generic_decline"},
+		{"pm_card_chargeDeclinedInsufficientFunds", "card_declined", "insufficient_funds"},
+		{"pm_card_threeDSecure2Required", "authentication_required", ""},
+		{"pm_card_authenticationRequired", "authentication_required", ""},
+		{"pm_card_visa", "", ""},
+	} {
+		d.setCard(cus, tc.card)
+		status, body := charge("o_" + tc.card)
+		if tc.code == "" {
+			if status != http.StatusCreated || body["status"] != "succeeded" {
+				t.Errorf("%s: %d %v, want 201 succeeded", tc.card, status, body)
+			}
+			continue
+		}
+		e, _ := body["error"].(map[string]any)
+		if status != http.StatusPaymentRequired || e["code"] != tc.code || (tc.decline != "" && e["decline_code"] != tc.decline) {
+			t.Errorf("%s: %d %v, want 402 %s %s", tc.card, status, body, tc.code, tc.decline)
+		}
+	}
+
+	// Portal sessions open a local page, never stripe-mock's placeholder.
+	status, sess := d.do(apitest.AppToken, http.MethodPost, "/v1/customers/u_dev/portal-sessions", map[string]any{})
+	u, _ := sess["url"].(string)
+	if status != http.StatusCreated || !strings.HasPrefix(u, d.proxy.PortalBase()+"/dev-portal/bps_") || strings.Contains(u, "{") {
+		t.Errorf("portal session: %d %v", status, sess)
+	}
+}
+
+// jobWaiter waits for River to finish processing named events.
+type jobWaiter struct {
+	events <-chan *river.Event
+}
+
+func (w jobWaiter) processed(t *testing.T, eventID string) {
+	t.Helper()
+	deadline := time.After(60 * time.Second)
+	for {
+		select {
+		case ev := <-w.events:
+			if ev.Job == nil || ev.Job.Kind != webhooks.JobKindProcessEvent {
+				continue
+			}
+			var args webhooks.ProcessEventArgs
+			if err := json.Unmarshal(ev.Job.EncodedArgs, &args); err == nil && args.EventID == eventID {
+				if ev.Kind != river.EventKindJobCompleted {
+					t.Fatalf("processing %s: %s", eventID, ev.Kind)
+				}
+				return
+			}
+		case <-deadline:
+			t.Fatalf("event %s not processed within 60s", eventID)
+		}
+	}
+}
+
+// The README's lifecycle, played with `billing trigger` against the service: one linked user's
+// subscription through a trial, a failed payment (a hold), the payment (no hold), the end, and an
+// event of another API version (a dead letter).
+func TestTriggerPlaysALifecycleOfOneLinkedUser(t *testing.T) {
+	t.Parallel()
+	d := newDevService(t)
+	status, cust := d.do(apitest.AppToken, http.MethodPut, "/v1/customers/u_life", map[string]any{"email": "life@example.com"})
+	if status != http.StatusCreated {
+		t.Fatalf("PUT customer: %d %v", status, cust)
+	}
+	cus, _ := cust["stripe_customer_id"].(string)
+	events, cancel := d.app.River.Subscribe(river.EventKindJobCompleted, river.EventKindJobFailed)
+	defer cancel()
+	ctx := context.Background()
+	if err := d.app.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		sctx, c := context.WithTimeout(context.Background(), 30*time.Second)
+		defer c()
+		_ = d.app.Stop(sctx)
+	})
+	wait := jobWaiter{events: events}
+
+	trigger := func(args ...string) string {
+		t.Helper()
+		r := runCLI(t, nil, append([]string{"trigger", "--url", d.server.URL + "/webhooks/stripe", "--secret", devSecret,
+			"--customer", cus, "--subscription", "sub_life"}, args...)...)
+		f := strings.Fields(r.stdout)
+		if r.code != 0 || len(f) < 4 || f[2] != "->" || f[3] != "200" {
+			t.Fatalf("trigger %v: exit %d, stdout %q, stderr %q", args, r.code, r.stdout, r.stderr)
+		}
+		return f[1]
+	}
+	entitlement := func() map[string]any {
+		t.Helper()
+		_, e := d.do(apitest.AppToken, http.MethodGet, "/v1/customers/u_life/entitlement", nil)
+		return e
+	}
+	holds := func() []any {
+		t.Helper()
+		_, h := d.do(apitest.AdminToken, http.MethodGet, "/admin/holds", nil)
+		l, _ := h["holds"].([]any)
+		return l
+	}
+
+	wait.processed(t, trigger("customer.subscription.created"))
+	if e := entitlement(); e["entitled"] != true || e["status"] != "trialing" || e["subscription_id"] != "sub_life" {
+		t.Fatalf("after created: %v", e)
+	}
+	wait.processed(t, trigger("invoice.payment_failed", "--invoice", "in_life"))
+	if e, h := entitlement(), holds(); e["on_hold"] != true || len(h) != 1 {
+		t.Errorf("after payment_failed: entitlement %v, holds %v", e, h)
+	}
+	wait.processed(t, trigger("invoice.payment_succeeded", "--invoice", "in_life"))
+	if e, h := entitlement(), holds(); e["on_hold"] != false || len(h) != 0 {
+		t.Errorf("after payment_succeeded: entitlement %v, holds %v", e, h)
+	}
+	wait.processed(t, trigger("customer.subscription.deleted"))
+	if e := entitlement(); e["entitled"] != false || e["status"] != "canceled" {
+		t.Errorf("after deleted: %v", e)
+	}
+	old := trigger("customer.subscription.updated", "--status", "active", "--api-version", "2020-08-27")
+	_, ev := d.do(apitest.AdminToken, http.MethodGet, "/admin/events/"+old, nil)
+	if ev["status"] != "failed" || ev["failure_reason"] != webhooks.FailureAPIVersionMismatch {
+		t.Errorf("event of another API version: %v", ev)
+	}
+
+	// Event ids are new every time unless given; a given one again is a redelivery.
+	if a, b := trigger("customer.subscription.updated", "--status", "canceled"), trigger("customer.subscription.updated", "--status", "canceled"); a == b {
+		t.Errorf("two triggers sent the same event id %s", a)
+	}
+	trigger("customer.subscription.updated", "--status", "canceled", "--event-id", "evt_life_again")
+	r := runCLI(t, nil, "trigger", "customer.subscription.updated", "--url", d.server.URL+"/webhooks/stripe", "--secret", devSecret, "--event-id", "evt_life_again")
+	if !strings.Contains(r.stdout, `"duplicate"`) {
+		t.Errorf("the same --event-id again: %q", r.stdout)
+	}
+}
