@@ -14,10 +14,12 @@ import (
 // MountAPI adds, on the /v1 group (app-token auth applied by main):
 //
 //	GET /customers/:user_id/entitlement  → Entitlement
+//	GET /customers/:user_id/invoices     → InvoicePage (?limit=&starting_after=)
 //
 // GET /customers/:user_id (the link with its subscriptions) is the customers package's.
 func (s *Service) MountAPI(v1 *echo.Group) {
 	v1.GET("/customers/:user_id/entitlement", s.getEntitlement)
+	v1.GET("/customers/:user_id/invoices", s.getInvoices)
 }
 
 // userIDParam validates the user id like PUT /v1/customers/{user_id} does (400 invalid_user_id).

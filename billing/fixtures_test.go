@@ -76,6 +76,7 @@ var fixtureWant = map[string]struct{ sub, customer, status, price string }{
 	"customer.subscription.updated--stripe-ruby-mock--1.json":        {"sub_000000000000000000000000", "cus_00000000000000", "active", "price_000000000000000000000000"},
 	"customer.subscription.updated--stripe-ruby-mock--2.json":        {"sub_00000000000000", "cus_00000000000000", "canceled", "2bf80c62-01d6-403d-85d7-d54d9039d140"},
 	"customer.subscription.updated--supabase--1.json":                {"sub_JLEPMp81LApOJl", "cus_IhGfebO16cMIGN", "active", "price_1IDQm5JDPojXS6LNM31hxKzp"},
+	"invoice.paid--hookdeck--1.json":                                 {"sub_1MhUT5E0b6fckueSYAo1LoiF", "cus_NSPHp4fOlXGw8P", "", ""},
 	"invoice.payment_failed--stripe-ruby-mock--1.json":               {"", "", "", ""},
 	"invoice.payment_failed--stripe-ruby-mock--2.json":               {"sub_00000000000000", "cus_00000000000000", "", ""},
 	"invoice.payment_failed--stripe-ruby-mock--3.json":               {"su_00000000000000", "cus_00000000000000", "", ""},

@@ -87,6 +87,8 @@ func newEnv(t *testing.T, opts ...envOpt) *env {
 		Logger:          slog.New(slog.DiscardHandler),
 		Now:             e.clock.Now,
 		PastDueEntitled: true,
+		// The configuration's default.
+		PausedCollectionEntitled: true,
 	}
 	for _, o := range opts {
 		o(&d)

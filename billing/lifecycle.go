@@ -23,8 +23,9 @@ import (
 //   - rank, for ties within one second. Subscription events: statusTieRank(new status)*10 +
 //     type rank (created 0, updated/trial_will_end 1, deleted 2), so the later lifecycle stage
 //     wins (incomplete→active at creation, active→past_due at renewal, anything→canceled).
-//     Invoice events: payment_failed 0, payment_succeeded 2, so a success in the same second
-//     as a failure lifts the hold (the money arrived; blocking a paying customer is the worse
+//     Invoice events: payment_failed 0, payment_action_required 1 (the more precise word on the
+//     same attempt), payment_succeeded / paid / voided 2, so a success in the same second as a
+//     failure lifts the hold (the money arrived; blocking a paying customer is the worse
 //     mistake).
 //   - event id, byte-wise (COLLATE "C"): arbitrary but deterministic, so that every replica and
 //     every replay reaches the same state.
@@ -52,8 +53,13 @@ func subEventRank(eventType, status string) int {
 }
 
 func invEventRank(eventType string) int {
-	if eventType == EventInvoicePaymentSucceeded {
+	switch invoiceEffectOf(eventType) {
+	case invoiceLifts:
 		return 2
+	case invoiceHolds:
+		if eventType == EventInvoicePaymentActionRequired {
+			return 1
+		}
 	}
 	return 0
 }
@@ -213,6 +219,8 @@ func (s *Service) handleSubscriptionEvent(ctx context.Context, tx *gorm.DB, ev w
 		  ended_at = $11,
 		  trial_start = $12,
 		  trial_end = $13,
+		  pause_collection_behavior = $20,
+		  pause_collection_resumes_at = $21,
 		  sub_event_id = $14,
 		  sub_event_type = $15,
 		  sub_event_created = $17,
@@ -224,7 +232,7 @@ func (s *Service) handleSubscriptionEvent(ctx context.Context, tx *gorm.DB, ev w
 		status, nullString(obj.PriceID()), start.Ptr(), end.Ptr(), cancelAtPeriodEnd, // $4–$8
 		obj.CancelAt.Ptr(), obj.CanceledAt.Ptr(), obj.EndedAt.Ptr(), obj.TrialStart.Ptr(), obj.TrialEnd.Ptr(), // $9–$13
 		ev.ID, ev.Type, rankOf(ctx, subEventRank(ev.Type, status)), ev.Created.UTC(), s.now(), // $14–$18
-		statusBeganWith(ev, status)) // $19
+		statusBeganWith(ev, status), obj.pauseBehavior(), obj.pauseResumesAt()) // $19–$21
 	if res.Error != nil {
 		return fmt.Errorf("apply %s %s to subscription %s: %w", ev.Type, ev.ID, obj.ID, res.Error)
 	}
@@ -299,10 +307,9 @@ func (s *Service) handleInvoiceEvent(ctx context.Context, tx *gorm.DB, ev webhoo
 	}
 	subscriptionID := inv.SubscriptionID()
 	if subscriptionID == "" {
-		// A one-off invoice: no subscription, nothing to hold.
+		// A one-off invoice: no subscription, nothing to hold; only the customer's list.
 		s.events.WithLabelValues(ev.Type, "one_off").Inc()
-		s.log.DebugContext(ctx, "invoice without subscription ignored", "event_id", ev.ID, "invoice_id", inv.ID)
-		return nil
+		return s.keepInvoice(ctx, tx, ev, inv)
 	}
 	customerID := string(inv.Customer)
 	if customerID == "" {
@@ -317,8 +324,16 @@ func (s *Service) handleInvoiceEvent(ctx context.Context, tx *gorm.DB, ev webhoo
 		return permanent("%s %s: subscription %s belongs to customer %s, invoice %s names %s",
 			ev.Type, ev.ID, subscriptionID, prior.StripeCustomerID, inv.ID, customerID)
 	}
+	if err := s.keepInvoice(ctx, tx, ev, inv); err != nil {
+		return err
+	}
+	effect := invoiceEffectOf(ev.Type)
+	if effect == invoiceRecordOnly {
+		s.events.WithLabelValues(ev.Type, "recorded").Inc()
+		return nil
+	}
 
-	failed := ev.Type == EventInvoicePaymentFailed
+	failed := effect == invoiceHolds
 	// A failure keeps the start of a hold still in force (a retry failing again); the first
 	// failure, or one after the hold was lifted, starts a new one.
 	var holdSince *time.Time
@@ -354,14 +369,15 @@ func (s *Service) handleInvoiceEvent(ctx context.Context, tx *gorm.DB, ev webhoo
 		  payment_hold_invoice_created = CASE WHEN NOT $3 THEN payment_hold_invoice_created
 		    WHEN payment_hold THEN GREATEST(payment_hold_invoice_created, CAST($16 AS timestamptz))
 		    ELSE CAST($16 AS timestamptz) END,
-		  payment_hold_billing_reason = CASE WHEN $3 THEN CAST($17 AS text) ELSE payment_hold_billing_reason END
+		  payment_hold_billing_reason = CASE WHEN $3 THEN CAST($17 AS text) ELSE payment_hold_billing_reason END,
+		  payment_hold_kind = CASE WHEN $3 THEN CAST($18 AS text) ELSE payment_hold_kind END
 		WHERE subscription_id = $1 AND livemode = $2 AND `+newerThanStored("inv", 13, 14, 11)+`
 		  AND ($3 OR NOT payment_hold OR payment_hold_invoice_created IS NULL OR CAST($16 AS timestamptz) IS NULL
 		       OR CAST($16 AS timestamptz) >= payment_hold_invoice_created)`,
 		subscriptionID, ev.Livemode, // $1–$2
 		failed, holdSince, inv.ID, inv.AttemptCount, nextAttempt, inv.AmountDue, inv.Currency, inv.HostedInvoiceURL, // $3–$10
 		ev.ID, ev.Type, ev.Created.UTC(), rankOf(ctx, invEventRank(ev.Type)), s.now(), // $11–$15
-		inv.Created.Ptr(), inv.BillingReason) // $16–$17
+		inv.Created.Ptr(), inv.BillingReason, holdKindOf(ev.Type)) // $16–$18
 	if res.Error != nil {
 		return fmt.Errorf("apply %s %s to subscription %s: %w", ev.Type, ev.ID, subscriptionID, res.Error)
 	}
@@ -384,9 +400,13 @@ func (s *Service) handleInvoiceEvent(ctx context.Context, tx *gorm.DB, ev webhoo
 		neverStarted(prior.Status, deref(inv.BillingReason)) {
 		return nil
 	}
+	kind := notices.KindPaymentFailed
+	if ev.Type == EventInvoicePaymentActionRequired {
+		kind = notices.KindPaymentActionRequired
+	}
 	in := notices.Input{
 		EventID:            ev.ID,
-		Kind:               notices.KindPaymentFailed,
+		Kind:               kind,
 		SubscriptionID:     subscriptionID,
 		StripeCustomerID:   customerID,
 		Livemode:           ev.Livemode,

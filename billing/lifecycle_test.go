@@ -436,13 +436,15 @@ func TestCustomerSubscriptionStatus(t *testing.T) {
 	}
 }
 
-func TestRegisterHandlesTheSixTypes(t *testing.T) {
+func TestRegisterHandlesBillingsTypes(t *testing.T) {
 	t.Parallel()
 	reg := webhooks.NewRegistry()
 	svc := &Service{}
 	svc.Register(reg)
 	want := []string{EventSubscriptionCreated, EventSubscriptionDeleted, EventSubscriptionTrialWillEnd,
-		EventSubscriptionUpdated, EventInvoicePaymentFailed, EventInvoicePaymentSucceeded}
+		EventSubscriptionUpdated, EventInvoicePaymentFailed, EventInvoicePaymentSucceeded,
+		EventSubscriptionPaused, EventSubscriptionResumed, EventInvoicePaid, EventInvoicePaymentActionRequired,
+		EventInvoiceVoided, EventInvoiceFinalized, EventInvoiceUpdated, EventInvoiceMarkedUncollectible}
 	got := reg.Types()
 	if fmt.Sprint(got) != fmt.Sprint(sortedCopy(want)) {
 		t.Errorf("types = %v, want %v", got, sortedCopy(want))

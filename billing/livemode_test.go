@@ -73,6 +73,14 @@ func TestEventOfTheOtherModeChangesNothing(t *testing.T) {
 		trialEv("x_trial", 100, sub),
 		failed("x_failed", 100, inv),
 		succeeded("x_succeeded", 100, inv),
+		subEv("x_paused", EventSubscriptionPaused, 100, sub.with(StatusPaused)),
+		subEv("x_resumed", EventSubscriptionResumed, 100, sub.with(StatusActive)),
+		invEv("x_paid", EventInvoicePaid, 100, inv),
+		invEv("x_action", EventInvoicePaymentActionRequired, 100, inv),
+		invEv("x_voided", EventInvoiceVoided, 100, inv),
+		invEv("x_finalized", EventInvoiceFinalized, 100, inv),
+		invEv("x_inv_updated", EventInvoiceUpdated, 100, inv),
+		invEv("x_uncollectible", EventInvoiceMarkedUncollectible, 100, inv),
 	}
 	if got, want := len(attacks), len(newRegistryTypes(t)); got != want {
 		t.Fatalf("the table covers %d event types, the service handles %d", got, want)
@@ -91,12 +99,16 @@ func TestEventOfTheOtherModeChangesNothing(t *testing.T) {
 				}
 				e.mustHandle(t, inMode(created("own_created", 1, sub), storedLive), inMode(failed("own_failed", 2, inv), storedLive))
 				before := e.modeRow(t, "sub_m")
+				invBefore := e.invoiceRow(t, "in_m")
 				entBefore := e.entitlement(t, "u_m")
 
 				assertMismatch(t, e.handle(t, inMode(attack, !storedLive)), attack.Type)
 
 				if after := e.modeRow(t, "sub_m"); after != before {
 					t.Errorf("row changed:\nbefore %s\nafter  %s", before, after)
+				}
+				if after := e.invoiceRow(t, "in_m"); after != invBefore {
+					t.Errorf("invoice changed:\nbefore %s\nafter  %s", invBefore, after)
 				}
 				if entAfter := e.entitlement(t, "u_m"); entAfter != entBefore {
 					t.Errorf("entitlement changed: %s → %s", entBefore, entAfter)

@@ -27,6 +27,9 @@ const (
 	HoldPaymentFailed = "payment_failed"
 	HoldPastDue       = "past_due"
 	HoldUnpaid        = "unpaid"
+	// HoldAuthenticationRequired: the payment waits for the customer to authenticate it
+	// (invoice.payment_action_required).
+	HoldAuthenticationRequired = "authentication_required"
 )
 
 // IsTerminal reports whether a status is final: Stripe never moves a subscription out of it, so
@@ -90,6 +93,11 @@ type Subscription struct {
 	InvEventCreated    *time.Time `gorm:"column:inv_event_created"`
 	// PaymentHoldBillingReason is the billing_reason of the invoice the hold is about.
 	PaymentHoldBillingReason *string `gorm:"column:payment_hold_billing_reason"`
+	// PaymentHoldKind is the hold's reason: payment_failed or authentication_required.
+	PaymentHoldKind *string `gorm:"column:payment_hold_kind"`
+	// Collection paused (pause_collection) while the status stays as it is; nil when not.
+	PauseCollectionBehavior  *string    `gorm:"column:pause_collection_behavior"`
+	PauseCollectionResumesAt *time.Time `gorm:"column:pause_collection_resumes_at"`
 
 	// UserID is joined from customers at read time; nil while the customer is not linked.
 	UserID *string `gorm:"column:user_id"`
@@ -115,6 +123,13 @@ func (s *Subscription) paymentHoldInForce() bool {
 	return true
 }
 
+// CollectionPaused reports whether collection is paused at now: pause_collection is set and its
+// resumes_at, if any, is still ahead.
+func (s *Subscription) CollectionPaused(now time.Time) bool {
+	return s.PauseCollectionBehavior != nil &&
+		(s.PauseCollectionResumesAt == nil || now.Before(*s.PauseCollectionResumesAt))
+}
+
 // neverStarted reports whether an invoice is the first one of a subscription that never started
 // (Checkout abandoned or its payment refused): nothing was granted, so nothing is held.
 func neverStarted(status, billingReason string) bool {
@@ -135,6 +150,8 @@ func (s *Subscription) Hold() (reason string, since *time.Time, ok bool) {
 	switch {
 	case s.Status == StatusUnpaid:
 		reason = HoldUnpaid
+	case payment && s.PaymentHoldKind != nil && *s.PaymentHoldKind == HoldAuthenticationRequired:
+		reason = HoldAuthenticationRequired
 	case payment:
 		reason = HoldPaymentFailed
 	case statusHold:
@@ -155,6 +172,9 @@ func (s *Subscription) Hold() (reason string, since *time.Time, ok bool) {
 type Policy struct {
 	// PastDueEntitled keeps access while Stripe retries a failed payment (policy.past_due_entitled).
 	PastDueEntitled bool
+	// PausedCollectionEntitled keeps access while collection is paused (pause_collection on an
+	// active, trialing or past_due subscription; policy.paused_collection_entitled).
+	PausedCollectionEntitled bool
 	// PeriodGrace is how long past its renewal is due (RenewalDue) an active or trialing
 	// subscription stays entitled when no renewal has reached the local state
 	// (policy.period_grace). Zero means none: access ends when the period does.
@@ -186,6 +206,9 @@ func (p Policy) decide(s *Subscription, now time.Time) (ok bool, unconfirmed *ti
 		ok = true
 	case StatusPastDue:
 		ok = p.PastDueEntitled
+	}
+	if ok && s.CollectionPaused(now) && !p.PausedCollectionEntitled {
+		ok = false
 	}
 	if ok && s.CancelAtPeriodEnd && s.CurrentPeriodEnd != nil && !now.Before(*s.CurrentPeriodEnd) {
 		ok = false

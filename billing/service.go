@@ -19,7 +19,8 @@ import (
 	"billing/webhooks"
 )
 
-// The six event types the service handles.
+// The subscription and invoice event types of the first release; the others are beside their
+// handlers (invoices.go, pause.go).
 const (
 	EventSubscriptionCreated      = "customer.subscription.created"
 	EventSubscriptionUpdated      = "customer.subscription.updated"
@@ -38,6 +39,8 @@ type Deps struct {
 	// Now is the clock of entitlement decisions (cancel at period end); time.Now when nil.
 	Now             func() time.Time
 	PastDueEntitled bool
+	// PausedCollectionEntitled is policy.paused_collection_entitled (Policy).
+	PausedCollectionEntitled bool
 	// PeriodGrace is policy.period_grace (Policy.PeriodGrace); DefaultPeriodGrace when zero.
 	PeriodGrace time.Duration
 	// Reread reads a subscription from Stripe when its renewal is not confirmed (reread.go);
@@ -86,13 +89,14 @@ func New(d Deps) *Service {
 			Help: "Subscription and invoice events handled, by type and outcome (applied, stale, terminal, one_off). Counted per attempt: a rolled-back attempt counts too.",
 		}, []string{"type", "outcome"}),
 	}
+	s.policy.PausedCollectionEntitled = d.PausedCollectionEntitled
 	if d.Registerer != nil {
 		d.Registerer.MustRegister(s.events)
 	}
 	return s
 }
 
-// Register registers the handlers of the six event types.
+// Register registers the handlers of billing's event types: subscriptions and invoices.
 func (s *Service) Register(reg *webhooks.Registry) {
 	subs := webhooks.HandlerFunc(s.handleSubscriptionEvent)
 	invoices := webhooks.HandlerFunc(s.handleInvoiceEvent)
@@ -102,6 +106,12 @@ func (s *Service) Register(reg *webhooks.Registry) {
 	reg.Register(EventSubscriptionTrialWillEnd, subs)
 	reg.Register(EventInvoicePaymentFailed, invoices)
 	reg.Register(EventInvoicePaymentSucceeded, invoices)
+	reg.Register(EventSubscriptionPaused, subs)
+	reg.Register(EventSubscriptionResumed, subs)
+	for _, typ := range []string{EventInvoicePaid, EventInvoicePaymentActionRequired, EventInvoiceVoided,
+		EventInvoiceFinalized, EventInvoiceUpdated, EventInvoiceMarkedUncollectible} {
+		reg.Register(typ, invoices)
+	}
 }
 
 // CustomerSubscriptionStatus returns the local status of a subscription of a Stripe customer of

@@ -30,6 +30,8 @@ type SubscriptionView struct {
 	OnHold             bool       `json:"on_hold"`
 	HoldReason         *string    `json:"hold_reason"`
 	OnHoldSince        *time.Time `json:"on_hold_since"`
+	// CollectionPaused: pause_collection is in force (see policy.paused_collection_entitled).
+	CollectionPaused bool `json:"collection_paused"`
 	// UnconfirmedSince: see Entitlement.
 	UnconfirmedSince *time.Time `json:"unconfirmed_since"`
 	FailedInvoice
@@ -109,7 +111,7 @@ const subscriptionRowColumns = `coalesce(s.subscription_id, '') AS subscription_
 	s.trial_start, s.trial_end, s.status_since, s.sub_event_id, s.sub_event_created, s.trial_will_end_at,
 	coalesce(s.payment_hold, false) AS payment_hold, s.payment_hold_since, s.latest_invoice_id, s.attempt_count,
 	s.next_payment_attempt, s.amount_due, s.currency, s.hosted_invoice_url, s.inv_event_created,
-	s.payment_hold_billing_reason`
+	s.payment_hold_billing_reason, s.payment_hold_kind, s.pause_collection_behavior, s.pause_collection_resumes_at`
 
 // subscriptionColumns are subscriptionRowColumns and the user id of the customer joined as c.
 const subscriptionColumns = subscriptionRowColumns + `, c.user_id`
@@ -241,6 +243,7 @@ func (s *Service) subscriptionView(sub *Subscription, now time.Time) Subscriptio
 		TrialEnd:           utc(sub.TrialEnd),
 		UnconfirmedSince:   utc(s.policy.Unconfirmed(sub, now)),
 		FailedInvoice:      sub.failedInvoice(),
+		CollectionPaused:   sub.CollectionPaused(now),
 	}
 	if reason, since, ok := sub.Hold(); ok {
 		v.OnHold = true

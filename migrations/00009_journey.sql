@@ -68,7 +68,8 @@ CREATE TABLE invoices (
   created_at timestamptz NOT NULL DEFAULT now(),
   updated_at timestamptz NOT NULL DEFAULT now()
 );
-CREATE INDEX invoices_customer_created_idx ON invoices (stripe_customer_id, livemode, created DESC, invoice_id DESC);
+-- Pages are ordered by (created, invoice_id byte-wise), newest first.
+CREATE INDEX invoices_customer_created_idx ON invoices (stripe_customer_id, livemode, created DESC, invoice_id COLLATE "C" DESC);
 
 -- +goose Down
 DROP TABLE invoices;

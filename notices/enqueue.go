@@ -23,6 +23,9 @@ import (
 const (
 	KindTrialWillEnd  = "trial_will_end"
 	KindPaymentFailed = "payment_failed"
+	// KindPaymentActionRequired: the payment waits for the customer to authenticate it on the
+	// invoice's page (HostedInvoiceURL).
+	KindPaymentActionRequired = "payment_action_required"
 )
 
 // Args is the River job that sends one customer notice. It carries what the mail says as of

@@ -33,7 +33,7 @@ func mustParseTemplates() *renderer {
 
 func parseTemplates() (*renderer, error) {
 	t := &renderer{byKind: map[string]kindTemplates{}}
-	for _, kind := range []string{KindTrialWillEnd, KindPaymentFailed} {
+	for _, kind := range []string{KindTrialWillEnd, KindPaymentFailed, KindPaymentActionRequired} {
 		txt, err := texttemplate.New("").ParseFS(templates.FS, "mail/"+kind+".txt")
 		if err != nil {
 			return nil, fmt.Errorf("notices: parse %s text template: %w", kind, err)

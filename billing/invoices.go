@@ -1,0 +1,268 @@
+package billing
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/labstack/echo/v4"
+	"gorm.io/gorm"
+
+	"billing/internal/apierr"
+	"billing/internal/ids"
+	"billing/webhooks"
+)
+
+// Invoice event types beyond payment_failed and payment_succeeded (service.go).
+const (
+	// EventInvoicePaid: paid, also out of band (marked paid in the dashboard); lifts the hold
+	// like payment_succeeded.
+	EventInvoicePaid = "invoice.paid"
+	// EventInvoicePaymentActionRequired: the customer must authenticate the payment (3-D
+	// Secure); a hold with the reason authentication_required and a notice with the invoice's
+	// page.
+	EventInvoicePaymentActionRequired = "invoice.payment_action_required"
+	// EventInvoiceVoided: the invoice is no longer owed; lifts the hold of that invoice (or an
+	// older one), as a read of a void latest invoice does (snapshot.go).
+	EventInvoiceVoided = "invoice.voided"
+	// The rest only keep the invoices table current.
+	EventInvoiceFinalized           = "invoice.finalized"
+	EventInvoiceUpdated             = "invoice.updated"
+	EventInvoiceMarkedUncollectible = "invoice.marked_uncollectible"
+)
+
+// invoiceEffect is what an invoice event does to its subscription's payment hold.
+type invoiceEffect int
+
+const (
+	invoiceRecordOnly invoiceEffect = iota // the invoices table only
+	invoiceHolds                           // starts (or keeps) the hold
+	invoiceLifts                           // lifts the hold of its invoice or an older one
+)
+
+func invoiceEffectOf(eventType string) invoiceEffect {
+	switch eventType {
+	case EventInvoicePaymentFailed, EventInvoicePaymentActionRequired:
+		return invoiceHolds
+	case EventInvoicePaymentSucceeded, EventInvoicePaid, EventInvoiceVoided:
+		return invoiceLifts
+	}
+	return invoiceRecordOnly
+}
+
+// holdKindOf is the kind of payment hold an event starts (payment_hold_kind).
+func holdKindOf(eventType string) string {
+	if eventType == EventInvoicePaymentActionRequired {
+		return HoldAuthenticationRequired
+	}
+	return HoldPaymentFailed
+}
+
+// invoiceTieRank orders invoice statuses along their lifecycle, for the invoices table's ties
+// within one second: the later stage wins, and paid and void are final.
+func invoiceTieRank(status string) int {
+	switch status {
+	case "draft":
+		return 1
+	case "open":
+		return 2
+	case "uncollectible":
+		return 3
+	case "paid", "void":
+		return 9
+	}
+	return 0
+}
+
+// keepInvoice writes the invoice of an invoice.* event to the invoices table, ordered like the
+// column groups of subscriptions: the row takes the event's snapshot only when the event's key is
+// newer than the stored one, and a paid or void invoice never goes back to another status. An
+// invoice of the other mode, or naming a linked customer of the other mode, is refused.
+func (s *Service) keepInvoice(ctx context.Context, tx *gorm.DB, ev webhooks.Event, inv *invoiceObject) error {
+	customerID := string(inv.Customer)
+	if customerID == "" {
+		// No customer, no list it could appear in.
+		return nil
+	}
+	if err := checkCustomerMode(ctx, tx, customerID, ev.Livemode); err != nil {
+		return err
+	}
+	created := ev.Created.UTC()
+	if inv.Created.Valid {
+		created = inv.Created.Time
+	}
+	status := deref(inv.Status)
+	rank := rankOf(ctx, invoiceTieRank(status)*10+invEventRank(ev.Type))
+	args := []any{
+		inv.ID, ev.Livemode, customerID, nullString(inv.SubscriptionID()), inv.Number, inv.Status, inv.BillingReason, // $1–$7
+		inv.AmountDue, inv.AmountPaid, inv.Currency, inv.PeriodStart.Ptr(), inv.PeriodEnd.Ptr(), // $8–$12
+		inv.HostedInvoiceURL, inv.InvoicePDF, created, // $13–$15
+		ev.ID, ev.Type, ev.Created.UTC(), rank, s.now(), // $16–$20
+	}
+	ins := tx.WithContext(ctx).Exec(`
+		INSERT INTO invoices (invoice_id, livemode, stripe_customer_id, subscription_id, number, status, billing_reason,
+		  amount_due, amount_paid, currency, period_start, period_end, hosted_invoice_url, invoice_pdf, created,
+		  inv_event_id, inv_event_type, inv_event_created, inv_event_rank, created_at, updated_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $20)
+		ON CONFLICT (invoice_id) DO NOTHING`, args...)
+	if ins.Error != nil {
+		return fmt.Errorf("insert invoice %s: %w", inv.ID, ins.Error)
+	}
+	if ins.RowsAffected == 1 {
+		return nil
+	}
+	var modes []bool
+	if err := tx.WithContext(ctx).Raw(`SELECT livemode FROM invoices WHERE invoice_id = $1 FOR UPDATE`, inv.ID).Scan(&modes).Error; err != nil {
+		return fmt.Errorf("lock invoice %s: %w", inv.ID, err)
+	}
+	if len(modes) == 1 && modes[0] != ev.Livemode {
+		return livemodeMismatch("invoice %s is a %s-mode object; the event is %s-mode", inv.ID, modeName(modes[0]), modeName(ev.Livemode))
+	}
+	err := tx.WithContext(ctx).Exec(`
+		UPDATE invoices SET stripe_customer_id = $3, subscription_id = $4, number = $5, status = $6, billing_reason = $7,
+		  amount_due = $8, amount_paid = $9, currency = $10, period_start = $11, period_end = $12,
+		  hosted_invoice_url = $13, invoice_pdf = $14, created = $15,
+		  inv_event_id = $16, inv_event_type = $17, inv_event_created = $18, inv_event_rank = $19, updated_at = $20
+		WHERE invoice_id = $1 AND livemode = $2 AND `+newerThanStored("inv", 18, 19, 16)+`
+		  AND (status IS NULL OR status NOT IN ('paid', 'void') OR CAST($6 AS text) IN ('paid', 'void'))`, args...).Error
+	if err != nil {
+		return fmt.Errorf("apply %s %s to invoice %s: %w", ev.Type, ev.ID, inv.ID, err)
+	}
+	return nil
+}
+
+// InvoiceView is one entry of GET /v1/customers/{user_id}/invoices.
+type InvoiceView struct {
+	InvoiceID        string     `json:"invoice_id"`
+	Number           *string    `json:"number"`
+	Status           *string    `json:"status"`
+	AmountDue        *int64     `json:"amount_due"`
+	AmountPaid       *int64     `json:"amount_paid"`
+	Currency         *string    `json:"currency"`
+	PeriodStart      *time.Time `json:"period_start"`
+	PeriodEnd        *time.Time `json:"period_end"`
+	HostedInvoiceURL *string    `json:"hosted_invoice_url"`
+	InvoicePDF       *string    `json:"invoice_pdf"`
+	Created          time.Time  `json:"created"`
+	SubscriptionID   *string    `json:"subscription_id"`
+}
+
+// InvoicePage is GET /v1/customers/{user_id}/invoices.
+type InvoicePage struct {
+	Invoices []InvoiceView `json:"invoices"`
+	HasMore  bool          `json:"has_more"`
+}
+
+// Page sizes of the invoice list.
+const (
+	defaultInvoiceLimit = 10
+	maxInvoiceLimit     = 100
+)
+
+type invoiceRow struct {
+	InvoiceID        string     `gorm:"column:invoice_id"`
+	Number           *string    `gorm:"column:number"`
+	Status           *string    `gorm:"column:status"`
+	AmountDue        *int64     `gorm:"column:amount_due"`
+	AmountPaid       *int64     `gorm:"column:amount_paid"`
+	Currency         *string    `gorm:"column:currency"`
+	PeriodStart      *time.Time `gorm:"column:period_start"`
+	PeriodEnd        *time.Time `gorm:"column:period_end"`
+	HostedInvoiceURL *string    `gorm:"column:hosted_invoice_url"`
+	InvoicePDF       *string    `gorm:"column:invoice_pdf"`
+	Created          time.Time  `gorm:"column:created"`
+	SubscriptionID   *string    `gorm:"column:subscription_id"`
+}
+
+// ErrUnknownInvoice is a starting_after that is not an invoice of the user's customer.
+var ErrUnknownInvoice = errors.New("starting_after is not an invoice of this customer")
+
+// Invoices lists the invoices of a user's customer, newest first (by the invoice's creation, then
+// its id), limit at a time after the invoice startingAfter ("" for the first page). Local state
+// only, and only invoices of the customer's own mode. Drafts are left out: Stripe may delete
+// them, and a customer has nothing to pay or download before finalization. ErrNoCustomer for a
+// user without a linked customer.
+func (s *Service) Invoices(ctx context.Context, userID string, limit int, startingAfter string) (*InvoicePage, error) {
+	var cust []struct {
+		StripeCustomerID string `gorm:"column:stripe_customer_id"`
+		Livemode         bool   `gorm:"column:livemode"`
+	}
+	if err := s.db.WithContext(ctx).Raw(`SELECT stripe_customer_id, livemode FROM customers WHERE user_id = $1 AND stripe_customer_id IS NOT NULL`,
+		userID).Scan(&cust).Error; err != nil {
+		return nil, fmt.Errorf("load customer of user %q: %w", userID, err)
+	}
+	if len(cust) == 0 {
+		return nil, ErrNoCustomer
+	}
+	c := cust[0]
+	const columns = `invoice_id, number, status, amount_due, amount_paid, currency, period_start, period_end,
+		hosted_invoice_url, invoice_pdf, created, subscription_id`
+	var rows []invoiceRow
+	var err error
+	if startingAfter == "" {
+		err = s.db.WithContext(ctx).Raw(`SELECT `+columns+` FROM invoices
+			WHERE stripe_customer_id = $1 AND livemode = $2 AND status IS DISTINCT FROM 'draft'
+			ORDER BY created DESC, invoice_id COLLATE "C" DESC LIMIT $3`, c.StripeCustomerID, c.Livemode, limit+1).Scan(&rows).Error
+	} else {
+		var cursor []invoiceRow
+		if err := s.db.WithContext(ctx).Raw(`SELECT `+columns+` FROM invoices
+			WHERE invoice_id = $1 AND stripe_customer_id = $2 AND livemode = $3`, startingAfter, c.StripeCustomerID, c.Livemode).
+			Scan(&cursor).Error; err != nil {
+			return nil, fmt.Errorf("load invoice %s: %w", startingAfter, err)
+		}
+		if len(cursor) == 0 {
+			return nil, ErrUnknownInvoice
+		}
+		err = s.db.WithContext(ctx).Raw(`SELECT `+columns+` FROM invoices
+			WHERE stripe_customer_id = $1 AND livemode = $2 AND status IS DISTINCT FROM 'draft'
+			  AND (created, invoice_id COLLATE "C") < (CAST($3 AS timestamptz), CAST($4 AS text) COLLATE "C")
+			ORDER BY created DESC, invoice_id COLLATE "C" DESC LIMIT $5`,
+			c.StripeCustomerID, c.Livemode, cursor[0].Created, cursor[0].InvoiceID, limit+1).Scan(&rows).Error
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load invoices of user %q: %w", userID, err)
+	}
+	page := &InvoicePage{Invoices: make([]InvoiceView, 0, min(len(rows), limit)), HasMore: len(rows) > limit}
+	for i, r := range rows {
+		if i == limit {
+			break
+		}
+		page.Invoices = append(page.Invoices, InvoiceView{
+			InvoiceID: r.InvoiceID, Number: r.Number, Status: r.Status, AmountDue: r.AmountDue, AmountPaid: r.AmountPaid,
+			Currency: r.Currency, PeriodStart: utc(r.PeriodStart), PeriodEnd: utc(r.PeriodEnd),
+			HostedInvoiceURL: r.HostedInvoiceURL, InvoicePDF: r.InvoicePDF, Created: r.Created.UTC(), SubscriptionID: r.SubscriptionID,
+		})
+	}
+	return page, nil
+}
+
+// getInvoices serves GET /v1/customers/{user_id}/invoices?limit=&starting_after=.
+func (s *Service) getInvoices(c echo.Context) error {
+	userID, err := userIDParam(c)
+	if err != nil {
+		return err
+	}
+	limit := defaultInvoiceLimit
+	if v := c.QueryParam("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > maxInvoiceLimit {
+			return apierr.New(apierr.CodeInvalidRequest, "limit must be an integer from 1 to %d", maxInvoiceLimit)
+		}
+		limit = n
+	}
+	after := c.QueryParam("starting_after")
+	if after != "" && !ids.Valid(after) {
+		return apierr.New(apierr.CodeInvalidRequest, "starting_after must be an invoice id")
+	}
+	page, err := s.Invoices(c.Request().Context(), userID, limit, after)
+	if errors.Is(err, ErrUnknownInvoice) {
+		return apierr.New(apierr.CodeInvalidRequest, "starting_after %s is not an invoice of user %s", after, userID)
+	}
+	if err != nil {
+		return readError(err, userID)
+	}
+	return c.JSON(http.StatusOK, page)
+}
