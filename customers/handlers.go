@@ -87,6 +87,8 @@ func (h *Handlers) get(c echo.Context) error {
 type putRequest struct {
 	Email string `json:"email"`
 	Name  string `json:"name"`
+	// StripeCustomerID links an existing Stripe customer instead of making one (link.go).
+	StripeCustomerID string `json:"stripe_customer_id"`
 }
 
 type customerResponse struct {
@@ -103,6 +105,9 @@ func (h *Handlers) put(c echo.Context) error {
 	var req putRequest
 	if err := httpserver.DecodeJSON(c, &req, false); err != nil {
 		return err
+	}
+	if req.StripeCustomerID != "" {
+		return h.putExisting(c, userID, req)
 	}
 	if err := checkEmail(req.Email); err != nil {
 		return err
