@@ -159,15 +159,20 @@ func newApp(opts appOptions) (*App, error) {
 	sessions.Mount(v1)
 	checkoutSync.Bind(sessions)
 	registerEventHandlers(registry, subs, sessions)
-	ledger.New(ledger.Deps{DB: db, Stripe: stripe, Livemode: livemode, Logger: logger, Now: now}).Mount(v1)
+	charges := ledger.New(ledger.Deps{DB: db, Stripe: stripe, Livemode: livemode, Logger: logger, Now: now})
+	charges.Mount(v1)
 	portal.New(portal.Deps{DB: db, Stripe: stripe, Subscriptions: subs, Livemode: livemode, DefaultReturnURL: cfg.Portal.ReturnURL, Logger: logger}).Mount(v1)
 	subs.MountAPI(v1)
 
 	inbox.MountWebhook(e)
 
-	// The admin console reads the holds from billing and the dead letters from the inbox; the
-	// inbox's event log and replay share its /admin group.
-	admin.New(admin.Deps{Holds: subs, DeadLetters: inbox, Logger: logger, Now: now}).Mount(adminAPI)
+	// The admin console reads billing (holds, subscriptions), the inbox (event log, dead letters,
+	// replay), the ledger and the reconcile runs; the inbox's JSON event log and replay share its
+	// /admin group.
+	admin.New(admin.Deps{
+		Holds: subs, DeadLetters: inbox, Events: inbox, Subscriptions: subs, Charges: charges,
+		Reconcile: admin.NewReconcileReader(db), Livemode: livemode, Logger: logger, Now: now,
+	}).Mount(adminAPI)
 	inbox.MountAdmin(adminAPI)
 
 	return &App{Echo: e, River: riverClient, Inbox: inbox, DB: db, Registry: reg, Events: registry, log: logger}, nil

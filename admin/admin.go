@@ -1,25 +1,24 @@
-// Package admin is the operator console under /admin: the HTML page (payment holds and
-// dead-lettered events) and GET /admin/holds. It owns no state: it reads the domain packages
-// through the small interfaces it declares below, and imports them only for their types.
+// Package admin is the operator console under /admin: server-rendered pages that work without
+// JavaScript (overview, holds, event log, event detail, subscription, dead letters) and GET
+// /admin/holds. It owns no state: it reads the domain packages through the small interfaces it
+// declares below, and imports them only for their types.
 //
-// The console will grow (the event log, a subscription's view, reconcile runs). Each page or
-// route is a handler here, registered in Mount, reading through an interface declared here,
-// with its template in templates/admin/. The composition root mounts the console on the /admin
-// group after admin authentication; the JSON event log and replay are still the webhooks
+// Each page is a handler here, registered in Mount, with its template in templates/admin/ (one
+// layout with the navigation, one file per page). The composition root mounts the console on the
+// /admin group after admin authentication, which also checks the CSRF token of every form post
+// made with Basic credentials (internal/auth); the JSON event log and replay are still the webhooks
 // inbox's own routes on that group.
 package admin
 
 import (
 	"context"
-	"fmt"
-	htmltemplate "html/template"
 	"log/slog"
 	"time"
 
 	"github.com/labstack/echo/v4"
 
 	"billing/billing"
-	"billing/templates"
+	"billing/ledger"
 	"billing/webhooks"
 )
 
@@ -33,23 +32,61 @@ type DeadLetterSource interface {
 	DeadLetters(ctx context.Context, limit int) ([]webhooks.DeadLetter, error)
 }
 
-// Deps are what the console reads from.
+// EventLog is the inbox as the event pages read it, and its replay: webhooks.Inbox.
+type EventLog interface {
+	SearchEvents(ctx context.Context, q webhooks.EventQuery) (*webhooks.EventPage, error)
+	EventDetail(ctx context.Context, eventID string) (*webhooks.EventDetail, error)
+	EventsNaming(ctx context.Context, objectID string, limit int) ([]webhooks.LoggedEvent, error)
+	Stats(ctx context.Context, since time.Time) (*webhooks.InboxStats, error)
+	DeadLetterList(ctx context.Context, q webhooks.DeadLetterQuery) ([]webhooks.DeadLetter, error)
+	DeadLetterTypes(ctx context.Context) ([]webhooks.DeadLetterType, error)
+	CountDeadLetters(ctx context.Context, q webhooks.DeadLetterQuery) (int64, error)
+	Replay(ctx context.Context, eventID string) (string, error)
+	ReplayDeadLetters(ctx context.Context, q webhooks.DeadLetterQuery, limit int) (int, int64, error)
+	HandledTypes() []string
+}
+
+// SubscriptionSource is billing as the subscription page reads it: billing.Service.
+type SubscriptionSource interface {
+	SubscriptionState(ctx context.Context, subscriptionID string) (*billing.SubscriptionState, error)
+	FindSubscriptions(ctx context.Context, id string, limit int) ([]billing.SubscriptionRef, error)
+	SubscriptionNotices(ctx context.Context, subscriptionID string, livemode bool, limit int) ([]billing.NoticeRow, error)
+	SubscriptionInvoices(ctx context.Context, subscriptionID string, livemode bool, limit int) ([]billing.InvoiceRow, error)
+}
+
+// ChargeSource lists a customer's ledger rows: ledger.Service.
+type ChargeSource interface {
+	CustomerCharges(ctx context.Context, stripeCustomerID string, livemode bool, limit int) ([]ledger.ChargeRow, error)
+}
+
+// ReconcileSource reads the last reconciliation run: NewReconcileReader.
+type ReconcileSource interface {
+	LastRun(ctx context.Context, livemode bool) (*ReconcileRun, error)
+}
+
+// Deps are what the console reads from. Only Holds is required; a page whose source is nil says
+// that it is not available.
 type Deps struct {
 	Holds HoldSource
-	// DeadLetters feeds the page's dead-letter section, which says "not available" when nil.
-	DeadLetters DeadLetterSource
-	Logger      *slog.Logger
-	// Now stamps the page; time.Now when nil.
+	// DeadLetters feeds the overview's dead-letter section.
+	DeadLetters   DeadLetterSource
+	Events        EventLog
+	Subscriptions SubscriptionSource
+	Charges       ChargeSource
+	Reconcile     ReconcileSource
+	// Livemode is stripe.mode: the mode the console says it runs in.
+	Livemode bool
+	Logger   *slog.Logger
+	// Now stamps the pages and measures ages; time.Now when nil.
 	Now func() time.Time
 }
 
 // Console serves the admin routes.
 type Console struct {
-	holds       HoldSource
-	deadLetters DeadLetterSource
-	log         *slog.Logger
-	now         func() time.Time
-	page        *htmltemplate.Template
+	d     Deps
+	log   *slog.Logger
+	now   func() time.Time
+	pages map[string]*pageTemplate
 }
 
 // New builds the console. It panics on a wiring bug (no hold source, a template that does not
@@ -64,26 +101,43 @@ func New(d Deps) *Console {
 	if d.Now == nil {
 		d.Now = time.Now
 	}
-	page, err := htmltemplate.New("").ParseFS(templates.FS, "admin/admin.html")
-	if err != nil {
-		panic(fmt.Errorf("admin: parse admin template: %w", err))
-	}
-	return &Console{
-		holds:       d.Holds,
-		deadLetters: d.DeadLetters,
-		log:         d.Logger.With("component", "admin"),
-		now:         d.Now,
-		page:        page,
-	}
+	return &Console{d: d, log: d.Logger.With("component", "admin"), now: d.Now, pages: parsePages()}
 }
+
+// Paths of the pages, under /admin.
+const (
+	pathHolds       = "/admin/ui/holds"
+	pathEvents      = "/admin/ui/events"
+	pathDeadLetters = "/admin/ui/dead-letters"
+	pathFind        = "/admin/ui/find"
+	pathSubs        = "/admin/ui/subscriptions"
+)
 
 // Mount adds, on the /admin group (admin auth applied by the caller):
 //
-//	GET /holds  → {"holds": [billing.HoldView]}
-//	GET ""      → the HTML page (holds and dead letters) at /admin
-//	GET "/"     → the same page at /admin/
+//	GET  /holds                              → {"holds": [billing.HoldView]}
+//	GET  "" and "/"                          → the overview (holds and dead letters among it)
+//	GET  /ui/holds                           → holds: filters, search, paging
+//	GET  /ui/events, /ui/events/{id}         → the event log and one event
+//	POST /ui/events/{id}/replay              → replay a failed event, back to its page
+//	GET  /ui/subscriptions/{id}              → one subscription: state, reason, timeline, …
+//	GET  /ui/find?q=                         → where an id leads (subscription, customer, user, event)
+//	GET  /ui/dead-letters                    → dead letters by type
+//	POST /ui/dead-letters/replay             → replay one
+//	GET  /ui/dead-letters/replay-type?type=  → confirm replaying every dead letter of a type
+//	POST /ui/dead-letters/replay-type        → do it
 func (c *Console) Mount(admin *echo.Group) {
 	admin.GET("/holds", c.getHolds)
-	admin.GET("", c.getPage)
-	admin.GET("/", c.getPage)
+	admin.GET("", c.getOverview)
+	admin.GET("/", c.getOverview)
+	admin.GET("/ui/holds", c.getHoldsPage)
+	admin.GET("/ui/events", c.getEvents)
+	admin.GET("/ui/events/:id", c.getEvent)
+	admin.POST("/ui/events/:id/replay", c.postEventReplay)
+	admin.GET("/ui/subscriptions/:id", c.getSubscription)
+	admin.GET("/ui/find", c.getFind)
+	admin.GET("/ui/dead-letters", c.getDeadLetters)
+	admin.POST("/ui/dead-letters/replay", c.postDeadLetterReplay)
+	admin.GET("/ui/dead-letters/replay-type", c.getReplayType)
+	admin.POST("/ui/dead-letters/replay-type", c.postReplayType)
 }
