@@ -276,7 +276,13 @@ func (h *Handlers) update(ctx context.Context, cust *Customer, email, name strin
 		if _, err := h.stripe.Customers.Update(cust.StripeID(), params); err != nil {
 			return stripeclient.APIError(err, "update the customer")
 		}
-		if err := tx.Exec(`UPDATE customers SET email = $1, name = $2, updated_at = $3 WHERE user_id = $4`,
+		// The new values are the newest word: a customer.updated from before this PUT, delivered
+		// late, must not bring the old ones back (customers/events.go). Events of the PUT's own
+		// second still apply (Stripe's clock has whole seconds; a tie goes to Stripe).
+		if err := tx.Exec(`UPDATE customers SET email = $1, name = $2, updated_at = $3,
+			cus_event_created = GREATEST(cus_event_created, date_trunc('second', CAST($3 AS timestamptz))),
+			cus_event_rank = coalesce(cus_event_rank, 0), cus_event_id = coalesce(cus_event_id, '')
+			WHERE user_id = $4`,
 			email, name, h.now().UTC(), cust.UserID).Error; err != nil {
 			return database.APIError(err, "update customer")
 		}

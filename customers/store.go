@@ -35,7 +35,8 @@ func (Customer) TableName() string { return "customers" }
 // livemode_conflict *apierr.Error when the user is linked to a customer of the other mode: a
 // service running in one mode never charges, refunds or opens a portal for the other's customer.
 func Get(ctx context.Context, db *gorm.DB, userID string, livemode bool) (*Customer, error) {
-	c, err := one(ctx, db, `SELECT * FROM customers WHERE user_id = $1 AND stripe_customer_id IS NOT NULL`, userID)
+	// A customer deleted at Stripe (customer.deleted) is no link to charge or open a portal for.
+	c, err := one(ctx, db, `SELECT * FROM customers WHERE user_id = $1 AND stripe_customer_id IS NOT NULL AND deleted_at IS NULL`, userID)
 	if err != nil {
 		return nil, fmt.Errorf("load customer of user %q: %w", userID, err)
 	}
