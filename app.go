@@ -33,6 +33,7 @@ import (
 	"billing/migrations"
 	"billing/notices"
 	"billing/portal"
+	"billing/reconcile"
 	"billing/webhooks"
 )
 
@@ -57,6 +58,8 @@ type App struct {
 	log    *slog.Logger
 	// stopRescuer ends the inbox's rescue loop.
 	stopRescuer context.CancelFunc
+	// Reconcile runs reconciliations (periodic and admin-started); Stop ends a run going.
+	Reconcile *reconcile.Service
 }
 
 // newApp wires the service. It starts nothing: Start runs the workers, and main serves Echo.
@@ -121,12 +124,17 @@ func newApp(opts appOptions) (*App, error) {
 
 	stripe := stripeclient.New(cfg.Stripe.APIURL, cfg.Stripe.SecretKey, logger)
 	livemode := cfg.Stripe.Mode == "live"
+	// Reconciliation compares with billing, which is built after the client; its periodic job
+	// must be known to River before.
+	rec := reconcile.New(reconcile.Deps{DB: db, Stripe: stripe, Livemode: livemode, Logger: logger, Registerer: reg,
+		Interval: cfg.Reconcile.Interval, Now: now})
+	rec.AddWorkers(workers)
 
 	riverClient, err := jobs.NewClient(sqlDB, jobs.ClientOptions{
 		Workers:      workers,
 		Queues:       map[string]int{river.QueueDefault: 5, webhooks.QueueWebhooks: cfg.Worker.Concurrency},
 		RescueAfter:  cfg.Worker.RescueAfter,
-		PeriodicJobs: inbox.PeriodicJobs(),
+		PeriodicJobs: append(inbox.PeriodicJobs(), rec.PeriodicJobs()...),
 		Logger:       logger.With("component", "river"),
 	})
 	if err != nil {
@@ -150,6 +158,7 @@ func newApp(opts appOptions) (*App, error) {
 	// The re-read worker needs the service, which needs the client: River looks workers up in
 	// the bundle when it inserts or works a job, so adding it before Start is in time.
 	subs.AddWorkers(workers)
+	rec.SetBilling(subs)
 	links := customers.NewHandlers(customers.Deps{DB: db, Accounts: subs, Stripe: stripe, Livemode: livemode, Logger: logger, Now: now})
 	links.Mount(v1)
 	sessions := checkout.New(checkout.Deps{
@@ -174,8 +183,9 @@ func newApp(opts appOptions) (*App, error) {
 		Reconcile: admin.NewReconcileReader(db), Livemode: livemode, Logger: logger, Now: now,
 	}).Mount(adminAPI)
 	inbox.MountAdmin(adminAPI)
+	rec.Mount(adminAPI)
 
-	return &App{Echo: e, River: riverClient, Inbox: inbox, DB: db, Registry: reg, Events: registry, log: logger}, nil
+	return &App{Echo: e, River: riverClient, Inbox: inbox, DB: db, Registry: reg, Events: registry, log: logger, Reconcile: rec}, nil
 }
 
 // Start runs the background workers.
@@ -193,6 +203,9 @@ func (a *App) Start(ctx context.Context) error {
 func (a *App) Stop(ctx context.Context) error {
 	if a.stopRescuer != nil {
 		a.stopRescuer()
+	}
+	if err := a.Reconcile.Stop(ctx); err != nil {
+		a.log.Warn("reconcile run did not stop in time", "error", err)
 	}
 	if err := a.River.Stop(ctx); err != nil {
 		a.log.Warn("workers did not finish in time; cancelling", "error", err)

@@ -38,23 +38,27 @@ func runReconcileCommand(ctx context.Context, args []string, stdout, stderr io.W
 	dry := fs.Bool("dry-run", false, "compare and report only; change nothing")
 	mode := fs.String("mode", "", "test or live: must be stripe.mode, since the secret key decides the mode (default: stripe.mode)")
 	cfgPath := fs.String("config", "", "YAML configuration file (default $BILLING_CONFIG)")
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: billing reconcile [--dry-run] [--mode test|live] [--config PATH]\n\n"+
-			"Lists every subscription of the Stripe account (the mode of stripe.secret_key), compares each with\n"+
-			"the local state and repairs what differs through the code that applies events; links customers\n"+
-			"to users by metadata.user_id. On an empty database this is the backfill of an existing account.\n"+
-			"stderr: a line per page; stdout: one summary line. Exit 0 when nothing differs or all was\n"+
-			"repaired, 1 when something still differs (a dry run's drift), 2 when the run stopped.\n\nflags:")
-		fs.PrintDefaults()
+	help := commandHelp{
+		Usage: "billing reconcile [--dry-run] [--mode test|live] [--config PATH]",
+		About: "Lists every subscription of the Stripe account (the mode of stripe.secret_key), compares each with\n" +
+			"the local state and repairs what differs through the code that applies events; links customers\n" +
+			"to users by metadata.user_id. On an empty database this is the backfill of an existing account.\n" +
+			"stderr: a line per page; stdout: one summary line. Exit 0 when nothing differs or all was\n" +
+			"repaired, 1 when something still differs (a dry run's drift), 2 when the run stopped.",
+		Env: configEnv("stripe.secret_key decides the account and mode; database.url holds the local state"),
 	}
+	fs.Usage = func() {}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			help.print(stdout, fs)
 			return 0
 		}
+		help.print(stderr, fs)
 		return exitUsage
 	}
 	if fs.NArg() > 0 {
-		fs.Usage()
+		fmt.Fprintf(stderr, "billing reconcile: unexpected argument %q\n", fs.Arg(0))
+		help.print(stderr, fs)
 		return exitUsage
 	}
 	stopped := func(format string, args ...any) int {

@@ -40,6 +40,14 @@ CREATE TABLE reconcile_drift (
 CREATE INDEX reconcile_drift_run_idx ON reconcile_drift (run_id, id);
 CREATE INDEX reconcile_drift_subscription_idx ON reconcile_drift (subscription_id, livemode);
 
+-- When serve first checked whether a periodic run of the mode is due: with no run yet, the first
+-- periodic one comes an interval later (the backfill is the command's), whatever the restarts.
+CREATE TABLE reconcile_schedule (
+  livemode boolean PRIMARY KEY,
+  first_check_at timestamptz NOT NULL
+);
+
 -- +goose Down
+DROP TABLE reconcile_schedule;
 DROP TABLE reconcile_drift;
 DROP TABLE reconcile_runs;

@@ -13,7 +13,7 @@ import (
 // service (Stop ends it at shutdown). Due means: no run of the mode went through within
 // reconcile.interval, read from reconcile_runs, so that restarts and leader changes neither skip
 // nor repeat runs. A manual run and the periodic one never overlap: both need the mode's advisory
-// lock.
+// lock. With no run yet, the first periodic one comes an interval after serve first checked.
 
 // maxCheckEvery bounds how long after it is due a run starts.
 const maxCheckEvery = 5 * time.Minute
@@ -64,7 +64,18 @@ func (s *Service) Tick(ctx context.Context) (string, error) {
 	if !finished.IsZero() {
 		s.metrics.lastSuccess.Set(float64(finished.Unix()))
 	}
-	if s.interval <= 0 || (!started.IsZero() && s.now().Sub(started) < s.interval) {
+	if s.interval <= 0 {
+		return "", nil
+	}
+	if started.IsZero() {
+		// No run went through yet: the first comes an interval after the first check, so that a
+		// fresh deployment (or a development one against stripe-mock) is not reconciled at its
+		// first start; `billing reconcile` is the backfill.
+		if started, err = s.firstCheck(ctx); err != nil {
+			return "", err
+		}
+	}
+	if s.now().Sub(started) < s.interval {
 		return "", nil
 	}
 	runID, err := s.Start(RunOptions{Trigger: TriggerPeriodic})

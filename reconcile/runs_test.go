@@ -262,16 +262,27 @@ func TestAdminRoutes(t *testing.T) {
 	}
 }
 
-// The periodic job starts a run only when none went through within the interval, and sets the
-// last-success gauge from the database.
+// The periodic job starts a run only when none went through within the interval (the first one
+// an interval after the first check), and sets the last-success gauge from the database.
 func TestPeriodicTickStartsARunWhenDue(t *testing.T) {
 	e := newEnv(t)
 	e.addSubscriptions(1)
 	e.rec.interval = time.Hour
 
+	if runID, err := e.rec.Tick(context.Background()); err != nil || runID != "" {
+		t.Fatalf("first tick = %q, %v; want none (the first run comes an interval after the first check)", runID, err)
+	}
+	other := e.reconciler()
+	other.interval = time.Hour
+	if runID, err := other.Tick(context.Background()); err != nil || runID != "" {
+		t.Fatalf("another replica's tick = %q, %v; want none", runID, err)
+	}
+	if err := e.db.Exec(`UPDATE reconcile_schedule SET first_check_at = first_check_at - interval '61 minutes'`).Error; err != nil {
+		t.Fatal(err)
+	}
 	runID, err := e.rec.Tick(context.Background())
 	if err != nil || runID == "" {
-		t.Fatalf("first tick = %q, %v; want a run (none ever went through)", runID, err)
+		t.Fatalf("tick an interval after the first check = %q, %v; want a run", runID, err)
 	}
 	run := e.waitFinished(runID)
 	if run.Trigger != TriggerPeriodic || run.Error != nil {

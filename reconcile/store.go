@@ -109,3 +109,22 @@ func (s *Service) lastSuccess(ctx context.Context) (started, finished time.Time,
 	}
 	return rows[0].StartedAt, rows[0].FinishedAt, nil
 }
+
+// firstCheck is when the mode's periodic check first ran on this database (now, the first time).
+func (s *Service) firstCheck(ctx context.Context) (time.Time, error) {
+	var at []time.Time
+	err := s.db.WithContext(ctx).Raw(`
+		WITH ins AS (
+		  INSERT INTO reconcile_schedule (livemode, first_check_at) VALUES ($1, $2)
+		  ON CONFLICT (livemode) DO NOTHING RETURNING first_check_at
+		)
+		SELECT first_check_at FROM ins UNION ALL SELECT first_check_at FROM reconcile_schedule WHERE livemode = $1`,
+		s.livemode, s.now().UTC()).Scan(&at).Error
+	if err != nil {
+		return time.Time{}, fmt.Errorf("read the reconcile schedule: %w", err)
+	}
+	if len(at) == 0 {
+		return time.Time{}, fmt.Errorf("read the reconcile schedule: no row for %s mode", modeName(s.livemode))
+	}
+	return at[0], nil
+}
