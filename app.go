@@ -32,6 +32,7 @@ import (
 	"billing/ledger"
 	"billing/migrations"
 	"billing/notices"
+	"billing/openapi"
 	"billing/portal"
 	"billing/reconcile"
 	"billing/webhooks"
@@ -174,6 +175,8 @@ func newApp(opts appOptions) (*App, error) {
 	subs.MountAPI(v1)
 
 	inbox.MountWebhook(e)
+	// The API's description, for anyone (it describes no data).
+	openapi.Mount(e)
 
 	// The admin console reads billing (holds, subscriptions), the inbox (event log, dead letters,
 	// replay), the ledger and the reconcile runs; the inbox's JSON event log and replay share its

@@ -19,6 +19,7 @@ import (
 	"billing/internal/apitest"
 	"billing/internal/stripetest"
 	"billing/internal/testenv"
+	"billing/openapi"
 	"billing/webhooks"
 )
 
@@ -80,6 +81,12 @@ func (d *devService) do(token, method, path string, body any) (int, map[string]a
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
+	if _, documented := openapi.Match(method, req.URL.Path); documented {
+		// Every answer the tests see must be one the API's document describes.
+		if err := openapi.CheckResponse(method, req.URL.Path, resp.StatusCode, resp.Header.Get("Content-Type"), b); err != nil {
+			d.t.Errorf("answer outside the OpenAPI document: %v\n%s", err, b)
+		}
+	}
 	var out map[string]any
 	if len(b) > 0 && strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
 		if err := json.Unmarshal(b, &out); err != nil {
