@@ -234,7 +234,9 @@ func emptyDatabaseURL(t *testing.T) string {
 	if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+name+" TEMPLATE template0"); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _, _ = admin.ExecContext(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)") })
+	t.Cleanup(func() {
+		_, _ = admin.ExecContext(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
+	})
 	u, err := url.Parse(base)
 	if err != nil {
 		t.Fatal(err)
