@@ -193,6 +193,32 @@ func (a *Account) put(s SubscriptionSpec) string {
 	return s.ID
 }
 
+// PutSubscriptionJSON stores a subscription object as given (an event's data.object), replacing
+// the one with the same id, and returns its id. An expanded latest_invoice is stored as the
+// account's invoice and kept as its id.
+func (a *Account) PutSubscriptionJSON(raw json.RawMessage) string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	obj := decode(raw)
+	id, _ := obj["id"].(string)
+	if id == "" {
+		panic("stripetest: subscription object without id")
+	}
+	if inv, ok := obj["latest_invoice"].(map[string]any); ok {
+		invID, _ := inv["id"].(string)
+		a.invoices[invID] = mustJSON(inv)
+		obj["latest_invoice"] = invID
+	}
+	if c, ok := obj["customer"].(map[string]any); ok {
+		obj["customer"] = c["id"]
+	}
+	if _, ok := a.subs[id]; !ok {
+		a.subOrder = append([]string{id}, a.subOrder...)
+	}
+	a.subs[id] = mustJSON(obj)
+	return id
+}
+
 // UpdateSubscription edits a subscription's JSON object (latest_invoice and customer are ids).
 func (a *Account) UpdateSubscription(id string, edit func(obj map[string]any)) {
 	a.mu.Lock()
