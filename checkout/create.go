@@ -239,7 +239,7 @@ func (s *Service) create(ctx context.Context, userID string, req createRequest) 
 	if row.State == stateCompleted {
 		return answerOf(row.Answer, false)
 	}
-	return s.finish(ctx, row.ID)
+	return s.finish(ctx, row.ID, userID, req.RequestID)
 }
 
 // refuseEntitled answers 409 already_subscribed while the user has an entitled subscription.
@@ -285,8 +285,8 @@ func (s *Service) insertRequest(ctx context.Context, userID string, req createRe
 	return database.APIError(err, "insert checkout request")
 }
 
-// finish finishes a pending row through the outbound protocol.
-func (s *Service) finish(ctx context.Context, id int64) reply {
+// finish finishes the pending row id (the user's request requestID) through the outbound protocol.
+func (s *Service) finish(ctx context.Context, id int64, userID, requestID string) reply {
 	var (
 		row sessionRow
 		rep reply
@@ -324,7 +324,7 @@ func (s *Service) finish(ctx context.Context, id int64) reply {
 			return nil
 		},
 		Now: s.now,
-		Log: s.log.With("user_id", deref(row.UserID), "request_id", deref(row.RequestID)),
+		Log: s.log.With("user_id", userID, "request_id", requestID),
 	})
 	if err != nil {
 		return reply{err: database.APIError(err, "finish checkout request")}

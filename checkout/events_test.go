@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"billing/internal/stripeevents"
+	"billing/internal/stripetest"
 	"billing/webhooks"
 )
 
@@ -212,5 +213,39 @@ func TestSessionOfTheOtherModeIsNotRead(t *testing.T) {
 	}
 	if reads := v.proxy.Filter(http.MethodGet, "/v1/subscriptions/sub_live"); len(reads) != 0 {
 		t.Errorf("read with the test key: %+v", reads)
+	}
+}
+
+// The answer to the request was lost, and the customer (who had the URL some other way) paid
+// before the request was repeated: the event recorded the session on its own row, and the repeat
+// takes that row's state into the request's row. One row, complete, with the subscription.
+func TestEventBeforeTheRequestIsFinished(t *testing.T) {
+	t.Parallel()
+	v := defaultEnv(t)
+	v.link("u1", "cus_u1", false)
+	v.proxy.InjectFault(http.MethodPost, sessionsPath, stripetest.FaultDropAfter, 3)
+	expectStatus(t, v.post(checkoutPath("u1"), body("r1")), http.StatusServiceUnavailable)
+	if v.sessions.Len() != 1 {
+		t.Fatalf("%d sessions", v.sessions.Len())
+	}
+	// The double numbers its sessions: the first is this request's.
+	id := "cs_test_proxy000001"
+	if s := v.sessions.Get(id); s == nil || s["client_reference_id"] != "u1" {
+		t.Fatalf("session %v", s)
+	}
+	v.putSubscription(activeSub("sub_1", "cus_u1"))
+	v.deliver(sessionEvent("evt_c1", EventSessionCompleted, time.Now(), v.sessions.Complete(id, "sub_1")))
+	v.processed("evt_c1")
+	v.synced(id, 1)
+
+	got := v.open("u1", body("r1"))
+	if got["id"] != id {
+		t.Fatalf("answer %v, want session %s", got, id)
+	}
+	var rows []sessionRow
+	v.db.Raw(`SELECT * FROM checkout_sessions WHERE session_id = $1`, id).Scan(&rows)
+	if len(rows) != 1 || deref(rows[0].RequestID) != "r1" || deref(rows[0].SessionStatus) != "complete" ||
+		deref(rows[0].SubscriptionID) != "sub_1" || deref(rows[0].PaymentStatus) != "paid" {
+		t.Errorf("rows %+v", rows)
 	}
 }
