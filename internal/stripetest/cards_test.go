@@ -144,6 +144,13 @@ func TestDevCustomersChooseTheirTestCard(t *testing.T) {
 		t.Errorf("retrieve after update answers %v", got)
 	}
 
+	// Another dev Stripe (a restart of make run) never hands out the same ids.
+	again := New(t, testenv.StripeMockURL(t))
+	again.Dev()
+	if _, c := call(t, again, http.MethodPost, "/v1/customers", url.Values{"email": {"a@example.com"}}); str(c, "id") == id {
+		t.Errorf("a second dev proxy reused customer id %s", id)
+	}
+
 	// A default source is charged when the payment names no method, as Stripe does.
 	_, c2 := call(t, p, http.MethodPost, "/v1/customers", url.Values{"source": {"tok_chargeDeclinedInsufficientFunds"}})
 	if pm := str(c2, "invoice_settings", "default_payment_method"); pm != "" {

@@ -5,7 +5,9 @@ import (
 	"html/template"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
+	"time"
 )
 
 // DefaultCard is the default payment method the proxy gives a new customer in Dev mode.
@@ -23,13 +25,17 @@ const devPortalPath = "/dev-portal/"
 //     invoice_settings.default_payment_method, so that charges succeed until a developer sets
 //     another test card;
 //   - a Customer Portal session's url is a page of the proxy itself
-//     (http://localhost:PORT/dev-portal/bps_…) instead of stripe-mock's placeholder.
+//     (http://localhost:PORT/dev-portal/bps_…) instead of stripe-mock's placeholder;
+//   - ids are unique across processes (cus_proxy<start time>000001), as Stripe's are: the
+//     service's database outlives a restart of the proxy, and a reused id would link two users
+//     to one customer.
 //
 // Tests leave it off: they state every answer they depend on.
 func (p *Proxy) Dev() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.dev = true
+	p.idTag = strconv.FormatInt(time.Now().UnixNano(), 36)
 }
 
 func (p *Proxy) isDev() bool {

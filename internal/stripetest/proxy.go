@@ -115,6 +115,7 @@ type Proxy struct {
 	objects map[string][]map[string]any // created objects by collection path
 	routes  []route                     // stateful resources served here, not by stripe-mock
 	dev     bool                        // see Dev
+	idTag   string                      // set by Dev: makes ids unique across processes
 	onReq   func(Request)               // see OnRequest
 }
 
@@ -320,7 +321,7 @@ func (p *Proxy) newID(prefix string) string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.seq++
-	return fmt.Sprintf("%sproxy%06d", prefix, p.seq)
+	return fmt.Sprintf("%sproxy%s%06d", prefix, p.idTag, p.seq)
 }
 
 func (p *Proxy) record(r Request) {
