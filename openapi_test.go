@@ -156,6 +156,7 @@ func TestOpenAPIAnswersFitTheDocument(t *testing.T) {
 	expect(200)(d.do(app, http.MethodPost, "/v1/charges", charge))
 	charge["amount"] = 1300
 	expect(409)(d.do(app, http.MethodPost, "/v1/charges", charge))
+	d.do(app, http.MethodGet, "/v1/charges/o_oa", nil)
 	expect(201)(d.do(app, http.MethodPost, "/v1/charges/o_oa/refunds", map[string]any{"refund_id": "r1", "amount": 250}))
 	expect(200)(d.do(app, http.MethodPost, "/v1/charges/o_oa/refunds", map[string]any{"refund_id": "r1", "amount": 250}))
 	expect(422)(d.do(app, http.MethodPost, "/v1/charges/o_oa/refunds", map[string]any{"refund_id": "r2", "amount": 5000}))
