@@ -321,8 +321,12 @@ func (s *Service) completeCharge(ctx context.Context, tx *gorm.DB, row *chargeRo
 	if err != nil {
 		return reply{}, apierr.Internal(err)
 	}
+	// A status that an event already settled (settle.go) is newer than the create's answer,
+	// unless that answer is final.
 	if err := tx.Exec(`
-		UPDATE charges SET state = $1, status = $2, payment_intent_id = NULLIF($3, ''), answer = CAST($4 AS jsonb),
+		UPDATE charges SET state = $1,
+			status = CASE WHEN pi_event_created IS NULL OR CAST($2 AS text) IN `+chargeFinalSQL+` THEN CAST($2 AS text) ELSE status END,
+			payment_intent_id = coalesce(NULLIF($3, ''), payment_intent_id), answer = CAST($4 AS jsonb),
 			error_code = $5, decline_code = NULLIF($6, ''), attempts = attempts + 1, last_attempt_at = $7,
 			completed_at = $7, updated_at = $7
 		WHERE order_id = $8`,

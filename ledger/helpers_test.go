@@ -34,6 +34,7 @@ type env struct {
 	db    *gorm.DB
 	proxy *stripetest.Proxy
 	e     *echo.Echo
+	svc   *Service
 }
 
 func newEnv(t *testing.T) *env {
@@ -52,7 +53,7 @@ func newEnvLogging(t *testing.T, logger *slog.Logger) *env {
 		Logger: logger,
 		Now:    time.Now,
 	})
-	return &env{t: t, db: db, proxy: proxy, e: apitest.Server(logger, svc.Mount)}
+	return &env{t: t, db: db, proxy: proxy, e: apitest.Server(logger, svc.Mount), svc: svc}
 }
 
 // addCustomer links a user to a Stripe customer the way the customers package does.

@@ -91,6 +91,7 @@ func New(d Deps) *Service {
 func (s *Service) Mount(v1 *echo.Group) {
 	v1.POST("/charges", s.postCharge)
 	v1.POST("/charges/:order_id/refunds", s.postRefund)
+	v1.GET("/charges/:order_id", s.getCharge)
 }
 
 // storedAnswer is the `answer` column: exactly one of Body (a success) and Error (a final

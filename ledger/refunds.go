@@ -317,8 +317,12 @@ func (s *Service) completeRefund(ctx context.Context, tx *gorm.DB, row *refundRo
 	if err != nil {
 		return reply{}, apierr.Internal(err)
 	}
+	// A status that an event already settled (settle.go) is newer than the create's answer,
+	// unless that answer is final.
 	if err := tx.Exec(`
-		UPDATE refunds SET state = $1, status = $2, stripe_refund_id = NULLIF($3, ''), answer = CAST($4 AS jsonb),
+		UPDATE refunds SET state = $1,
+			status = CASE WHEN re_event_created IS NULL OR CAST($2 AS text) IN `+refundFinalSQL+` THEN CAST($2 AS text) ELSE status END,
+			stripe_refund_id = coalesce(NULLIF($3, ''), stripe_refund_id), answer = CAST($4 AS jsonb),
 			error_code = $5, attempts = attempts + 1, last_attempt_at = $6, completed_at = $6, updated_at = $6
 		WHERE order_id = $7 AND refund_id = $8`,
 		stateCompleted, out.status, out.stripeRefundID, answer, errorCode, at, row.OrderID, row.RefundID).Error; err != nil {
