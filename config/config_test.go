@@ -62,8 +62,12 @@ func wantKeyErr(t *testing.T, err error, key string) *Error {
 		t.Fatalf("error key = %q, want %q (err: %v)", ce.Key, key, err)
 	}
 	msg := err.Error()
-	if !strings.HasPrefix(msg, "config: "+key+": ") || strings.ContainsAny(msg, "\r\n") {
-		t.Fatalf("error must be one line starting with %q, got %q", "config: "+key+": ", msg)
+	prefix := "config: " + key + ": "
+	if key == "config" {
+		prefix = "config: " // the file itself: one prefix, not "config: config: "
+	}
+	if !strings.HasPrefix(msg, prefix) || strings.HasPrefix(msg, "config: config:") || strings.ContainsAny(msg, "\r\n") {
+		t.Fatalf("error must be one line starting with %q, got %q", prefix, msg)
 	}
 	return ce
 }
