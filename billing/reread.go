@@ -22,8 +22,9 @@ import (
 // Time-aware entitlement: a subscription is entitled by what Stripe last told us, and Stripe
 // tells us of a renewal by an event. Should that event be lost, an active subscription would
 // stay entitled forever, so the policy gives it until its renewal is due plus policy.period_grace
-// (Policy.Unconfirmed). At that moment a River job re-reads the one subscription from Stripe and
-// applies it as a snapshot: a renewal moves the period on and access continues; a cancellation
+// (Policy.Unconfirmed). Halfway through the grace a River job re-reads the one subscription from
+// Stripe and applies it as a snapshot (early, so that a renewed user never loses access while the
+// read runs; once more at the end of the grace if Stripe still showed the old period): a renewal moves the period on and access continues; a cancellation
 // ends it; a Stripe that cannot be reached, or that still shows the old period, leaves the
 // policy to withdraw access, with a warning in the log.
 //
@@ -125,7 +126,7 @@ func (s *Service) scheduleRereads(ctx context.Context, tx *gorm.DB, ev webhooks.
 		next := Subscription{Status: status, CurrentPeriodEnd: end.Ptr(), TrialEnd: obj.TrialEnd.Ptr()}
 		if due := next.RenewalDue(); due != nil {
 			args := RereadArgs{SubscriptionID: obj.ID, Livemode: ev.Livemode, Due: due.Unix()}
-			if err := s.queueReread(ctx, tx, args, due.Add(s.policy.PeriodGrace)); err != nil {
+			if err := s.queueReread(ctx, tx, args, due.Add(s.policy.PeriodGrace/2)); err != nil {
 				return err
 			}
 		}
@@ -208,8 +209,11 @@ func (s *Service) reread(ctx context.Context, a RereadArgs, last bool) (string, 
 			log.DebugContext(ctx, "re-read not needed: the renewal it checks is no longer pending")
 			return "skipped", nil
 		}
-		// Read when the grace has run out by the clock the policy uses, not River's.
-		if wait := due.Add(s.policy.PeriodGrace).Sub(s.now()); wait > 0 {
+		// Read halfway through the grace, by the clock the policy uses, not River's: a renewed
+		// subscription is confirmed while it is still entitled, so its user never loses access
+		// for the time the read takes; a last read comes at the end of the grace if Stripe still
+		// showed the old period.
+		if wait := due.Add(s.policy.PeriodGrace / 2).Sub(s.now()); wait > 0 {
 			return "", river.JobSnooze(wait)
 		}
 	} else if cur == nil {
@@ -259,6 +263,7 @@ func (s *Service) reread(ctx context.Context, a RereadArgs, last bool) (string, 
 	}
 
 	outcome := "unchanged"
+	var readAgainAt time.Time
 	err = s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		out, err := s.ApplySnapshot(ctx, tx, snap)
 		if err != nil {
@@ -271,7 +276,11 @@ func (s *Service) reread(ctx context.Context, a RereadArgs, last bool) (string, 
 		if err != nil {
 			return err
 		}
-		if since := s.policy.Unconfirmed(after, s.now()); since != nil {
+		if due := after.RenewalDue(); a.Due != 0 && due != nil && due.Unix() == a.Due && s.now().Before(due.Add(s.policy.PeriodGrace)) {
+			// Not renewed at Stripe yet, but the grace still runs: one more read at its end.
+			readAgainAt = due.Add(s.policy.PeriodGrace)
+			outcome = "pending"
+		} else if since := s.policy.Unconfirmed(after, s.now()); since != nil {
 			outcome = "unconfirmed"
 			log.WarnContext(ctx, "subscription cannot be confirmed: Stripe still shows a renewal past its grace",
 				"status", after.Status, "unconfirmed_since", since.UTC())
@@ -285,6 +294,10 @@ func (s *Service) reread(ctx context.Context, a RereadArgs, last bool) (string, 
 			return "failed", river.JobCancel(err)
 		}
 		return "", err
+	}
+	if !readAgainAt.IsZero() {
+		log.InfoContext(ctx, "renewal not at Stripe yet; reading again at the end of the grace", "at", readAgainAt.UTC())
+		return "", river.JobSnooze(readAgainAt.Sub(s.now()))
 	}
 	return outcome, nil
 }

@@ -128,16 +128,16 @@ func TestRenewalRereadIsQueuedOncePerRenewal(t *testing.T) {
 	// Applied again through a snapshot (as reconciliation does): still the same job.
 	e.applySnapshot(t, Snapshot{Subscription: s.JSON(), FetchedAt: at(40), Source: "reconcile:q"})
 	jobs := e.rereadJobs(t, "sub_q")
-	if len(jobs) != 1 || jobs[0].Due != base+30*86400 || !jobs[0].ScheduledAt.Equal(at(30*86400).Add(grace)) ||
+	if len(jobs) != 1 || jobs[0].Due != base+30*86400 || !jobs[0].ScheduledAt.Equal(at(30*86400).Add(grace/2)) ||
 		jobs[0].MaxAttempts != DefaultRereadAttempts {
-		t.Fatalf("after four applies of one period: %+v, want one job at period end + grace", jobs)
+		t.Fatalf("after four applies of one period: %+v, want one job halfway through the grace", jobs)
 	}
 
 	// The renewal: a second job, for the new period.
 	renewed := s
 	renewed.PeriodStart, renewed.PeriodEnd = 30*86400, 60*86400
 	e.mustHandle(t, updated("evt_q4", 30*86400, renewed))
-	if jobs := e.rereadJobs(t, "sub_q"); len(jobs) != 2 || jobs[1].Due != base+60*86400 || !jobs[1].ScheduledAt.Equal(at(60*86400).Add(grace)) {
+	if jobs := e.rereadJobs(t, "sub_q"); len(jobs) != 2 || jobs[1].Due != base+60*86400 || !jobs[1].ScheduledAt.Equal(at(60*86400).Add(grace/2)) {
 		t.Fatalf("after the renewal: %+v", jobs)
 	}
 	// past_due and canceled are not held to the period: no job.
@@ -229,7 +229,7 @@ func newRereadEnv(t *testing.T, retrying bool) *rereadEnv {
 	e.svc.MountAPI(e.echo.Group("/v1"))
 	r.env, r.rc = e, rc
 
-	events, stopEvents := rc.Subscribe(river.EventKindJobCompleted, river.EventKindJobFailed, river.EventKindJobCancelled)
+	events, stopEvents := rc.Subscribe(river.EventKindJobCompleted, river.EventKindJobFailed, river.EventKindJobCancelled, river.EventKindJobSnoozed)
 	r.events = events
 	ctx, cancel := context.WithCancel(context.Background())
 	if err := rc.Start(ctx); err != nil {
@@ -389,8 +389,8 @@ func TestRereadRenewedAtStripeStaysEntitled(t *testing.T) {
 	r := newRereadEnv(t, true)
 	s, end := r.activeSubscription(t, "sub_ren", "u_ren")
 	job := r.onlyJob(t, "sub_ren")
-	if !job.ScheduledAt.Equal(end.Add(grace)) || job.State != string(rivertype.JobStateScheduled) {
-		t.Fatalf("job %+v, want scheduled at %s", job, end.Add(grace))
+	if !job.ScheduledAt.Equal(end.Add(grace/2)) || job.State != string(rivertype.JobStateScheduled) {
+		t.Fatalf("job %+v, want scheduled at %s", job, end.Add(grace/2))
 	}
 
 	renewed := s
@@ -421,7 +421,7 @@ func TestRereadRenewedAtStripeStaysEntitled(t *testing.T) {
 		t.Errorf("applied as %s, want the re-read's snapshot", got)
 	}
 	jobs := r.rereadJobs(t, "sub_ren")
-	if len(jobs) != 2 || jobs[1].Due != newEnd.Unix() || !jobs[1].ScheduledAt.Equal(newEnd.Add(grace)) {
+	if len(jobs) != 2 || jobs[1].Due != newEnd.Unix() || !jobs[1].ScheduledAt.Equal(newEnd.Add(grace/2)) {
 		t.Errorf("the new period's job: %+v", jobs)
 	}
 	if w := r.logs.warnings("cannot be confirmed"); len(w) != 0 {
@@ -598,5 +598,33 @@ func TestSameSecondTieIsSettledByStripe(t *testing.T) {
 	}
 	if n := len(tieJobs()); n != 1 {
 		t.Errorf("%d tie jobs for one second, want 1", n)
+	}
+}
+
+// Halfway through the grace Stripe has not renewed yet: the user keeps access, and the job reads
+// once more at the end of the grace, where Stripe's renewal is found and applied.
+func TestRereadHalfwayThenAtTheEndOfTheGrace(t *testing.T) {
+	t.Parallel()
+	r := newRereadEnv(t, true)
+	s, end := r.activeSubscription(t, "sub_late", "u_late")
+	job := r.onlyJob(t, "sub_late")
+	r.setStripe(s, nil)
+	r.clock.Set(end.Add(grace/2 + time.Minute))
+	r.runNow(t, job.ID)
+	r.waitJob(t, job.ID, rivertype.JobStateScheduled)
+	if ent := r.entitlement(t, "u_late"); !ent.Entitled || ent.UnconfirmedSince != nil {
+		t.Errorf("halfway through the grace, not renewed at Stripe yet: %+v", ent)
+	}
+	renewed := s
+	renewed.PeriodStart, renewed.PeriodEnd = off(end), off(end.AddDate(0, 1, 0))
+	r.setStripe(renewed, nil)
+	r.clock.Set(end.Add(grace + time.Minute))
+	r.runNow(t, job.ID)
+	r.waitJob(t, job.ID, rivertype.JobStateCompleted)
+	if n := len(r.proxy.Filter(http.MethodGet, "/v1/subscriptions/sub_late")); n != 2 {
+		t.Errorf("%d reads of Stripe, want 2", n)
+	}
+	if ent := r.entitlement(t, "u_late"); !ent.Entitled || ptrTime(ent.CurrentPeriodEnd) != ptrTime(tp(end.AddDate(0, 1, 0))) {
+		t.Errorf("after the renewal was read: %+v", ent)
 	}
 }
