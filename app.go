@@ -130,12 +130,15 @@ func newApp(opts appOptions) (*App, error) {
 	rec := reconcile.New(reconcile.Deps{DB: db, Stripe: stripe, Livemode: livemode, Logger: logger, Registerer: reg,
 		Interval: cfg.Reconcile.Interval, Now: now})
 	rec.AddWorkers(workers)
+	// The ledger finishes its pending rows by a periodic job, which River must know before.
+	charges := ledger.New(ledger.Deps{DB: db, Stripe: stripe, Livemode: livemode, Logger: logger, Now: now})
+	charges.AddWorkers(workers)
 
 	riverClient, err := jobs.NewClient(sqlDB, jobs.ClientOptions{
 		Workers:      workers,
 		Queues:       map[string]int{river.QueueDefault: 5, webhooks.QueueWebhooks: cfg.Worker.Concurrency},
 		RescueAfter:  cfg.Worker.RescueAfter,
-		PeriodicJobs: append(inbox.PeriodicJobs(), rec.PeriodicJobs()...),
+		PeriodicJobs: append(append(inbox.PeriodicJobs(), rec.PeriodicJobs()...), charges.PeriodicJobs()...),
 		Logger:       logger.With("component", "river"),
 	})
 	if err != nil {
@@ -155,6 +158,8 @@ func newApp(opts appOptions) (*App, error) {
 		PeriodGrace:     cfg.Policy.PeriodGrace,
 		Reread:          billing.RereadDeps{Stripe: stripe.Subscriptions, Livemode: livemode},
 		Registerer:      reg,
+		// Access while collection is paused (pause_collection).
+		PausedCollectionEntitled: cfg.Policy.PausedCollectionEntitled,
 	})
 	// The re-read worker needs the service, which needs the client: River looks workers up in
 	// the bundle when it inserts or works a job, so adding it before Start is in time.
@@ -168,8 +173,7 @@ func newApp(opts appOptions) (*App, error) {
 	})
 	sessions.Mount(v1)
 	checkoutSync.Bind(sessions)
-	registerEventHandlers(registry, subs, sessions)
-	charges := ledger.New(ledger.Deps{DB: db, Stripe: stripe, Livemode: livemode, Logger: logger, Now: now})
+	registerEventHandlers(registry, subs, sessions, charges)
 	charges.Mount(v1)
 	portal.New(portal.Deps{DB: db, Stripe: stripe, Subscriptions: subs, Livemode: livemode, DefaultReturnURL: cfg.Portal.ReturnURL, Logger: logger}).Mount(v1)
 	subs.MountAPI(v1)

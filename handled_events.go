@@ -5,6 +5,8 @@ import (
 
 	"billing/billing"
 	"billing/checkout"
+	"billing/customers"
+	"billing/ledger"
 	"billing/webhooks"
 )
 
@@ -12,15 +14,17 @@ import (
 // newApp calls it with the running services; handledEventTypes reads the same registrations, so
 // the types `billing stripe setup` subscribes the endpoint to and `billing doctor` checks are the
 // types the inbox handles.
-func registerEventHandlers(reg *webhooks.Registry, subs *billing.Service, sessions *checkout.Service) {
+func registerEventHandlers(reg *webhooks.Registry, subs *billing.Service, sessions *checkout.Service, charges *ledger.Service) {
 	subs.Register(reg)
 	sessions.Register(reg)
+	customers.Register(reg)
+	charges.Register(reg)
 }
 
 // handledEventTypes lists the types registerEventHandlers registers, sorted. The services are built
 // only to be registered: their handlers never run here, so no database connection is opened.
 func handledEventTypes() []string {
 	reg := webhooks.NewRegistry()
-	registerEventHandlers(reg, billing.New(billing.Deps{DB: &gorm.DB{Config: &gorm.Config{}}}), checkout.New(checkout.Deps{}))
+	registerEventHandlers(reg, billing.New(billing.Deps{DB: &gorm.DB{Config: &gorm.Config{}}}), checkout.New(checkout.Deps{}), ledger.New(ledger.Deps{}))
 	return reg.Types()
 }

@@ -93,6 +93,9 @@ type Config struct {
 		// PeriodGrace is how long past its period (or trial) end an active or trialing
 		// subscription stays entitled without a renewal from Stripe.
 		PeriodGrace time.Duration
+		// PausedCollectionEntitled: whether an active subscription whose collection is paused
+		// (pause_collection) keeps access.
+		PausedCollectionEntitled bool
 	}
 	Mail struct {
 		SMTPURL string // secret: may embed a password
@@ -166,6 +169,8 @@ var defaults = map[string]string{
 	"mail.from":                   "",
 	"log.level":                   "info",
 	"log.format":                  "json",
+	// Whether an active subscription with collection paused keeps access (billing.Policy).
+	"policy.paused_collection_entitled": "true",
 }
 
 // Load builds a Config from defaults, the YAML file at path (or at
@@ -216,6 +221,7 @@ func Load(path string) (*Config, error) {
 	c.Reconcile.Interval = l.duration("reconcile.interval")
 	c.Policy.PastDueEntitled = l.boolean("policy.past_due_entitled")
 	c.Policy.PeriodGrace = l.duration("policy.period_grace")
+	c.Policy.PausedCollectionEntitled = l.boolean("policy.paused_collection_entitled")
 	c.Mail.SMTPURL = l.secret("mail.smtp_url")
 	c.Mail.From = l.str("mail.from")
 	c.Log.Level = strings.ToLower(l.str("log.level"))
@@ -712,7 +718,8 @@ func (c *Config) LogValue() slog.Value {
 		slog.Group("webhooks", slog.String("retention", c.Webhooks.Retention.String())),
 		slog.Group("reconcile", slog.String("interval", c.Reconcile.Interval.String())),
 		slog.Group("policy", slog.Bool("past_due_entitled", c.Policy.PastDueEntitled),
-			slog.String("period_grace", c.Policy.PeriodGrace.String())),
+			slog.String("period_grace", c.Policy.PeriodGrace.String()),
+			slog.Bool("paused_collection_entitled", c.Policy.PausedCollectionEntitled)),
 		slog.Group("mail",
 			slog.String("smtp_url", setness(c.Mail.SMTPURL)),
 			slog.String("from", c.Mail.From),

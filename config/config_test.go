@@ -92,6 +92,7 @@ func TestLoadDefaults(t *testing.T) {
 	want.Reconcile.Interval = 6 * time.Hour
 	want.Policy.PastDueEntitled = true
 	want.Policy.PeriodGrace = 2 * time.Hour
+	want.Policy.PausedCollectionEntitled = true
 	want.Log.Level = "info"
 	want.Log.Format = "json"
 	if !reflect.DeepEqual(c, want) {
@@ -128,6 +129,7 @@ worker:
 policy:
   past_due_entitled: false
   period_grace: 90m
+  paused_collection_entitled: false
 mail:
   smtp_url: smtps://user:pw@mail.example.com:465
   from: billing@example.com
@@ -166,6 +168,7 @@ func TestLoadYAML(t *testing.T) {
 		want.Reconcile.Interval = 6 * time.Hour
 		want.Policy.PastDueEntitled = false
 		want.Policy.PeriodGrace = 90 * time.Minute
+		want.Policy.PausedCollectionEntitled = false
 		want.Mail.SMTPURL = "smtps://user:pw@mail.example.com:465"
 		want.Mail.From = "billing@example.com"
 		want.Log.Level = "debug" // normalised from DEBUG
@@ -491,6 +494,7 @@ func TestLoadAccepts(t *testing.T) {
 		{"sk_live_ in live mode", map[string]string{"BILLING_STRIPE_MODE": "live", "BILLING_STRIPE_SECRET_KEY": "sk_live_x", "BILLING_DATABASE_URL": "postgres://db/billing"}, func(c *Config) bool { return c.Stripe.Mode == "live" }},
 		{"rk_live_ with upper-case mode", map[string]string{"BILLING_STRIPE_MODE": "LIVE", "BILLING_STRIPE_SECRET_KEY": "rk_live_x", "BILLING_DATABASE_URL": "postgres://db/billing"}, func(c *Config) bool { return c.Stripe.Mode == "live" }},
 		{"bool false", map[string]string{"BILLING_POLICY_PAST_DUE_ENTITLED": "false"}, func(c *Config) bool { return !c.Policy.PastDueEntitled }},
+		{"paused collection not entitled", map[string]string{"BILLING_POLICY_PAUSED_COLLECTION_ENTITLED": "false"}, func(c *Config) bool { return !c.Policy.PausedCollectionEntitled }},
 		{"reconcile off", map[string]string{"BILLING_RECONCILE_INTERVAL": "0"}, func(c *Config) bool { return c.Reconcile.Interval == 0 }},
 		{"reconcile hourly", map[string]string{"BILLING_RECONCILE_INTERVAL": "1h"}, func(c *Config) bool { return c.Reconcile.Interval == time.Hour }},
 		{"period grace of a day", map[string]string{"BILLING_POLICY_PERIOD_GRACE": "24h"}, func(c *Config) bool { return c.Policy.PeriodGrace == 24*time.Hour }},
