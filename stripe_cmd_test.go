@@ -221,8 +221,9 @@ func TestSetupUpdatesAnEndpointThatDiffers(t *testing.T) {
 		wants []string // in the update's description
 	}{
 		{"missing types and an extra one", func(a *stripeAccount) string {
-			return a.endpoints.Add(setupURL, stripeclient.APIVersion, append(types[1:], "charge.refunded")...)
-		}, []string{"add " + types[0], "remove charge.refunded"}},
+			// payout.paid: a type the service does not handle.
+			return a.endpoints.Add(setupURL, stripeclient.APIVersion, append(types[1:], "payout.paid")...)
+		}, []string{"add " + types[0], "remove payout.paid"}},
 		{"disabled", func(a *stripeAccount) string {
 			id := a.endpoints.Add(setupURL, stripeclient.APIVersion, types...)
 			a.endpoints.Disable(id)
