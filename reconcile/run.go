@@ -96,44 +96,63 @@ func (r *run) execute(ctx context.Context) Summary {
 	return r.sum
 }
 
-// list walks every page of the mode's subscriptions, newest first.
+// page is one page of the listing.
+type page struct {
+	n     int
+	subs  []remote
+	more  bool
+	err   error
+	after string // the last id, where the next page starts
+}
+
+// list walks every page of the mode's subscriptions, newest first. The next page is read while
+// the current one is compared and repaired (two pages in memory at most), so that Stripe's
+// answer time and the database's work overlap.
 func (r *run) list(ctx context.Context) error {
-	after := ""
-	for {
-		subs, more, fetchedAt, err := r.page(ctx, after)
-		if err != nil {
-			return err
-		}
-		r.pages++
-		r.linked = map[string]bool{}
-		ids := make([]string, 0, len(subs))
-		for _, rem := range subs {
-			rem.fetchedAt = fetchedAt
-			ids = append(ids, rem.sub.ID)
-			if err := r.one(ctx, rem); err != nil {
-				return err
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	fetch := func(n int, after string) <-chan page {
+		ch := make(chan page, 1)
+		go func() {
+			subs, more, err := r.page(ctx, n, after)
+			pg := page{n: n, subs: subs, more: more && len(subs) > 0, err: err}
+			if len(subs) > 0 {
+				pg.after = subs[len(subs)-1].sub.ID
 			}
+			ch <- pg
+		}()
+		return ch
+	}
+	next := fetch(1, "")
+	for {
+		pg := <-next
+		if pg.err != nil {
+			return pg.err
 		}
-		if _, err := r.lk.conn.ExecContext(ctx,
-			`INSERT INTO pg_temp.reconcile_seen (subscription_id) SELECT unnest(CAST($1 AS text[])) ON CONFLICT DO NOTHING`, ids); err != nil {
-			return fmt.Errorf("record the listed ids: %w", err)
+		if pg.more {
+			next = fetch(pg.n+1, pg.after)
 		}
-		if err := r.progress(ctx); err != nil {
+		r.pages = pg.n
+		if err := r.process(ctx, pg.subs); err != nil {
+			cancel()
+			if pg.more {
+				<-next
+			}
 			return err
 		}
-		if !more || len(subs) == 0 {
+		if !pg.more {
 			return nil
 		}
-		after = subs[len(subs)-1].sub.ID
 	}
 }
 
-// page reads one page of subscriptions after the id after ("" for the first), through
+// page reads page n, the subscriptions after the id after ("" for the first), through
 // stripe-go's list iterator, one page per iterator so that each request passes the rate limiter
-// and a failed page is tried again from where it stopped.
-func (r *run) page(ctx context.Context, after string) (subs []remote, more bool, fetchedAt time.Time, err error) {
-	what := fmt.Sprintf("list subscriptions (page %d)", r.pages+1)
-	fetchedAt, err = r.s.call(ctx, what, func(ctx context.Context) error {
+// and a failed page is tried again from where it stopped. Each subscription carries the fetch
+// time of the page.
+func (r *run) page(ctx context.Context, n int, after string) (subs []remote, more bool, err error) {
+	what := fmt.Sprintf("list subscriptions (page %d)", n)
+	fetchedAt, err := r.s.call(ctx, what, func(ctx context.Context) error {
 		params := &stripe.SubscriptionListParams{Status: stripe.String("all")}
 		params.Context = ctx
 		params.Limit = stripe.Int64(pageSize)
@@ -171,7 +190,10 @@ func (r *run) page(ctx context.Context, after string) (subs []remote, more bool,
 		more = list.HasMore
 		return nil
 	})
-	return subs, more, fetchedAt, err
+	for i := range subs {
+		subs[i].fetchedAt = fetchedAt
+	}
+	return subs, more, err
 }
 
 // reread reads one subscription again, with the same expansions as the list.
@@ -214,143 +236,201 @@ func expandedInvoice(raw json.RawMessage) json.RawMessage {
 	return nil
 }
 
-// one compares a subscription with the local state and repairs what differs. Only an error that
-// must stop the run is returned; a subscription that cannot be repaired is counted and recorded.
-func (r *run) one(ctx context.Context, rem remote) error {
+// item is a subscription that differs, on its way through the page's repair.
+type item struct {
+	rem   remote
+	diffs []diff
+	link  *linkDrift
+	// out are its drift rows once decided; set early for what no repair can change.
+	out []outcome
+	// err is why its repair failed (an error about this subscription only).
+	err error
+}
+
+// process compares a page's subscriptions with the local state and repairs what differs. The
+// repairs of a page share one transaction (each in a savepoint, so that one subscription's
+// failure leaves the others), and the page's drift rows and counts another: two commits a page
+// instead of a few per subscription. Only an error that must stop the run is returned.
+func (r *run) process(ctx context.Context, subs []remote) error {
+	r.linked = map[string]bool{}
+	var items []*item
+	for _, rem := range subs {
+		it, err := r.examine(ctx, rem)
+		if err != nil {
+			return err
+		}
+		if it != nil {
+			items = append(items, it)
+		}
+	}
+	r.sum.Drifted += len(items)
+	if len(items) > 0 && !r.opts.DryRun {
+		if err := r.repair(ctx, items); err != nil {
+			return err
+		}
+		if err := r.settle(ctx, items); err != nil {
+			return err
+		}
+	}
+	ids := make([]string, len(subs))
+	for i, rem := range subs {
+		ids[i] = rem.sub.ID
+	}
+	if _, err := r.lk.conn.ExecContext(ctx,
+		`INSERT INTO pg_temp.reconcile_seen (subscription_id) SELECT unnest(CAST($1 AS text[])) ON CONFLICT DO NOTHING`, ids); err != nil {
+		return fmt.Errorf("record the listed ids: %w", err)
+	}
+	return r.flush(ctx, items)
+}
+
+// examine compares one subscription with its local row; nil when nothing differs.
+func (r *run) examine(ctx context.Context, rem remote) (*item, error) {
 	r.sum.Objects++
 	r.s.metrics.objects.Inc()
 	id := rem.sub.ID
 	local, err := r.s.billing.Subscription(ctx, id)
 	if err != nil {
-		return fmt.Errorf("load subscription %s: %w", id, err)
+		return nil, fmt.Errorf("load subscription %s: %w", id, err)
 	}
 	if local != nil && local.Livemode != r.s.livemode {
-		r.sum.Drifted++
-		return r.record(ctx, id, []outcome{{diff: diff{Field: FieldLivemode, Local: modeName(local.Livemode), Stripe: modeName(r.s.livemode)},
-			reason: "the id is a subscription of the other mode locally; test and live never mix"}})
+		return &item{rem: rem, out: []outcome{{diff: diff{Field: FieldLivemode, Local: modeName(local.Livemode), Stripe: modeName(r.s.livemode)},
+			reason: "the id is a subscription of the other mode locally; test and live never mix"}}}, nil
 	}
 	diffs := compare(local, rem.sub)
 	if len(diffs) > 0 && newerLocally(local, rem.fetchedAt) {
 		// The row has news from the page's second or later (an event that arrived while the
 		// page was on its way): the page cannot tell whether the row is wrong, a fresh read can.
 		fresh, err := r.reread(ctx, id)
-		if err != nil {
-			if gone(err) {
-				return r.objectError(ctx, id, diffs, fmt.Errorf("re-read: %w", err))
-			}
-			return err
+		switch {
+		case err != nil && gone(err):
+			it := &item{rem: rem, diffs: diffs}
+			r.fail(it, fmt.Errorf("re-read: %w", err))
+			return it, nil
+		case err != nil:
+			return nil, err
 		}
 		rem = *fresh
 		diffs = compare(local, rem.sub)
 	}
 	link, err := r.linkDiff(ctx, rem.sub.Customer)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if len(diffs) == 0 && link == nil {
-		return nil
+		return nil, nil
 	}
-	r.sum.Drifted++
+	it := &item{rem: rem, diffs: diffs, link: link}
 	if r.opts.DryRun {
-		out := make([]outcome, 0, len(diffs)+1)
 		for _, d := range diffs {
-			out = append(out, outcome{diff: d, reason: "dry run"})
+			it.out = append(it.out, outcome{diff: d, reason: "dry run"})
 		}
 		if link != nil {
 			reason := link.reason
 			if reason == "" {
 				reason = "dry run"
 			}
-			out = append(out, outcome{diff: link.diff, reason: reason})
+			it.out = append(it.out, outcome{diff: link.diff, reason: reason})
 		}
-		return r.record(ctx, id, out)
 	}
-	return r.repair(ctx, rem, diffs, link)
+	return it, nil
 }
 
-// repair applies Stripe's subscription as a snapshot (and links its customer) in one
-// transaction, then compares again: a field counts as repaired only when the local state now
-// says what Stripe said.
-func (r *run) repair(ctx context.Context, rem remote, diffs []diff, link *linkDrift) error {
-	id := rem.sub.ID
-	err := r.s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		if len(diffs) > 0 {
-			_, err := r.s.billing.ApplySnapshot(ctx, tx, billing.Snapshot{
-				Livemode: r.s.livemode, Subscription: rem.raw, LatestInvoice: rem.invoice,
-				FetchedAt: rem.fetchedAt, Source: "reconcile:" + r.sum.RunID,
-			})
-			if err != nil {
-				return err
+// repair applies each item's subscription as a snapshot and links its customer, in one
+// transaction with a savepoint per subscription.
+func (r *run) repair(ctx context.Context, items []*item) error {
+	return r.s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		for _, it := range items {
+			if it.out != nil {
+				continue // decided already: nothing to apply
 			}
-		}
-		if link != nil && link.repairable {
-			return r.link(ctx, tx, rem.sub.Customer)
+			err := tx.Transaction(func(tx *gorm.DB) error {
+				if len(it.diffs) > 0 {
+					if _, err := r.s.billing.ApplySnapshot(ctx, tx, billing.Snapshot{
+						Livemode: r.s.livemode, Subscription: it.rem.raw, LatestInvoice: it.rem.invoice,
+						FetchedAt: it.rem.fetchedAt, Source: "reconcile:" + r.sum.RunID,
+					}); err != nil {
+						return err
+					}
+				}
+				if it.link != nil && it.link.repairable {
+					return r.link(ctx, tx, it.rem.sub.Customer)
+				}
+				return nil
+			})
+			switch {
+			case err != nil && webhooks.IsPermanent(err):
+				r.fail(it, err)
+			case err != nil:
+				return fmt.Errorf("repair subscription %s: %w", it.rem.sub.ID, err)
+			}
 		}
 		return nil
 	})
-	if err != nil {
-		if webhooks.IsPermanent(err) {
-			all := diffs
-			if link != nil {
-				all = append(all, link.diff)
-			}
-			return r.objectError(ctx, id, all, err)
-		}
-		return fmt.Errorf("repair subscription %s: %w", id, err)
-	}
-
-	local, err := r.s.billing.Subscription(ctx, id)
-	if err != nil {
-		return fmt.Errorf("load subscription %s: %w", id, err)
-	}
-	still := map[string]bool{}
-	for _, d := range compare(local, rem.sub) {
-		still[d.Field] = true
-	}
-	reason := "the snapshot was not applied: the local subscription is terminal, and Stripe never revives one"
-	if newerLocally(local, rem.fetchedAt) {
-		reason = "an event newer than Stripe's answer changed the subscription meanwhile; the next run compares again"
-	}
-	out := make([]outcome, 0, len(diffs)+1)
-	all := true
-	for _, d := range diffs {
-		o := outcome{diff: d, repaired: !still[d.Field]}
-		if !o.repaired {
-			o.reason, all = reason, false
-		}
-		out = append(out, o)
-	}
-	if link != nil {
-		o := outcome{diff: link.diff, reason: link.reason}
-		if link.repairable {
-			after, err := r.linkDiff(ctx, rem.sub.Customer)
-			if err != nil {
-				return err
-			}
-			o.repaired = after == nil
-			if after != nil {
-				o.reason = "the customer was linked otherwise meanwhile: " + after.diff.Local
-			}
-		}
-		all = all && o.repaired
-		out = append(out, o)
-	}
-	if all {
-		r.sum.Repaired++
-	}
-	return r.record(ctx, id, out)
 }
 
-// objectError counts an error that concerns one subscription only and records its drift as not
-// repaired.
-func (r *run) objectError(ctx context.Context, id string, diffs []diff, cause error) error {
-	r.sum.Errors++
-	r.s.log.WarnContext(ctx, "reconcile: subscription not repaired", "run_id", r.sum.RunID, "subscription_id", id, "error", cause)
-	out := make([]outcome, 0, len(diffs))
-	for _, d := range diffs {
-		out = append(out, outcome{diff: d, reason: "error: " + cause.Error()})
+// settle compares the repaired subscriptions again: a field counts as repaired only when the
+// local state now says what Stripe said.
+func (r *run) settle(ctx context.Context, items []*item) error {
+	for _, it := range items {
+		if it.out != nil {
+			continue
+		}
+		id := it.rem.sub.ID
+		local, err := r.s.billing.Subscription(ctx, id)
+		if err != nil {
+			return fmt.Errorf("load subscription %s: %w", id, err)
+		}
+		still := map[string]bool{}
+		for _, d := range compare(local, it.rem.sub) {
+			still[d.Field] = true
+		}
+		reason := "the snapshot was not applied: the local subscription is terminal, and Stripe never revives one"
+		if newerLocally(local, it.rem.fetchedAt) {
+			reason = "an event newer than Stripe's answer changed the subscription meanwhile; the next run compares again"
+		}
+		all := true
+		for _, d := range it.diffs {
+			o := outcome{diff: d, repaired: !still[d.Field]}
+			if !o.repaired {
+				o.reason, all = reason, false
+			}
+			it.out = append(it.out, o)
+		}
+		if link := it.link; link != nil {
+			o := outcome{diff: link.diff, reason: link.reason}
+			if link.repairable {
+				after, err := r.linkDiff(ctx, it.rem.sub.Customer)
+				if err != nil {
+					return err
+				}
+				o.repaired = after == nil
+				if after != nil {
+					o.reason = "the customer was linked otherwise meanwhile: " + after.diff.Local
+				}
+			}
+			all = all && o.repaired
+			it.out = append(it.out, o)
+		}
+		if all {
+			r.sum.Repaired++
+		}
 	}
-	return r.record(ctx, id, out)
+	return nil
+}
+
+// fail counts an error that concerns one subscription only; its drift is recorded as not
+// repaired.
+func (r *run) fail(it *item, cause error) {
+	r.sum.Errors++
+	r.s.log.Warn("reconcile: subscription not repaired", "run_id", r.sum.RunID, "subscription_id", it.rem.sub.ID, "error", cause)
+	all := it.diffs
+	if it.link != nil {
+		all = append(all[:len(all):len(all)], it.link.diff)
+	}
+	it.out = it.out[:0]
+	for _, d := range all {
+		it.out = append(it.out, outcome{diff: d, reason: "error: " + cause.Error()})
+	}
 }
 
 // gone reports whether Stripe said the object does not exist (any more).
@@ -441,27 +521,56 @@ func (r *run) missingAtStripe(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("find subscriptions missing at Stripe: %w", err)
 	}
-	for _, m := range missing {
-		r.sum.MissingAtStripe++
-		if err := r.record(ctx, m.SubscriptionID, []outcome{{diff: diff{Field: FieldMissingAtStripe, Local: m.Status},
-			reason: "Stripe did not list it; local subscriptions are never deleted"}}); err != nil {
-			return err
-		}
+	if len(missing) == 0 {
+		return nil
 	}
+	now := r.s.now().UTC()
+	err = r.s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		for _, m := range missing {
+			if err := r.insertDrift(tx, m.SubscriptionID, []outcome{{diff: diff{Field: FieldMissingAtStripe, Local: m.Status},
+				reason: "Stripe did not list it; local subscriptions are never deleted"}}, now); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	r.sum.MissingAtStripe = len(missing)
+	r.s.metrics.drift.WithLabelValues(FieldMissingAtStripe).Add(float64(len(missing)))
 	return nil
 }
 
-// progress writes the page's line and the run's counts so far.
-func (r *run) progress(ctx context.Context) error {
+// flush records a page's drift rows and the run's counts so far in one transaction, and writes
+// the page's progress line.
+func (r *run) flush(ctx context.Context, items []*item) error {
+	now := r.s.now().UTC()
+	err := r.s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		for _, it := range items {
+			if err := r.insertDrift(tx, it.rem.sub.ID, it.out, now); err != nil {
+				return err
+			}
+		}
+		return tx.Exec(`
+			UPDATE reconcile_runs SET objects = $2, drifted = $3, repaired = $4, errors = $5 WHERE run_id = $1`,
+			r.sum.RunID, r.sum.Objects, r.sum.Drifted, r.sum.Repaired, r.sum.Errors).Error
+	})
+	if err != nil {
+		return fmt.Errorf("record page %d: %w", r.pages, err)
+	}
+	for _, it := range items {
+		for _, o := range it.out {
+			r.s.metrics.drift.WithLabelValues(o.Field).Inc()
+		}
+	}
 	line := fmt.Sprintf("reconcile: page %d: objects=%d drifted=%d repaired=%d errors=%d",
 		r.pages, r.sum.Objects, r.sum.Drifted, r.sum.Repaired, r.sum.Errors)
 	if r.opts.Progress != nil {
 		fmt.Fprintln(r.opts.Progress, line)
 	}
 	r.s.log.DebugContext(ctx, "reconcile page", "run_id", r.sum.RunID, "page", r.pages, "objects", r.sum.Objects)
-	return r.s.db.WithContext(ctx).Exec(`
-		UPDATE reconcile_runs SET objects = $2, drifted = $3, repaired = $4, errors = $5 WHERE run_id = $1`,
-		r.sum.RunID, r.sum.Objects, r.sum.Drifted, r.sum.Repaired, r.sum.Errors).Error
+	return nil
 }
 
 // finish records the outcome. cause is what stopped the run, nil when it went through.
@@ -511,21 +620,19 @@ type outcome struct {
 	reason   string
 }
 
-// record stores a subscription's drift rows and counts them.
-func (r *run) record(ctx context.Context, subscriptionID string, out []outcome) error {
-	now := r.s.now().UTC()
+// insertDrift stores a subscription's drift rows.
+func (r *run) insertDrift(tx *gorm.DB, subscriptionID string, out []outcome, now time.Time) error {
 	for _, o := range out {
 		var reason *string
 		if o.reason != "" && !o.repaired {
 			reason = &o.reason
 		}
-		if err := r.s.db.WithContext(ctx).Exec(`
+		if err := tx.Exec(`
 			INSERT INTO reconcile_drift (run_id, subscription_id, livemode, field, local, stripe, repaired, reason, created_at)
 			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
 			r.sum.RunID, subscriptionID, r.s.livemode, o.Field, o.Local, o.Stripe, o.repaired, reason, now).Error; err != nil {
 			return fmt.Errorf("record drift of %s: %w", subscriptionID, err)
 		}
-		r.s.metrics.drift.WithLabelValues(o.Field).Inc()
 	}
 	return nil
 }

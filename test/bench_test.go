@@ -37,6 +37,7 @@ import (
 
 	"billing/internal/pgcluster"
 	"billing/internal/stripeevents"
+	"billing/internal/stripetest"
 )
 
 const (
@@ -750,4 +751,68 @@ end
 	}
 	r, _ := strconv.ParseFloat(rate[1], 64)
 	return &benchWrkResult{rate: r, p99: p99[1]}
+}
+
+// BenchmarkReconcile runs `billing reconcile` against an account of BENCH_RECONCILE_SUBS
+// (default 100,000) subscriptions in the double, each list page answered after 100 ms, twice:
+// on the empty database (the backfill: every subscription imported, a customer per 100 linked)
+// and again (nothing differs: listing and comparing only). It reports objects and pages per
+// second and the command's peak RSS for each; nothing is asserted.
+func BenchmarkReconcile(b *testing.B) {
+	subs := 100000
+	if s := os.Getenv("BENCH_RECONCILE_SUBS"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 {
+			b.Fatalf("BENCH_RECONCILE_SUBS=%q", s)
+		}
+		subs = n
+	}
+	const pageDelay = 100 * time.Millisecond
+	d := startBenchDB(b)
+	// Every path the command calls is the account's: nothing reaches the upstream.
+	proxy := stripetest.New(b, "http://127.0.0.1:9")
+	acct := stripetest.NewAccount(proxy, false)
+	start := time.Now().Add(-24 * time.Hour).Truncate(time.Second)
+	var customer string
+	for i := range subs {
+		if i%100 == 0 {
+			customer = acct.AddCustomer(stripetest.CustomerSpec{Email: fmt.Sprintf("u%d@example.com", i),
+				Metadata: map[string]string{"user_id": fmt.Sprintf("user_%d", i)}})
+		}
+		acct.PutSubscription(stripetest.SubscriptionSpec{Customer: customer, Status: "active", PriceID: "price_bench",
+			CurrentPeriodStart: start, CurrentPeriodEnd: start.AddDate(0, 1, 0),
+			LatestInvoice: &stripetest.InvoiceSpec{Status: "paid", AttemptCount: 1, AmountDue: 2000}})
+	}
+	acct.SetPageDelay(pageDelay)
+	env := map[string]string{
+		"BILLING_DATABASE_URL":      d.url,
+		"BILLING_STRIPE_API_URL":    proxy.URL,
+		"BILLING_STRIPE_SECRET_KEY": "sk_test_bench",
+		"BILLING_LOG_LEVEL":         "warn",
+	}
+	b.ResetTimer()
+	for range b.N {
+		for _, phase := range []string{"backfill", "steady"} {
+			pages := acct.Stats().Pages
+			t0 := time.Now()
+			cmd := exec.Command(binary(b), "reconcile")
+			cmd.Dir, cmd.Env = d.dir, baseEnv(env)
+			var stdout, stderr bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			err := cmd.Run()
+			elapsed := time.Since(t0)
+			code := cmd.ProcessState.ExitCode()
+			if err != nil && code != 0 && code != 1 {
+				b.Fatalf("billing reconcile (%s): %v\nstdout: %s\nstderr (tail): %s", phase, err, stdout.String(), tail(stderr.String(), 2000))
+			}
+			rss := float64(cmd.ProcessState.SysUsage().(*syscall.Rusage).Maxrss) / 1024 // kB on Linux
+			n := acct.Stats().Pages - pages
+			b.Logf("%s: %s exit %d in %s: %.0f objects/s, %.1f pages/s (%d pages, %s each at the double), peak RSS %.0f MB",
+				phase, strings.TrimSpace(stdout.String()), code, elapsed.Round(time.Millisecond),
+				float64(subs)/elapsed.Seconds(), float64(n)/elapsed.Seconds(), n, pageDelay, rss)
+			b.ReportMetric(float64(subs)/elapsed.Seconds(), phase+"-objects/s")
+			b.ReportMetric(float64(n)/elapsed.Seconds(), phase+"-pages/s")
+			b.ReportMetric(rss, phase+"-peak-RSS-MB")
+		}
+	}
 }
