@@ -97,12 +97,19 @@ func runReconcileCommand(ctx context.Context, args []string, stdout, stderr io.W
 	if err != nil {
 		return stopped("river client: %v", err)
 	}
-	subs := billing.New(billing.Deps{DB: db, Jobs: jobs, Logger: logger, PastDueEntitled: cfg.Policy.PastDueEntitled})
+	sc := stripeclient.New(cfg.Stripe.APIURL, cfg.Stripe.SecretKey, logger)
+	livemode := cfg.Stripe.Mode == "live"
+	// As serve wires it, so that a repaired subscription gets its renewal's re-read queued.
+	subs := billing.New(billing.Deps{
+		DB: db, Jobs: jobs, Logger: logger,
+		PastDueEntitled: cfg.Policy.PastDueEntitled, PausedCollectionEntitled: cfg.Policy.PausedCollectionEntitled,
+		PeriodGrace: cfg.Policy.PeriodGrace, Reread: billing.RereadDeps{Stripe: sc.Subscriptions, Livemode: livemode},
+	})
 	rec := reconcile.New(reconcile.Deps{
 		DB:       db,
-		Stripe:   stripeclient.New(cfg.Stripe.APIURL, cfg.Stripe.SecretKey, logger),
+		Stripe:   sc,
 		Billing:  subs,
-		Livemode: cfg.Stripe.Mode == "live",
+		Livemode: livemode,
 		Logger:   logger,
 	})
 	sum, err := rec.Run(ctx, reconcile.RunOptions{DryRun: *dry, Trigger: reconcile.TriggerCommand, Progress: stderr})

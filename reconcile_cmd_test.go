@@ -3,11 +3,13 @@ package main
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	"billing/billing"
 	"billing/internal/stripetest"
 	"billing/internal/testenv"
 )
@@ -22,9 +24,10 @@ func TestReconcileCommand(t *testing.T) {
 	now := time.Now().UTC().Truncate(time.Second)
 	acct.PutSubscription(stripetest.SubscriptionSpec{Customer: cus, Status: "active", PriceID: "price_a",
 		CurrentPeriodStart: now.Add(-time.Hour), CurrentPeriodEnd: now.AddDate(0, 1, 0)})
+	url := testenv.DatabaseURL(t)
 	for k, v := range map[string]string{
 		"BILLING_CONFIG":            "",
-		"BILLING_DATABASE_URL":      testenv.DatabaseURL(t),
+		"BILLING_DATABASE_URL":      url,
 		"BILLING_STRIPE_MODE":       "test",
 		"BILLING_STRIPE_SECRET_KEY": "sk_test_reconcile",
 		"BILLING_STRIPE_API_URL":    proxy.URL,
@@ -50,6 +53,19 @@ func TestReconcileCommand(t *testing.T) {
 	code, out, _ = run()
 	if code != 0 || out != "reconcile: objects=1 drifted=1 repaired=1 missing_at_stripe=0 errors=0\n" {
 		t.Fatalf("run: exit %d, stdout %q", code, out)
+	}
+	// The repair queued the renewal's re-read, as an event would have; serve runs it.
+	db, err := sql.Open("pgx", url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var rereads int
+	if err := db.QueryRow(`SELECT count(*) FROM river_job WHERE kind = $1`, billing.RereadJobKind).Scan(&rereads); err != nil {
+		t.Fatal(err)
+	}
+	if rereads != 1 {
+		t.Errorf("%d renewal re-reads queued by the repair, want 1", rereads)
 	}
 	code, out, _ = run("--mode", "test")
 	if code != 0 || out != "reconcile: objects=1 drifted=0 repaired=0 missing_at_stripe=0 errors=0\n" {
