@@ -75,6 +75,9 @@ func newApp(opts appOptions) (*App, error) {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// Package-level metrics of the parts that have no service object of their own to carry them.
+	reg.MustRegister(stripeclient.Calls, ledger.Outcomes)
+	reg.MustRegister(notices.Collectors()...)
 
 	tokens := auth.New(cfg.Auth.APITokens, cfg.Auth.AdminTokens)
 	e := httpserver.New(httpserver.Options{

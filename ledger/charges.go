@@ -115,7 +115,7 @@ func (s *Service) postCharge(c echo.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request().Context()), callTimeout)
 	defer cancel()
-	return s.charge(ctx, req).write(c)
+	return countOutcome("charge", s.charge(ctx, req)).write(c)
 }
 
 // charge runs the ledger path of the package doc for one order.

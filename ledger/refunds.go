@@ -101,7 +101,7 @@ func (s *Service) postRefund(c echo.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request().Context()), callTimeout)
 	defer cancel()
-	return s.refund(ctx, req).write(c)
+	return countOutcome("refund", s.refund(ctx, req)).write(c)
 }
 
 // refund runs the ledger path for one refund. The amount is reserved when the pending row is

@@ -87,7 +87,7 @@ func (w *Worker) deliver(ctx context.Context, tx *gorm.DB, a Args) error {
 	if to == "" {
 		w.log.WarnContext(ctx, "notice has no recipient; not sent", "notice_id", n.ID, "kind", a.NoticeKind,
 			"event_id", a.EventID, "subscription_id", a.SubscriptionID)
-		return markDelivered(tx, n.ID, "no_recipient", "", false)
+		return markDelivered(tx, a.NoticeKind, n.ID, "no_recipient", "", false)
 	}
 
 	addr, err := netmail.ParseAddress(to)
@@ -95,7 +95,7 @@ func (w *Worker) deliver(ctx context.Context, tx *gorm.DB, a Args) error {
 		// A bad address will not get better by retrying; the customer record has to change.
 		w.log.WarnContext(ctx, "notice recipient is not a valid address; not sent", "notice_id", n.ID,
 			"kind", a.NoticeKind, "event_id", a.EventID, "to", maskEmail(to))
-		return markDelivered(tx, n.ID, "invalid_recipient", "", false)
+		return markDelivered(tx, a.NoticeKind, n.ID, "invalid_recipient", "", false)
 	}
 	to = addr.Address
 
@@ -108,22 +108,24 @@ func (w *Worker) deliver(ctx context.Context, tx *gorm.DB, a Args) error {
 		w.log.InfoContext(ctx, "notice (mail not configured, logged instead of sent)",
 			"notice_id", n.ID, "kind", a.NoticeKind, "event_id", a.EventID, "to", maskEmail(to),
 			"subject", msg.Subject, "text", msg.Text)
-		return markDelivered(tx, n.ID, "log", to, true)
+		return markDelivered(tx, a.NoticeKind, n.ID, "log", to, true)
 	}
 	raw, err := mail.Build(w.mail.From, to, msg, time.Now(), fmt.Sprintf("notice-%d", n.ID))
 	if err != nil {
 		return river.JobCancel(fmt.Errorf("build notice %d: %w", n.ID, err))
 	}
 	if err := w.send(ctx, w.mail, to, raw); err != nil {
+		Metrics.sendFailures.WithLabelValues(a.NoticeKind).Inc()
 		return fmt.Errorf("send notice %d: %w", n.ID, err)
 	}
 	w.log.InfoContext(ctx, "notice sent", "notice_id", n.ID, "kind", a.NoticeKind, "event_id", a.EventID, "to", maskEmail(to))
-	return markDelivered(tx, n.ID, "smtp", to, true)
+	return markDelivered(tx, a.NoticeKind, n.ID, "smtp", to, true)
 }
 
 // markDelivered records how the notice was handled; to, when not empty, replaces the recipient
 // (the address actually used).
-func markDelivered(tx *gorm.DB, id int64, delivery, to string, sent bool) error {
+func markDelivered(tx *gorm.DB, kind string, id int64, delivery, to string, sent bool) error {
+	Metrics.delivered.WithLabelValues(kind, delivery).Inc()
 	err := tx.Exec(`
 		UPDATE notices SET delivery = $1,
 		  recipient = CASE WHEN CAST($2 AS text) <> '' THEN CAST($2 AS text) ELSE recipient END,

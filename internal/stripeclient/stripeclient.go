@@ -40,7 +40,7 @@ func New(apiURL, secretKey string, logger *slog.Logger) *client.API {
 	cfg := &stripe.BackendConfig{
 		URL:               stripe.String(apiURL),
 		MaxNetworkRetries: stripe.Int64(Retries),
-		HTTPClient:        &http.Client{Timeout: TryTimeout},
+		HTTPClient:        &http.Client{Timeout: TryTimeout, Transport: countingTransport{http.DefaultTransport}},
 		LeveledLogger:     leveled{logger.With("component", "stripe")},
 	}
 	backends := &stripe.Backends{
