@@ -157,7 +157,7 @@ func TestTriggerReachesTheWorker(t *testing.T) {
 	}
 	p := start(t, t.TempDir(), env)
 	code, out := runCmd(t, t.TempDir(), map[string]string{"BILLING_STRIPE_WEBHOOK_SECRETS_TEST": "whsec_e2e"},
-		"trigger", "customer.created", "--url", p.url("/webhooks/stripe"), "--id", "e2e1")
+		"trigger", "customer.created", "--url", p.url("/webhooks/stripe"), "--id", "e2e1", "--event-id", "evt_e2e1")
 	if code != 0 || !strings.Contains(out, `"ignored"`) {
 		t.Fatalf("trigger: %d %s", code, out)
 	}
