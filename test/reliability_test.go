@@ -155,7 +155,9 @@ func logRecovery(t *testing.T, db *sql.DB, plan *relPlan, stats *sendStats) {
 		return
 	}
 	slices.Sort(waits)
-	p := func(q float64) time.Duration { return waits[min(len(waits)-1, int(q*float64(len(waits))))].Round(time.Millisecond) }
+	p := func(q float64) time.Duration {
+		return waits[min(len(waits)-1, int(q*float64(len(waits))))].Round(time.Millisecond)
+	}
 	t.Logf("recovery: acknowledged → applied over %d events: p50 %s, p99 %s, worst %s", len(waits), p(0.5), p(0.99), waits[len(waits)-1].Round(time.Millisecond))
 }
 
