@@ -386,7 +386,7 @@ func (s *Service) findSession(ctx context.Context, row *sessionRow) (*stripe.Che
 // complete records the session Stripe made (or Find found) in the locked row and answers it.
 func (s *Service) complete(ctx context.Context, tx *gorm.DB, row *sessionRow, cs *stripe.CheckoutSession, a outbound.Attempt) (reply, error) {
 	body := sessionBody{ID: cs.ID, URL: cs.URL, ExpiresAt: time.Unix(cs.ExpiresAt, 0).UTC(), IdempotencyKey: deref(row.IdempotencyKey)}
-	answer, err := encodeAnswer(body, nil)
+	answer, err := outbound.EncodeAnswer(body, nil)
 	if err != nil {
 		return reply{}, apierr.Internal(err)
 	}
@@ -424,7 +424,7 @@ func (s *Service) complete(ctx context.Context, tx *gorm.DB, row *sessionRow, cs
 func (s *Service) refuse(ctx context.Context, tx *gorm.DB, row *sessionRow, a outbound.Attempt) (reply, error) {
 	apiErr := apierr.Wrap(stripeclient.Redact(a.Err), apierr.CodeCheckoutFailed, "Stripe refused to open the Checkout session: %s", stripeMessage(a.Err)).
 		With("request_id", deref(row.RequestID))
-	answer, err := encodeAnswer(nil, apiErr)
+	answer, err := outbound.EncodeAnswer(nil, apiErr)
 	if err != nil {
 		return reply{}, apierr.Internal(err)
 	}
@@ -468,37 +468,6 @@ func modeConflict(what string, rowLivemode bool) error {
 	return apierr.New(apierr.CodeLivemodeConflict, "%s was recorded in %s mode; this service runs in %s mode", what, row, service)
 }
 
-// storedAnswer is the `answer` column: exactly one of Body and Error. The first answer and every
-// replay are rendered from it, so a repeat gets the same JSON.
-type storedAnswer struct {
-	Body  json.RawMessage `json:"body,omitempty"`
-	Error *storedError    `json:"error,omitempty"`
-}
-
-type storedError struct {
-	Code    apierr.Code    `json:"code"`
-	Message string         `json:"message"`
-	Details map[string]any `json:"details,omitempty"`
-}
-
-func encodeAnswer(body any, apiErr *apierr.Error) (string, error) {
-	var a storedAnswer
-	if apiErr != nil {
-		a.Error = &storedError{Code: apiErr.Code, Message: apiErr.Message, Details: apiErr.Details}
-	} else {
-		b, err := json.Marshal(body)
-		if err != nil {
-			return "", fmt.Errorf("encode answer body: %w", err)
-		}
-		a.Body = b
-	}
-	b, err := json.Marshal(a)
-	if err != nil {
-		return "", fmt.Errorf("encode answer: %w", err)
-	}
-	return string(b), nil
-}
-
 // reply is a 201 (this request made the session), a 200 (a replay) or an *apierr.Error.
 type reply struct {
 	created bool
@@ -517,30 +486,11 @@ func (r reply) write(c echo.Context) error {
 	return c.JSONBlob(status, r.body)
 }
 
-// answerOf renders a stored answer, decoded and encoded again so that the first answer and every
-// replay have the same bytes whatever jsonb did to key order and spacing.
+// answerOf renders a stored answer (outbound.DecodeAnswer).
 func answerOf(raw *string, created bool) reply {
-	if raw == nil {
-		return reply{err: apierr.Internal(errors.New("completed checkout row without an answer"))}
-	}
-	var a storedAnswer
-	if err := json.Unmarshal([]byte(*raw), &a); err != nil {
-		return reply{err: apierr.Internal(fmt.Errorf("decode stored answer: %w", err))}
-	}
-	if a.Error != nil {
-		e := apierr.New(a.Error.Code, "%s", a.Error.Message)
-		for k, v := range a.Error.Details {
-			e = e.With(k, v)
-		}
-		return reply{err: e}
-	}
-	var body sessionBody
-	if err := json.Unmarshal(a.Body, &body); err != nil {
-		return reply{err: apierr.Internal(fmt.Errorf("decode stored answer body: %w", err))}
-	}
-	out, err := json.Marshal(body)
+	out, err := outbound.DecodeAnswer(raw, &sessionBody{})
 	if err != nil {
-		return reply{err: apierr.Internal(fmt.Errorf("encode answer body: %w", err))}
+		return reply{err: err}
 	}
 	return reply{created: created, body: out}
 }

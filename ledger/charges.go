@@ -317,7 +317,7 @@ func (s *Service) completeCharge(ctx context.Context, tx *gorm.DB, row *chargeRo
 		code := string(out.apiErr.Code)
 		errorCode = &code
 	}
-	answer, err := encodeAnswer(body, out.apiErr)
+	answer, err := outbound.EncodeAnswer(body, out.apiErr)
 	if err != nil {
 		return reply{}, apierr.Internal(err)
 	}

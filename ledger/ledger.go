@@ -94,20 +94,6 @@ func (s *Service) Mount(v1 *echo.Group) {
 	v1.GET("/charges/:order_id", s.getCharge)
 }
 
-// storedAnswer is the `answer` column: exactly one of Body (a success) and Error (a final
-// refusal, e.g. a decline). Both the first answer and every replay are rendered from it, so a
-// repeat gets the same JSON.
-type storedAnswer struct {
-	Body  json.RawMessage `json:"body,omitempty"`
-	Error *storedError    `json:"error,omitempty"`
-}
-
-type storedError struct {
-	Code    apierr.Code    `json:"code"`
-	Message string         `json:"message"`
-	Details map[string]any `json:"details,omitempty"`
-}
-
 // reply is what a handler answers: a success body (201 when this request completed the row,
 // 200 for a replay) or an *apierr.Error.
 type reply struct {
@@ -127,51 +113,13 @@ func (r reply) write(c echo.Context) error {
 	return c.JSONBlob(status, r.body)
 }
 
-// answerOf renders the stored answer of a completed row. A success body is decoded into body (a
-// pointer to the endpoint's answer struct) and encoded again, so that the first answer and every
-// replay have the same bytes whatever jsonb did to key order and spacing.
+// answerOf renders the stored answer of a completed row (outbound.DecodeAnswer).
 func answerOf(raw *string, body any, created bool) reply {
-	if raw == nil {
-		return reply{err: apierr.Internal(errors.New("completed ledger row without an answer"))}
-	}
-	var a storedAnswer
-	if err := json.Unmarshal([]byte(*raw), &a); err != nil {
-		return reply{err: apierr.Internal(fmt.Errorf("decode stored answer: %w", err))}
-	}
-	if a.Error != nil {
-		e := apierr.New(a.Error.Code, "%s", a.Error.Message)
-		for k, v := range a.Error.Details {
-			e = e.With(k, v)
-		}
-		return reply{err: e}
-	}
-	if err := json.Unmarshal(a.Body, body); err != nil {
-		return reply{err: apierr.Internal(fmt.Errorf("decode stored answer body: %w", err))}
-	}
-	out, err := json.Marshal(body)
+	out, err := outbound.DecodeAnswer(raw, body)
 	if err != nil {
-		return reply{err: apierr.Internal(fmt.Errorf("encode answer body: %w", err))}
+		return reply{err: err}
 	}
 	return reply{created: created, body: out}
-}
-
-// encodeAnswer builds the `answer` column of an outcome.
-func encodeAnswer(body any, apiErr *apierr.Error) (string, error) {
-	var a storedAnswer
-	if apiErr != nil {
-		a.Error = &storedError{Code: apiErr.Code, Message: apiErr.Message, Details: apiErr.Details}
-	} else {
-		b, err := json.Marshal(body)
-		if err != nil {
-			return "", fmt.Errorf("encode answer body: %w", err)
-		}
-		a.Body = b
-	}
-	b, err := json.Marshal(a)
-	if err != nil {
-		return "", fmt.Errorf("encode answer: %w", err)
-	}
-	return string(b), nil
 }
 
 // requestHash is the hex sha256 of a canonical JSON encoding of v (a struct: fixed field order).

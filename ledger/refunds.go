@@ -313,7 +313,7 @@ func (s *Service) completeRefund(ctx context.Context, tx *gorm.DB, row *refundRo
 		code := string(out.apiErr.Code)
 		errorCode = &code
 	}
-	answer, err := encodeAnswer(body, out.apiErr)
+	answer, err := outbound.EncodeAnswer(body, out.apiErr)
 	if err != nil {
 		return reply{}, apierr.Internal(err)
 	}
