@@ -150,7 +150,7 @@ func newApp(opts appOptions) (*App, error) {
 	inbox.SetJobs(riverClient)
 	inbox.RegisterGauges(reg, workers, riverClient.PeriodicJobs())
 
-	// Domain packages: billing owns subscription state and handles the six events; customers,
+	// Domain packages: billing owns subscription state and handles its events; customers,
 	// the ledger and the portal call out to Stripe.
 	subs := billing.New(billing.Deps{
 		DB:              db,
