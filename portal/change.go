@@ -10,7 +10,6 @@ import (
 
 	"billing/customers"
 	"billing/internal/apierr"
-	"billing/internal/database"
 	"billing/internal/httpserver"
 	"billing/internal/ids"
 	"billing/internal/stripeclient"
@@ -49,20 +48,9 @@ func (s *Service) postChange(c echo.Context) error {
 		return apierr.New(apierr.CodeInvalidQuantity, "quantity must be an integer from 1 to %d", maxQuantity)
 	}
 	ctx := c.Request().Context()
-	cust, err := s.customer(ctx, userID)
+	cust, err := s.liveSubscription(ctx, userID, subID, "is %s and cannot change")
 	if err != nil {
 		return err
-	}
-	status, found, err := s.subs.CustomerSubscriptionStatus(ctx, cust.StripeID(), cust.Livemode, subID)
-	if err != nil {
-		return database.APIError(err, "look up subscription")
-	}
-	if !found {
-		return apierr.New(apierr.CodeNotFound, "user %s has no subscription %s", userID, subID).With("subscription_id", subID)
-	}
-	if status == string(stripe.SubscriptionStatusCanceled) || status == string(stripe.SubscriptionStatusIncompleteExpired) {
-		return apierr.New(apierr.CodeAlreadyCanceled, "subscription %s is %s and cannot change", subID, status).
-			With("subscription_id", subID).With("status", status)
 	}
 
 	flow := &stripe.BillingPortalSessionFlowDataParams{}

@@ -126,21 +126,9 @@ func (s *Service) postCancel(c echo.Context) error {
 		return err
 	}
 	ctx := c.Request().Context()
-	cust, err := s.customer(ctx, userID)
+	cust, err := s.liveSubscription(ctx, userID, subID, "is already %s")
 	if err != nil {
 		return err
-	}
-	status, found, err := s.subs.CustomerSubscriptionStatus(ctx, cust.StripeID(), cust.Livemode, subID)
-	if err != nil {
-		return database.APIError(err, "look up subscription")
-	}
-	if !found {
-		// The same answer whether the subscription does not exist or is someone else's.
-		return apierr.New(apierr.CodeNotFound, "user %s has no subscription %s", userID, subID).With("subscription_id", subID)
-	}
-	if status == string(stripe.SubscriptionStatusCanceled) || status == string(stripe.SubscriptionStatusIncompleteExpired) {
-		return apierr.New(apierr.CodeAlreadyCanceled, "subscription %s is already %s", subID, status).
-			With("subscription_id", subID).With("status", status)
 	}
 	flow := &stripe.BillingPortalSessionFlowDataParams{
 		Type: stripe.String("subscription_cancel"),
@@ -165,6 +153,29 @@ func (s *Service) postCancel(c echo.Context) error {
 	}
 	s.log.InfoContext(ctx, "cancellation flow opened", "user_id", userID, "subscription_id", subID)
 	return c.Redirect(http.StatusSeeOther, sess.URL)
+}
+
+// liveSubscription returns the customer of userID when subID is theirs and not over: 404 when it
+// is unknown or someone else's (the same answer for both), 409 when it is canceled or expired,
+// with terminal (a format taking the status) ending the message. Cancel and change both start
+// here, so they refuse the same subscriptions.
+func (s *Service) liveSubscription(ctx context.Context, userID, subID, terminal string) (*customers.Customer, error) {
+	cust, err := s.customer(ctx, userID)
+	if err != nil {
+		return nil, err
+	}
+	status, found, err := s.subs.CustomerSubscriptionStatus(ctx, cust.StripeID(), cust.Livemode, subID)
+	if err != nil {
+		return nil, database.APIError(err, "look up subscription")
+	}
+	if !found {
+		return nil, apierr.New(apierr.CodeNotFound, "user %s has no subscription %s", userID, subID).With("subscription_id", subID)
+	}
+	if status == string(stripe.SubscriptionStatusCanceled) || status == string(stripe.SubscriptionStatusIncompleteExpired) {
+		return nil, apierr.New(apierr.CodeAlreadyCanceled, "subscription %s "+terminal, subID, status).
+			With("subscription_id", subID).With("status", status)
+	}
+	return cust, nil
 }
 
 func (s *Service) customer(ctx context.Context, userID string) (*customers.Customer, error) {
