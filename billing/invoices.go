@@ -134,20 +134,21 @@ func (s *Service) keepInvoice(ctx context.Context, tx *gorm.DB, ev webhooks.Even
 	return nil
 }
 
-// InvoiceView is one entry of GET /v1/customers/{user_id}/invoices.
+// InvoiceView is one entry of GET /v1/customers/{user_id}/invoices, read straight from the
+// invoices table (the column tags).
 type InvoiceView struct {
-	InvoiceID        string     `json:"invoice_id"`
-	Number           *string    `json:"number"`
-	Status           *string    `json:"status"`
-	AmountDue        *int64     `json:"amount_due"`
-	AmountPaid       *int64     `json:"amount_paid"`
-	Currency         *string    `json:"currency"`
-	PeriodStart      *time.Time `json:"period_start"`
-	PeriodEnd        *time.Time `json:"period_end"`
-	HostedInvoiceURL *string    `json:"hosted_invoice_url"`
-	InvoicePDF       *string    `json:"invoice_pdf"`
-	Created          time.Time  `json:"created"`
-	SubscriptionID   *string    `json:"subscription_id"`
+	InvoiceID        string     `gorm:"column:invoice_id" json:"invoice_id"`
+	Number           *string    `gorm:"column:number" json:"number"`
+	Status           *string    `gorm:"column:status" json:"status"`
+	AmountDue        *int64     `gorm:"column:amount_due" json:"amount_due"`
+	AmountPaid       *int64     `gorm:"column:amount_paid" json:"amount_paid"`
+	Currency         *string    `gorm:"column:currency" json:"currency"`
+	PeriodStart      *time.Time `gorm:"column:period_start" json:"period_start"`
+	PeriodEnd        *time.Time `gorm:"column:period_end" json:"period_end"`
+	HostedInvoiceURL *string    `gorm:"column:hosted_invoice_url" json:"hosted_invoice_url"`
+	InvoicePDF       *string    `gorm:"column:invoice_pdf" json:"invoice_pdf"`
+	Created          time.Time  `gorm:"column:created" json:"created"`
+	SubscriptionID   *string    `gorm:"column:subscription_id" json:"subscription_id"`
 }
 
 // InvoicePage is GET /v1/customers/{user_id}/invoices.
@@ -161,21 +162,6 @@ const (
 	defaultInvoiceLimit = 10
 	maxInvoiceLimit     = 100
 )
-
-type invoiceRow struct {
-	InvoiceID        string     `gorm:"column:invoice_id"`
-	Number           *string    `gorm:"column:number"`
-	Status           *string    `gorm:"column:status"`
-	AmountDue        *int64     `gorm:"column:amount_due"`
-	AmountPaid       *int64     `gorm:"column:amount_paid"`
-	Currency         *string    `gorm:"column:currency"`
-	PeriodStart      *time.Time `gorm:"column:period_start"`
-	PeriodEnd        *time.Time `gorm:"column:period_end"`
-	HostedInvoiceURL *string    `gorm:"column:hosted_invoice_url"`
-	InvoicePDF       *string    `gorm:"column:invoice_pdf"`
-	Created          time.Time  `gorm:"column:created"`
-	SubscriptionID   *string    `gorm:"column:subscription_id"`
-}
 
 // ErrUnknownInvoice is a starting_after that is not an invoice of the user's customer.
 var ErrUnknownInvoice = errors.New("starting_after is not an invoice of this customer")
@@ -200,14 +186,14 @@ func (s *Service) Invoices(ctx context.Context, userID string, limit int, starti
 	c := cust[0]
 	const columns = `invoice_id, number, status, amount_due, amount_paid, currency, period_start, period_end,
 		hosted_invoice_url, invoice_pdf, created, subscription_id`
-	var rows []invoiceRow
+	var rows []InvoiceView
 	var err error
 	if startingAfter == "" {
 		err = s.db.WithContext(ctx).Raw(`SELECT `+columns+` FROM invoices
 			WHERE stripe_customer_id = $1 AND livemode = $2 AND status IS DISTINCT FROM 'draft'
 			ORDER BY created DESC, invoice_id COLLATE "C" DESC LIMIT $3`, c.StripeCustomerID, c.Livemode, limit+1).Scan(&rows).Error
 	} else {
-		var cursor []invoiceRow
+		var cursor []InvoiceView
 		if err := s.db.WithContext(ctx).Raw(`SELECT `+columns+` FROM invoices
 			WHERE invoice_id = $1 AND stripe_customer_id = $2 AND livemode = $3`, startingAfter, c.StripeCustomerID, c.Livemode).
 			Scan(&cursor).Error; err != nil {
@@ -225,16 +211,13 @@ func (s *Service) Invoices(ctx context.Context, userID string, limit int, starti
 	if err != nil {
 		return nil, fmt.Errorf("load invoices of user %q: %w", userID, err)
 	}
-	page := &InvoicePage{Invoices: make([]InvoiceView, 0, min(len(rows), limit)), HasMore: len(rows) > limit}
-	for i, r := range rows {
-		if i == limit {
-			break
-		}
-		page.Invoices = append(page.Invoices, InvoiceView{
-			InvoiceID: r.InvoiceID, Number: r.Number, Status: r.Status, AmountDue: r.AmountDue, AmountPaid: r.AmountPaid,
-			Currency: r.Currency, PeriodStart: utc(r.PeriodStart), PeriodEnd: utc(r.PeriodEnd),
-			HostedInvoiceURL: r.HostedInvoiceURL, InvoicePDF: r.InvoicePDF, Created: r.Created.UTC(), SubscriptionID: r.SubscriptionID,
-		})
+	page := &InvoicePage{Invoices: rows[:min(len(rows), limit)], HasMore: len(rows) > limit}
+	if page.Invoices == nil {
+		page.Invoices = []InvoiceView{}
+	}
+	for i := range page.Invoices {
+		v := &page.Invoices[i]
+		v.PeriodStart, v.PeriodEnd, v.Created = utc(v.PeriodStart), utc(v.PeriodEnd), v.Created.UTC()
 	}
 	return page, nil
 }
