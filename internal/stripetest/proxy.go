@@ -14,6 +14,7 @@
 //   - faults: 500s and dropped connections before the request reaches "Stripe", and dropped
 //     connections after it executed (the answer is lost, the key remembered);
 //   - canned answers (card errors) and edits of stripe-mock's answers (requires_action).
+//   - a slow Stripe: requests of a method and path executed only after a delay (Delay).
 //
 // Dev adds what a person at the dev loop needs (dev.go): remembered customers whose default
 // payment method picks the outcome of their charges, and local Customer Portal pages.
@@ -85,6 +86,7 @@ type rule struct {
 	respond      func(Request) Answer
 	mutate       func(Request, map[string]any)
 	gate         *gate
+	delay        time.Duration
 }
 
 type gate struct {
@@ -224,6 +226,13 @@ func (p *Proxy) CardError(path, code, declineCode string, times int) {
 		}
 		return Answer{Status: http.StatusPaymentRequired, Body: map[string]any{"error": e}}
 	})
+}
+
+// Delay makes "Stripe" take d to execute each of the next times requests to method and path
+// (times < 0: all), as a slow Stripe does: the idempotency key is in flight meanwhile (a retry
+// under it is answered 409), and the request is executed after d even if the caller gave up.
+func (p *Proxy) Delay(method, path string, d time.Duration, times int) {
+	p.addRule(&rule{method: method, path: path, remaining: times, delay: d})
 }
 
 // Gate holds the next request to method and path after it is recorded and before it is
@@ -414,6 +423,9 @@ func (p *Proxy) serve(w http.ResponseWriter, hr *http.Request) {
 		p.mu.Unlock()
 	}
 
+	if r := p.take(req.Method, req.Path, func(r *rule) bool { return r.delay > 0 }); r != nil {
+		time.Sleep(r.delay)
+	}
 	status, out := p.execute(w, req, hr, body)
 	req.Executed, req.Status = true, status
 	if req.IdempotencyKey != "" {
