@@ -1,6 +1,7 @@
 // Package checkout opens Stripe Checkout sessions for subscriptions and follows them to the
-// end: POST /v1/customers/{user_id}/checkout-sessions, the checkout.session.* events, and the
-// success page's GET /v1/checkout-sessions/{id}.
+// end: POST /v1/customers/{user_id}/checkout-sessions, the checkout.session.* events (completed,
+// async_payment_succeeded and async_payment_failed, expired), and the success page's
+// GET /v1/checkout-sessions/{id}.
 //
 // Opening a session is one user of the outbound protocol (internal/outbound): the row keyed by
 // (user_id, request_id) is committed, state 'pending', with a hash of the request, before Stripe
@@ -38,6 +39,9 @@ const (
 	EventSessionCompleted             = string(stripe.EventTypeCheckoutSessionCompleted)
 	EventSessionAsyncPaymentSucceeded = string(stripe.EventTypeCheckoutSessionAsyncPaymentSucceeded)
 	EventSessionAsyncPaymentFailed    = string(stripe.EventTypeCheckoutSessionAsyncPaymentFailed)
+	// EventSessionExpired: the session was not completed in time; the row says so, and the
+	// success page answers from it instead of asking Stripe.
+	EventSessionExpired = string(stripe.EventTypeCheckoutSessionExpired)
 )
 
 // Customers links users to Stripe customers; customers.Handlers implements it.
@@ -113,4 +117,5 @@ func (s *Service) Register(reg *webhooks.Registry) {
 	reg.Register(EventSessionCompleted, h)
 	reg.Register(EventSessionAsyncPaymentSucceeded, h)
 	reg.Register(EventSessionAsyncPaymentFailed, h)
+	reg.Register(EventSessionExpired, h)
 }

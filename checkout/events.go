@@ -110,10 +110,12 @@ func coalesce(a, b *string) *string {
 	return b
 }
 
-// handleSessionEvent applies checkout.session.completed, async_payment_succeeded and
-// async_payment_failed: it records the session, links its customer to the user when that link is
-// missing, and queues the read of its subscription, all in the event's transaction. Stripe is not
-// called here (webhooks.Handler); the job reads the subscription once the event is committed.
+// handleSessionEvent applies checkout.session.completed, async_payment_succeeded,
+// async_payment_failed and expired: it records the session, links its customer to the user when
+// that link is missing, and queues the read of its subscription, all in the event's transaction.
+// An expired session has no subscription: only its status is recorded (final, like complete).
+// Stripe is not called here (webhooks.Handler); the job reads the subscription once the event is
+// committed.
 func (s *Service) handleSessionEvent(ctx context.Context, tx *gorm.DB, ev webhooks.Event) error {
 	obj, err := decodeSession(ev.Object)
 	if err != nil {

@@ -173,12 +173,13 @@ func TestAsyncPaymentSucceeded(t *testing.T) {
 	}
 }
 
-// The three types are registered, and payment-mode sessions are acknowledged and left alone.
+// The four types are registered, and payment-mode sessions are acknowledged and left alone.
 func TestRegisteredTypesAndOtherSessions(t *testing.T) {
 	t.Parallel()
 	reg := webhooks.NewRegistry()
 	New(Deps{}).Register(reg)
-	want := []string{"checkout.session.async_payment_failed", "checkout.session.async_payment_succeeded", "checkout.session.completed"}
+	want := []string{"checkout.session.async_payment_failed", "checkout.session.async_payment_succeeded", "checkout.session.completed",
+		"checkout.session.expired"}
 	if got := reg.Types(); !slices.Equal(got, want) {
 		t.Errorf("types %v, want %v", got, want)
 	}
@@ -247,5 +248,37 @@ func TestEventBeforeTheRequestIsFinished(t *testing.T) {
 	if len(rows) != 1 || deref(rows[0].RequestID) != "r1" || deref(rows[0].SessionStatus) != "complete" ||
 		deref(rows[0].SubscriptionID) != "sub_1" || deref(rows[0].PaymentStatus) != "paid" {
 		t.Errorf("rows %+v", rows)
+	}
+}
+
+// checkout.session.expired marks the local session expired: the success page says so from local
+// state, without asking Stripe, and the user can open a new session.
+func TestExpiredSessionIsMarkedExpired(t *testing.T) {
+	t.Parallel()
+	v := defaultEnv(t)
+	v.link("u1", "cus_u1", false)
+	id := v.open("u1", body("r1"))["id"].(string)
+	// The double still holds the session open: a page that asked Stripe would answer "open".
+	expired := v.sessions.Get(id)
+	expired["status"], expired["url"] = "expired", nil
+	v.deliver(sessionEvent("evt_x1", EventSessionExpired, time.Now(), expired))
+	v.processed("evt_x1")
+
+	rec := v.get("/v1/checkout-sessions/" + id)
+	expectStatus(t, rec, http.StatusOK)
+	got := decode(t, rec)
+	if got["status"] != "expired" || got["payment_status"] != "unpaid" || got["subscription_id"] != nil || got["user_id"] != "u1" {
+		t.Errorf("success page of the expired session: %v", got)
+	}
+	if reads := v.proxy.Filter(http.MethodGet, sessionsPath+"/"+id); len(reads) != 0 {
+		t.Errorf("the success page read Stripe %d times for a session known to be expired", len(reads))
+	}
+	if r := v.row("u1", "r1"); deref(r.SessionStatus) != "expired" {
+		t.Errorf("row status %q, want expired", deref(r.SessionStatus))
+	}
+
+	next := v.open("u1", body("r2"))
+	if next["id"] == id || next["id"] == "" {
+		t.Errorf("new session %v, want another than the expired %s", next["id"], id)
 	}
 }
