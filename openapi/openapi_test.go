@@ -184,3 +184,18 @@ func TestMountServesTheDocument(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// GET /v1/charges/{order_id} of a row still pending has no PaymentIntent yet: its
+// payment_intent_id is null, and the document must say so.
+func TestPendingChargeFitsTheDocument(t *testing.T) {
+	pending := []byte(`{"order_id":"order_1","status":"pending","payment_intent_id":null,"amount":1250,"currency":"eur",` +
+		`"idempotency_key":"charge-order_1","decline_code":null,"amount_refunded":0,"livemode":false}`)
+	if err := CheckResponse("GET", "/v1/charges/order_1", 200, "application/json", pending); err != nil {
+		t.Errorf("a pending charge refused: %v", err)
+	}
+	// Still required: the key is always there, null or not.
+	missing := []byte(`{"order_id":"order_1","status":"pending","amount":1250,"currency":"eur","idempotency_key":"charge-order_1"}`)
+	if err := CheckResponse("GET", "/v1/charges/order_1", 200, "application/json", missing); err == nil {
+		t.Error("a charge without payment_intent_id accepted")
+	}
+}
