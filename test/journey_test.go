@@ -45,7 +45,7 @@ func TestOneUsersWholeLife(t *testing.T) {
 	env["BILLING_STRIPE_API_URL"] = proxy.URL
 	env["BILLING_PORTAL_RETURN_URL"] = jnyReturnURL
 	j := &journey{
-		t: t, svc: newService(t, "billing", env), proxy: proxy, acct: acct, db: db,
+		t: t, svc: newService(t, "billing", env), proxy: proxy, acct: acct, db: db, started: time.Now(),
 		// Redirects are the answer under test, not something to follow.
 		client: &http.Client{Timeout: 30 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error {
 			return http.ErrUseLastResponse
@@ -217,6 +217,7 @@ type journey struct {
 	sub     map[string]any
 	created time.Time // of the last event
 	events  int
+	started time.Time
 }
 
 // tick is the created time of the next event: at least a second after the last one, so that
@@ -312,13 +313,13 @@ func (j *journey) deliver(events ...[]byte) {
 		if !waitUntil(jnyWait, func() bool {
 			a := j.callAs(relAdminToken, http.MethodGet, "/admin/events/"+id, nil)
 			var ev struct {
-				Status        string  `json:"status"`
-				FailureReason *string `json:"failure_reason"`
+				Status     string `json:"status"`
+				APIVersion string `json:"api_version"`
 			}
 			_ = json.Unmarshal(a.body, &ev)
 			last = fmt.Sprintf("%d %s", a.status, a.body)
-			if ev.Status == "failed" {
-				j.t.Fatalf("event %s failed: %s", id, tail(last, 2000))
+			if ev.Status == "failed" || (ev.Status != "" && ev.APIVersion != stripeevents.APIVersion) {
+				j.t.Fatalf("event %s: %s, want processed, API version %s", id, tail(last, 2000), stripeevents.APIVersion)
 			}
 			return a.status == http.StatusOK && ev.Status == "processed"
 		}) {
@@ -401,7 +402,7 @@ func (j *journey) expect(step string, want jnyEntitlement) {
 	}) {
 		j.t.Fatalf("%s: entitlement %s\nwant %+v", step, last, want)
 	}
-	j.t.Logf("%s: %+v", step, want)
+	j.t.Logf("%s (at %s): %+v", step, time.Since(j.started).Round(time.Millisecond), want)
 }
 
 // successPage checks GET /v1/checkout-sessions/{id}: the session's status and subscription and
