@@ -115,6 +115,7 @@ func newApp(opts appOptions) (*App, error) {
 		MaxAttempts: cfg.Worker.MaxAttempts,
 		RetryDelay:  cfg.Worker.RetryDelay,
 		Retention:   cfg.Webhooks.Retention,
+		ApplyInline: cfg.Webhooks.ApplyInline,
 		Metrics:     webhooks.NewMetrics(reg),
 		Now:         now,
 	})

@@ -83,6 +83,9 @@ type Config struct {
 	Webhooks struct {
 		// Retention is how long processed and ignored events are kept; 0 keeps them forever.
 		Retention time.Duration
+		// ApplyInline applies a handled event in the transaction that stores it, before the 200;
+		// the queue takes over only when that attempt fails.
+		ApplyInline bool
 	}
 	Reconcile struct {
 		// Interval is how often serve reconciles with Stripe; 0 turns it off.
@@ -162,6 +165,7 @@ var defaults = map[string]string{
 	"worker.rescue_after":         "1m",
 	"worker.concurrency":          "8",
 	"webhooks.retention":          "2160h",
+	"webhooks.apply_inline":       "true",
 	"reconcile.interval":          "6h",
 	"policy.past_due_entitled":    "true",
 	"policy.period_grace":         "2h",
@@ -218,6 +222,7 @@ func Load(path string) (*Config, error) {
 	c.Worker.RescueAfter = l.duration("worker.rescue_after")
 	c.Worker.Concurrency = l.integer("worker.concurrency")
 	c.Webhooks.Retention = l.duration("webhooks.retention")
+	c.Webhooks.ApplyInline = l.boolean("webhooks.apply_inline")
 	c.Reconcile.Interval = l.duration("reconcile.interval")
 	c.Policy.PastDueEntitled = l.boolean("policy.past_due_entitled")
 	c.Policy.PeriodGrace = l.duration("policy.period_grace")
@@ -715,7 +720,7 @@ func (c *Config) LogValue() slog.Value {
 			slog.String("rescue_after", c.Worker.RescueAfter.String()),
 			slog.Int("concurrency", c.Worker.Concurrency),
 		),
-		slog.Group("webhooks", slog.String("retention", c.Webhooks.Retention.String())),
+		slog.Group("webhooks", slog.String("retention", c.Webhooks.Retention.String()), slog.Bool("apply_inline", c.Webhooks.ApplyInline)),
 		slog.Group("reconcile", slog.String("interval", c.Reconcile.Interval.String())),
 		slog.Group("policy", slog.Bool("past_due_entitled", c.Policy.PastDueEntitled),
 			slog.String("period_grace", c.Policy.PeriodGrace.String()),

@@ -299,6 +299,9 @@ func TestWorkerKilledMidTransaction(t *testing.T) {
 	// worker.rescue_after is also the job timeout: 10s leaves the blocked attempt alone until the
 	// kill (the rescue after the restart waits for River's leader lease to expire anyway).
 	env["BILLING_WORKER_RESCUE_AFTER"] = "10s"
+	// This is the worker's transaction: the event must go through the queue, not be applied in
+	// its request (TestServiceKilledInsideTheReceiveTransaction covers that one).
+	env["BILLING_WEBHOOKS_APPLY_INLINE"] = "false"
 	svc := newService(t, "billing", env)
 
 	created := time.Now().Add(-10 * 24 * time.Hour).Truncate(time.Second)

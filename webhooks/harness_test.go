@@ -40,6 +40,8 @@ const (
 	appToken      = "app-token"
 	effectType    = "customer.subscription.updated"
 	failingType   = "invoice.payment_failed"
+	// permanentType's handler always fails with an error no retry can mend.
+	permanentType = "charge.dispute.created"
 )
 
 // clock is a settable test clock.
@@ -72,6 +74,16 @@ func newHarness(t *testing.T) *harness {
 	return build(t, db, []string{testSecret, testSecretOld}, []string{liveSecret})
 }
 
+// newInlineHarness is a harness whose inbox applies events in their receive transaction.
+func newInlineHarness(t *testing.T) *harness {
+	t.Helper()
+	db := testenv.DB(t)
+	if err := db.Exec(`CREATE TABLE test_effects (event_id text PRIMARY KEY, applied integer NOT NULL)`).Error; err != nil {
+		t.Fatalf("create test_effects: %v", err)
+	}
+	return build(t, db, []string{testSecret}, nil, func(c *webhooks.Config) { c.ApplyInline = true })
+}
+
 // newHarnessWithSecrets is a harness with other webhook secrets.
 func newHarnessWithSecrets(t *testing.T, test, live []string) *harness {
 	t.Helper()
@@ -84,7 +96,7 @@ func newHarnessOn(t *testing.T, db *gorm.DB) *harness {
 	return build(t, db, []string{testSecret}, nil)
 }
 
-func build(t *testing.T, db *gorm.DB, testSecrets, liveSecrets []string) *harness {
+func build(t *testing.T, db *gorm.DB, testSecrets, liveSecrets []string, options ...func(*webhooks.Config)) *harness {
 	t.Helper()
 	h := &harness{t: t, db: db, clock: &clock{t: time.Now()}}
 	logger := slog.New(slog.DiscardHandler)
@@ -99,7 +111,10 @@ func build(t *testing.T, db *gorm.DB, testSecrets, liveSecrets []string) *harnes
 		}
 		return tx.Exec(`INSERT INTO test_effects VALUES ($1, 1) ON CONFLICT (event_id) DO UPDATE SET applied = test_effects.applied + 1`, ev.ID).Error
 	}))
-	h.inbox = webhooks.New(webhooks.Config{
+	reg.Register(permanentType, webhooks.HandlerFunc(func(ctx context.Context, tx *gorm.DB, ev webhooks.Event) error {
+		return webhooks.Permanent(errTest)
+	}))
+	cfg := webhooks.Config{
 		DB: db, Logger: logger, Registry: reg,
 		TestSecrets: testSecrets,
 		LiveSecrets: liveSecrets,
@@ -108,7 +123,11 @@ func build(t *testing.T, db *gorm.DB, testSecrets, liveSecrets []string) *harnes
 		RetryDelay:  time.Millisecond,
 		Metrics:     webhooks.NewMetrics(prometheus.NewRegistry()),
 		Now:         h.clock.Now,
-	})
+	}
+	for _, o := range options {
+		o(&cfg)
+	}
+	h.inbox = webhooks.New(cfg)
 	workers := river.NewWorkers()
 	h.inbox.AddWorkers(workers)
 	sqlDB, err := db.DB()

@@ -1,7 +1,7 @@
 // Package webhooks is the service's inbox for Stripe events: it verifies each delivery on the
-// raw body, stores it durably with its processing job in one transaction before answering, and
-// processes it later in a River worker that applies the event's effects and marks it processed
-// in one transaction. It also keeps the dead letters and serves the admin event API. It imports
+// raw body and, in one transaction before answering, stores it and applies its effects (or, when
+// that fails or ApplyInline is off, stores it with its processing job, which a River worker runs
+// later the same way). It also keeps the dead letters and serves the admin event API. It imports
 // no domain package: domain packages register Handlers.
 package webhooks
 
@@ -32,6 +32,9 @@ type Config struct {
 	Now        func() time.Time
 	// Retention is how long processed and ignored events are kept (0: forever).
 	Retention time.Duration
+	// ApplyInline applies handled events in their receive transaction; the River worker then
+	// only retries the ones whose first attempt failed (and replays).
+	ApplyInline bool
 }
 
 // Inbox receives, stores, processes and replays Stripe events.

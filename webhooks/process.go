@@ -182,13 +182,7 @@ func deref(s *string) string {
 // recordFailure keeps the failure reason, and dead-letters the event when it is out of attempts
 // or can never succeed. The job is then cancelled so River stops retrying it.
 func (i *Inbox) recordFailure(ctx context.Context, job *river.Job[ProcessEventArgs], ev storedEvent, attempts int, cause error) error {
-	reason := cause.Error()
-	if r := failureReason(cause); r != "" {
-		reason = r + ": " + reason
-	}
-	if len(reason) > 2000 {
-		reason = reason[:2000]
-	}
+	reason := failureText(cause)
 	id := job.Args.EventID
 	permanent := IsPermanent(cause)
 	if database.IsUnavailable(cause) {
@@ -236,12 +230,29 @@ func (i *Inbox) recordFailure(ctx context.Context, job *river.Job[ProcessEventAr
 	}
 	kind := "max_attempts"
 	if permanent {
-		kind = "permanent"
-		if r := failureReason(cause); r != "" {
-			kind = r
-		}
+		kind = deadKind(cause)
 	}
 	i.metrics.dead.WithLabelValues(ev.Type, kind).Inc()
 	i.log.Error("webhook event dead-lettered", "event_id", id, "type", ev.Type, "attempts", attempts, "permanent", permanent, "error", cause)
 	return river.JobCancel(cause)
+}
+
+// failureText is the failure_reason stored for an error: its classified reason first, bounded.
+func failureText(cause error) string {
+	reason := cause.Error()
+	if r := failureReason(cause); r != "" {
+		reason = r + ": " + reason
+	}
+	if len(reason) > 2000 {
+		reason = reason[:2000]
+	}
+	return reason
+}
+
+// deadKind is the dead-letter metric's label for an error that can never succeed.
+func deadKind(cause error) string {
+	if r := failureReason(cause); r != "" {
+		return r
+	}
+	return "permanent"
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/labstack/echo/v4"
+	"github.com/riverqueue/river"
 	"gorm.io/gorm"
 
 	"billing/internal/apierr"
@@ -108,8 +109,8 @@ func (i *Inbox) MountWebhook(e *echo.Echo) {
 	e.POST("/webhooks/stripe", i.receive)
 }
 
-// receive verifies, stores and acknowledges one delivery. It does no processing: its only
-// durable effect is the event row and its job, committed together before the 200.
+// receive verifies, stores and acknowledges one delivery. Its durable effects commit together
+// before the 200: the event row and either its applied effects or its processing job.
 func (i *Inbox) receive(c echo.Context) error {
 	// Read the raw body before anything can parse it: the signature covers these exact bytes.
 	body, err := io.ReadAll(io.LimitReader(c.Request().Body, MaxBodyBytes+1))
@@ -199,6 +200,9 @@ func (i *Inbox) store(ctx context.Context, env envelope, body []byte) (storeResu
 		created = &t
 	}
 	now := i.cfg.Now()
+	if i.cfg.ApplyInline && handled && !mismatch {
+		return i.storeAndApply(ctx, env, body, created, now)
+	}
 	// The job's placeholders come last, after the event's ($1 to $9) and the dead letter's ($10).
 	jobSQL, jobArgs, err := processJobInsert(ProcessEventArgs{EventID: env.ID}, 11)
 	if err != nil {
@@ -239,15 +243,122 @@ func (i *Inbox) store(ctx context.Context, env envelope, body []byte) (storeResu
 	return res, nil
 }
 
+// storeAndApply stores a handled event and applies it in one transaction, before the 200: the
+// row is inserted already processed (attempt 1), and the handler's effects commit with it or not
+// at all, the same promise as a worker's. What a user waits for is the applied event, and this
+// path spends one transaction per event where the queue spends two plus River's fetch and
+// completion.
+//
+// When the handler fails, that transaction is rolled back whole and the event is stored as the
+// queue's path stores it, with this first attempt counted: a worker retries it after the retry
+// delay, and an error that can never succeed dead-letters it at once. Concurrent deliveries of
+// one event wait on its primary key as in the queued store, so exactly one applies it.
+func (i *Inbox) storeAndApply(ctx context.Context, env envelope, body []byte, created *time.Time, now time.Time) (storeResult, error) {
+	ev := storedEvent{EventID: env.ID, Type: env.Type, Livemode: *env.Livemode, APIVersion: env.APIVersion,
+		Status: "received", Payload: body, ReceivedAt: now, EventCreated: created}
+	inserted := false
+	var applyErr error
+	err := i.cfg.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		// Straight to the connection, for the reason given in store.
+		var stored string
+		err := tx.Statement.ConnPool.QueryRowContext(ctx, `
+			INSERT INTO webhook_events (event_id, source, type, livemode, api_version, status, payload, received_at, event_created, processed_at, attempts)
+			VALUES ($1, 'stripe', $2, $3, $4, 'processed', $5, $6, $7, $6, 1)
+			ON CONFLICT (event_id) DO NOTHING
+			RETURNING event_id`,
+			env.ID, env.Type, *env.Livemode, env.APIVersion, string(body), now, created).Scan(&stored)
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("store event %s: %w", env.ID, err)
+		}
+		inserted = true
+		if applyErr = i.dispatch(ctx, tx, ev); applyErr != nil {
+			return applyErr
+		}
+		return nil
+	})
+	switch {
+	case err == nil && !inserted:
+		return storeResult{ResultDuplicate, ResultDuplicate}, nil
+	case err == nil:
+		i.metrics.processed.WithLabelValues(env.Type).Inc()
+		i.metrics.lag.WithLabelValues(env.Type).Observe(i.cfg.Now().Sub(now).Seconds())
+		return storeResult{ResultReceived, ResultReceived}, nil
+	case applyErr == nil || ctx.Err() != nil || database.IsUnavailable(applyErr):
+		// Not stored (or the request is gone): Stripe gets no 200 and delivers again.
+		return storeResult{}, err
+	}
+	i.metrics.failures.WithLabelValues(env.Type).Inc()
+	return i.storeFailed(ctx, env, body, created, now, applyErr)
+}
+
+// storeFailed stores an event whose first attempt, in the receive transaction, failed: with that
+// attempt counted and its reason, and either a job scheduled after the retry delay or, for an
+// error no retry can mend, its dead letter.
+func (i *Inbox) storeFailed(ctx context.Context, env envelope, body []byte, created *time.Time, now time.Time, cause error) (storeResult, error) {
+	reason := failureText(cause)
+	permanent := IsPermanent(cause) || i.cfg.MaxAttempts <= 1
+	status, res := "received", storeResult{ResultReceived, ResultReceived}
+	if permanent {
+		status, res = "failed", storeResult{ResultReceived, "dead_lettered"}
+	}
+	inserted := false
+	err := i.cfg.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		var stored string
+		err := tx.Statement.ConnPool.QueryRowContext(ctx, `
+			INSERT INTO webhook_events (event_id, source, type, livemode, api_version, status, payload, received_at, event_created, attempts, failure_reason)
+			VALUES ($1, 'stripe', $2, $3, $4, $5, $6, $7, $8, 1, $9)
+			ON CONFLICT (event_id) DO NOTHING
+			RETURNING event_id`,
+			env.ID, env.Type, *env.Livemode, env.APIVersion, status, string(body), now, created, reason).Scan(&stored)
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil // another delivery of this event stored it meanwhile
+		}
+		if err != nil {
+			return fmt.Errorf("store event %s: %w", env.ID, err)
+		}
+		inserted = true
+		if permanent {
+			return tx.Exec(`INSERT INTO webhook_dead_letters (event_id, attempts, last_error, dead_at) VALUES ($1, 1, $2, $3)`,
+				env.ID, reason, now).Error
+		}
+		return i.enqueueAt(ctx, tx, env.ID, now.Add(backoff(i.cfg.RetryDelay, 1)))
+	})
+	switch {
+	case err != nil:
+		return storeResult{}, err
+	case !inserted:
+		return storeResult{ResultDuplicate, ResultDuplicate}, nil
+	case permanent:
+		i.metrics.dead.WithLabelValues(env.Type, deadKind(cause)).Inc()
+		i.log.Error("webhook event dead-lettered", "event_id", env.ID, "type", env.Type, "attempts", 1, "permanent", true, "error", cause)
+	default:
+		i.log.Warn("webhook event processing failed; will retry", "event_id", env.ID, "type", env.Type,
+			"attempt", 1, "max_attempts", i.cfg.MaxAttempts, "error", cause)
+	}
+	return res, nil
+}
+
 // FailureAPIVersionMismatch is the failure reason of an event of another API version.
 const FailureAPIVersionMismatch = "api_version_mismatch"
 
 func (i *Inbox) enqueue(ctx context.Context, tx *gorm.DB, eventID string) error {
+	return i.enqueueAt(ctx, tx, eventID, time.Time{})
+}
+
+// enqueueAt inserts the processing job of an event in tx, to run at the given time (zero: now).
+func (i *Inbox) enqueueAt(ctx context.Context, tx *gorm.DB, eventID string, at time.Time) error {
 	sqlTx, err := jobs.SQLTx(tx)
 	if err != nil {
 		return err
 	}
-	if _, err := i.jobs.InsertTx(ctx, sqlTx, ProcessEventArgs{EventID: eventID}, nil); err != nil {
+	var opts *river.InsertOpts
+	if !at.IsZero() {
+		opts = &river.InsertOpts{ScheduledAt: at}
+	}
+	if _, err := i.jobs.InsertTx(ctx, sqlTx, ProcessEventArgs{EventID: eventID}, opts); err != nil {
 		return fmt.Errorf("enqueue processing of event %s: %w", eventID, err)
 	}
 	return nil

@@ -1,0 +1,161 @@
+package webhooks_test
+
+import (
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"billing/internal/stripeevents"
+)
+
+// The inline path applies an event before answering: no worker runs in this test, yet the
+// effect and the processed status are there when the 200 arrives, and no job was queued.
+func TestInlineAppliesBeforeTheAnswer(t *testing.T) {
+	t.Parallel()
+	h := newInlineHarness(t)
+	payload := subEvent("evt_inline", time.Now())
+	if got := h.deliver(payload); got.Status != 200 || got.Body["status"] != "received" {
+		t.Fatalf("deliver: %d %v", got.Status, got.Body)
+	}
+	row, ok := h.event("evt_inline")
+	if !ok || row.Status != "processed" || row.Attempts != 1 || row.FailureReason != nil {
+		t.Fatalf("event after the answer: %+v (stored %t), want processed after 1 attempt", row, ok)
+	}
+	if n := h.applied("evt_inline"); n != 1 {
+		t.Errorf("effect applied %d times, want 1", n)
+	}
+	if n := h.count(`SELECT count(*) FROM river_job`); n != 0 {
+		t.Errorf("%d jobs queued for an event applied inline, want 0", n)
+	}
+	if got := h.deliver(payload); got.Status != 200 || got.Body["status"] != "duplicate" {
+		t.Errorf("redelivery: %d %v, want duplicate", got.Status, got.Body)
+	}
+	if n := h.applied("evt_inline"); n != 1 {
+		t.Errorf("after a redelivery: effect applied %d times, want 1", n)
+	}
+}
+
+// A failed inline attempt leaves no effect, counts as the first attempt, and hands the event to
+// the queue, which applies it on a later attempt.
+func TestInlineFailureFallsBackToTheQueue(t *testing.T) {
+	t.Parallel()
+	h := newInlineHarness(t)
+	h.failures.Store(1)
+	payload := stripeevents.InvoiceEvent("evt_inline_flaky", failingType, time.Now(), false, stripeevents.Invoice{ID: "in_1", Subscription: "sub_1"})
+	if got := h.deliver(payload); got.Status != 200 || got.Body["status"] != "received" {
+		t.Fatalf("deliver: %d %v", got.Status, got.Body)
+	}
+	row, _ := h.event("evt_inline_flaky")
+	if row.Status != "received" || row.Attempts != 1 || row.FailureReason == nil || !strings.Contains(*row.FailureReason, "handler failed on purpose") {
+		t.Fatalf("event after a failed inline attempt: %+v, want received, 1 attempt, the reason", row)
+	}
+	if n := h.applied("evt_inline_flaky"); n != 0 {
+		t.Fatalf("a failed inline attempt left %d effects", n)
+	}
+	if n := h.count(`SELECT count(*) FROM river_job WHERE args->>'event_id' = 'evt_inline_flaky' AND state = 'scheduled'`); n != 1 {
+		t.Fatalf("%d scheduled jobs for the event, want 1 (retried after the retry delay)", n)
+	}
+	h.start()
+	row = h.waitStatus("evt_inline_flaky", "processed")
+	if row.Attempts != 2 || row.FailureReason != nil {
+		t.Errorf("after the retry: %+v, want 2 attempts and no reason", row)
+	}
+	if n := h.applied("evt_inline_flaky"); n != 1 {
+		t.Errorf("effect applied %d times, want 1", n)
+	}
+}
+
+// The inline attempt counts toward the limit: an event that always fails is dead-lettered after
+// worker.max_attempts in all, not after that many queued attempts.
+func TestInlineAttemptCountsTowardTheDeadLetter(t *testing.T) {
+	t.Parallel()
+	h := newInlineHarness(t)
+	h.failures.Store(1000)
+	h.start()
+	payload := stripeevents.InvoiceEvent("evt_inline_fail", failingType, time.Now(), false, stripeevents.Invoice{ID: "in_1", Subscription: "sub_1"})
+	if got := h.deliver(payload); got.Status != 200 {
+		t.Fatalf("deliver: %d %v", got.Status, got.Body)
+	}
+	row := h.waitStatus("evt_inline_fail", "failed")
+	if row.Attempts != 3 {
+		t.Errorf("%d attempts, want 3", row.Attempts)
+	}
+	if n := h.count(`SELECT count(*) FROM webhook_dead_letters WHERE event_id = 'evt_inline_fail' AND attempts = 3`); n != 1 {
+		t.Errorf("%d dead letters with 3 attempts, want 1", n)
+	}
+	if n := h.applied("evt_inline_fail"); n != 0 {
+		t.Errorf("a failed event left %d effects", n)
+	}
+}
+
+// An error no retry can mend dead-letters the event in the receive transaction: it is still
+// acknowledged and stored, and no job is queued.
+func TestInlinePermanentFailureIsDeadLetteredAtOnce(t *testing.T) {
+	t.Parallel()
+	h := newInlineHarness(t)
+	payload := stripeevents.Event("evt_inline_perm", permanentType, time.Now(), false, map[string]any{"id": "dp_1", "object": "dispute"}, nil)
+	if got := h.deliver(payload); got.Status != 200 || got.Body["status"] != "received" {
+		t.Fatalf("deliver: %d %v", got.Status, got.Body)
+	}
+	row, _ := h.event("evt_inline_perm")
+	if row.Status != "failed" || row.Attempts != 1 {
+		t.Errorf("event: %+v, want failed after 1 attempt", row)
+	}
+	if n := h.count(`SELECT count(*) FROM webhook_dead_letters WHERE event_id = 'evt_inline_perm' AND attempts = 1`); n != 1 {
+		t.Errorf("%d dead letters, want 1", n)
+	}
+	if n := h.count(`SELECT count(*) FROM river_job`); n != 0 {
+		t.Errorf("%d jobs queued for a dead letter, want 0", n)
+	}
+}
+
+// Concurrent deliveries of one event wait for each other on its primary key: one applies it,
+// the others answer duplicate, also when the first one's attempt fails and falls back.
+func TestInlineConcurrentDeliveriesApplyOnce(t *testing.T) {
+	t.Parallel()
+	for _, failFirst := range []bool{false, true} {
+		h := newInlineHarness(t)
+		if failFirst {
+			h.failures.Store(1)
+		}
+		id := "evt_inline_race"
+		payload := stripeevents.InvoiceEvent(id, failingType, time.Now(), false, stripeevents.Invoice{ID: "in_1", Subscription: "sub_1"})
+		const n = 16
+		results := make(chan answer, n)
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				results <- h.deliver(payload)
+			}()
+		}
+		close(start)
+		wg.Wait()
+		close(results)
+		received := 0
+		for r := range results {
+			switch {
+			case r.Status == 200 && r.Body["status"] == "received":
+				received++
+			case r.Status == 200 && r.Body["status"] == "duplicate":
+			default:
+				t.Errorf("fail first %t: unexpected answer %d %v", failFirst, r.Status, r.Body)
+			}
+		}
+		if received != 1 {
+			t.Errorf("fail first %t: %d deliveries answered received, want 1", failFirst, received)
+		}
+		h.start()
+		h.waitStatus(id, "processed")
+		if got := h.applied(id); got != 1 {
+			t.Errorf("fail first %t: effect applied %d times, want 1", failFirst, got)
+		}
+		if got := h.count(`SELECT count(*) FROM webhook_events`); got != 1 {
+			t.Errorf("fail first %t: %d rows, want 1", failFirst, got)
+		}
+	}
+}
