@@ -89,6 +89,7 @@ func TestLoadDefaults(t *testing.T) {
 	want.Worker.RescueAfter = time.Minute
 	want.Worker.Concurrency = 8
 	want.Webhooks.Retention = 90 * 24 * time.Hour
+	want.Webhooks.ApplyInline = true
 	want.Reconcile.Interval = 6 * time.Hour
 	want.Policy.PastDueEntitled = true
 	want.Policy.PeriodGrace = 2 * time.Hour
@@ -165,6 +166,7 @@ func TestLoadYAML(t *testing.T) {
 		want.Worker.RescueAfter = time.Minute
 		want.Worker.Concurrency = 8
 		want.Webhooks.Retention = 90 * 24 * time.Hour
+		want.Webhooks.ApplyInline = true
 		want.Reconcile.Interval = 6 * time.Hour
 		want.Policy.PastDueEntitled = false
 		want.Policy.PeriodGrace = 90 * time.Minute
