@@ -690,7 +690,12 @@ func BenchmarkIsolation(b *testing.B) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	piMade := stripe.Executed(http.MethodPost, "/v1/payment_intents")
-	piRefused := len(stripe.Filter(http.MethodPost, "/v1/payment_intents")) - piMade
+	piRefused := 0
+	for _, r := range stripe.Filter(http.MethodPost, "/v1/payment_intents") {
+		if r.Status == http.StatusConflict {
+			piRefused++
+		}
+	}
 	if piMade != throughCount {
 		b.Errorf("%d PaymentIntents made for %d charges let through", piMade, throughCount)
 	}
