@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/riverqueue/river"
-
 	"billing/internal/apitest"
 	"billing/internal/stripeevents"
 	"billing/openapi"
@@ -105,8 +103,6 @@ func TestOpenAPIAnswersFitTheDocument(t *testing.T) {
 	expect(200)(d.do(app, http.MethodPut, "/v1/customers/u_oa", map[string]any{"email": "oa@example.com", "name": "OA"}))
 
 	// A subscription with a hold, so that lists have items to check.
-	events, cancel := d.app.River.Subscribe(river.EventKindJobCompleted, river.EventKindJobFailed)
-	defer cancel()
 	if err := d.app.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +111,7 @@ func TestOpenAPIAnswersFitTheDocument(t *testing.T) {
 		defer c()
 		_ = d.app.Stop(ctx)
 	})
-	wait := jobWaiter{events: events}
+	wait := eventWaiter{db: d.app.DB}
 	o := stripeevents.SampleOptions{Suffix: "oa", Customer: cus, Subscription: "sub_oa", Invoice: "in_oa"}
 	created, _ := d.webhook("customer.subscription.created", o)
 	wait.processed(t, created)
