@@ -351,8 +351,8 @@ func e2eJoin(xs []int) string {
 // (BENCH_E2E_DURATION). A sampler counts the backlog every second. Reported: acknowledged/s,
 // applied/s (from the first delivery to the last event applied, after the backlog drains), the
 // backlog series, the lag from acknowledgement to applied (p50, p99: each sender's 200 to the
-// event's processed_at; the stored received_at → processed_at beside it), the service's peak RSS, and pgbench running the per-event work of the design on the same cluster, before and
-// after.
+// event's processed_at; the stored received_at → processed_at beside it), the service's peak
+// RSS, and pgbench running the per-event work of the design on the same cluster, before and after.
 func BenchmarkEndToEnd(b *testing.B) {
 	dur := e2eDurationFromEnv(b, e2eDuration)
 	pgDur := max(time.Second, min(benchDuration, dur))
