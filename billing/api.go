@@ -1,8 +1,12 @@
 package billing
 
 import (
+	"encoding/json"
 	"errors"
 	"net/http"
+	"strconv"
+	"sync"
+	"time"
 
 	"github.com/labstack/echo/v4"
 
@@ -40,7 +44,99 @@ func (s *Service) getEntitlement(c echo.Context) error {
 	if err != nil {
 		return readError(err, userID)
 	}
-	return c.JSON(http.StatusOK, e)
+	return writeEntitlement(c, e)
+}
+
+// entitlementBufs recycles the buffers entitlement answers are encoded into.
+var entitlementBufs = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
+
+// writeEntitlement answers e as c.JSON would, byte for byte, without encoding/json's reflection:
+// the entitlement is the app's hottest read. A request asking for indented output (?pretty, or
+// echo's debug mode), or a value the fast encoder does not take, goes through c.JSON.
+func writeEntitlement(c echo.Context, e *Entitlement) error {
+	if c.Request().URL.RawQuery != "" || c.Echo().Debug {
+		return c.JSON(http.StatusOK, e)
+	}
+	bp := entitlementBufs.Get().(*[]byte)
+	defer entitlementBufs.Put(bp)
+	b, ok := appendEntitlementJSON((*bp)[:0], e)
+	*bp = b[:0]
+	if !ok {
+		return c.JSON(http.StatusOK, e)
+	}
+	return c.Blob(http.StatusOK, echo.MIMEApplicationJSON, b)
+}
+
+// appendEntitlementJSON appends e as encoding/json encodes it (field order, null pointers, HTML
+// escaping, RFC 3339 times) followed by the encoder's newline. ok is false for what it leaves to
+// encoding/json: a time that json.Marshal refuses (a year outside 0-9999, a zone offset of a day or more).
+func appendEntitlementJSON(b []byte, e *Entitlement) (_ []byte, ok bool) {
+	b = append(b, `{"user_id":`...)
+	b = appendJSONString(b, e.UserID)
+	b = append(b, `,"entitled":`...)
+	b = strconv.AppendBool(b, e.Entitled)
+	b = append(b, `,"status":`...)
+	b = appendJSONString(b, e.Status)
+	b = append(b, `,"on_hold":`...)
+	b = strconv.AppendBool(b, e.OnHold)
+	b = append(b, `,"hold_reason":`...)
+	b = appendJSONStringPtr(b, e.HoldReason)
+	b = append(b, `,"subscription_id":`...)
+	b = appendJSONStringPtr(b, e.SubscriptionID)
+	b = append(b, `,"price_id":`...)
+	b = appendJSONStringPtr(b, e.PriceID)
+	b = append(b, `,"current_period_end":`...)
+	if b, ok = appendJSONTime(b, e.CurrentPeriodEnd); !ok {
+		return b, false
+	}
+	b = append(b, `,"cancel_at_period_end":`...)
+	b = strconv.AppendBool(b, e.CancelAtPeriodEnd)
+	b = append(b, `,"trial_end":`...)
+	if b, ok = appendJSONTime(b, e.TrialEnd); !ok {
+		return b, false
+	}
+	b = append(b, `,"unconfirmed_since":`...)
+	if b, ok = appendJSONTime(b, e.UnconfirmedSince); !ok {
+		return b, false
+	}
+	return append(b, "}\n"...), true
+}
+
+func appendJSONStringPtr(b []byte, s *string) []byte {
+	if s == nil {
+		return append(b, "null"...)
+	}
+	return appendJSONString(b, *s)
+}
+
+// appendJSONString appends s quoted. Ids and statuses are plain ASCII and are copied as they are;
+// anything encoding/json would escape (quotes, backslashes, control characters, <, >, &,
+// non-ASCII) is left to it, so the escaping is always its own.
+func appendJSONString(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c > 0x7e || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			q, _ := json.Marshal(s) // a string always encodes
+			return append(b, q...)
+		}
+	}
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"')
+}
+
+func appendJSONTime(b []byte, t *time.Time) ([]byte, bool) {
+	if t == nil {
+		return append(b, "null"...), true
+	}
+	if y := t.Year(); y < 0 || y > 9999 {
+		return b, false
+	}
+	if _, offset := t.Zone(); offset <= -24*3600 || offset >= 24*3600 {
+		return b, false
+	}
+	b = append(b, '"')
+	b = t.AppendFormat(b, time.RFC3339Nano)
+	return append(b, '"'), true
 }
 
 // readError answers a failed read: 404 for an unknown user, 503 when the database is down.

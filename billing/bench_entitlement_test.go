@@ -3,6 +3,8 @@ package billing
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -15,6 +17,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 	"github.com/prometheus/client_golang/prometheus"
+	"gorm.io/gorm"
 
 	"billing/internal/auth"
 	"billing/internal/database"
@@ -28,22 +31,16 @@ const (
 	benchEntToken = "bench-entitlement-app-token-0123456789"
 )
 
-// benchEntitlementServer is the entitlement route behind the whole middleware chain main builds
-// (request id, security headers, request log at info through logging.Writer, metrics, recoverer,
-// app-token auth, the Stripe concurrency limit), on a seeded test database shaped like
-// test/bench_test.go's: every fifth user also has a canceled subscription, every tenth is
-// past_due with a payment hold.
-func benchEntitlementServer(tb testing.TB) *echo.Echo {
+// benchEntitlementDB is a test database seeded like test/bench_test.go's: benchEntUsers linked
+// users with an active subscription each, every fifth also with a canceled one, every tenth
+// past_due with a payment hold. It is opened as main opens the service's (database.Open).
+func benchEntitlementDB(tb testing.TB, logger *slog.Logger) *gorm.DB {
 	tb.Helper()
-	logw := logging.NewWriter(io.Discard, 0)
-	tb.Cleanup(func() { _ = logw.Close() })
-	logger := slog.New(slog.NewJSONHandler(logw, nil))
 	db, err := database.Open(context.Background(), testenv.DatabaseURL(tb), logger)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { _ = database.SQL(db).Close() })
-	database.SizePool(database.SQL(db), database.DefaultWorkers)
 	for _, stmt := range []string{
 		`INSERT INTO customers (user_id, stripe_customer_id, email, name, livemode)
 		SELECT 'user_' || g, 'cus_bench_' || g, 'user' || g || '@example.com', 'User ' || g, false
@@ -63,17 +60,24 @@ func benchEntitlementServer(tb testing.TB) *echo.Echo {
 			now() - interval '60 days', now() - interval '60 days', now() - interval '60 days', 'evt_old_' || g,
 			'customer.subscription.deleted', now() - interval '60 days', 32, now() - interval '90 days', now()
 		FROM generate_series(5, $1::int, 5) g`,
-		`ANALYZE customers`,
-		`ANALYZE subscriptions`,
 	} {
-		var args []any
-		if bytes.Contains([]byte(stmt), []byte("$1")) {
-			args = append(args, benchEntUsers)
-		}
-		if _, err := database.SQL(db).Exec(stmt, args...); err != nil {
+		if _, err := database.SQL(db).Exec(stmt, benchEntUsers); err != nil {
 			tb.Fatalf("seed: %v", err)
 		}
 	}
+	for _, stmt := range []string{`ANALYZE customers`, `ANALYZE subscriptions`} {
+		if _, err := database.SQL(db).Exec(stmt); err != nil {
+			tb.Fatalf("seed: %v", err)
+		}
+	}
+	return db
+}
+
+// benchEntitlementServer is the entitlement route on db behind the whole middleware chain main
+// builds: request id, security headers, the request log at info through logging.Writer, the
+// metrics, the recoverer, app-token auth and the Stripe concurrency limit.
+func benchEntitlementServer(tb testing.TB, db *gorm.DB, logger *slog.Logger) *echo.Echo {
+	tb.Helper()
 	svc := New(Deps{DB: db, Logger: logger, PastDueEntitled: true, PausedCollectionEntitled: true})
 	e := httpserver.New(httpserver.Options{
 		Logger:   logger,
@@ -85,6 +89,13 @@ func benchEntitlementServer(tb testing.TB) *echo.Echo {
 		httpserver.LimitConcurrency(16, 5*time.Second, httpserver.CallsStripe))
 	svc.MountAPI(v1)
 	return e
+}
+
+// benchLogger logs at info in JSON through logging.Writer, as main does, into nothing.
+func benchLogger(tb testing.TB) *slog.Logger {
+	logw := logging.NewWriter(io.Discard, 0)
+	tb.Cleanup(func() { _ = logw.Close() })
+	return slog.New(slog.NewJSONHandler(logw, nil))
 }
 
 // benchWriter is a reusable http.ResponseWriter, so that the benchmark's allocations are the
@@ -121,7 +132,8 @@ func (w *benchWriter) reset() {
 // allocations per request, see -cpuprofile and -benchmem). Every answer must be 200 and name the
 // user.
 func BenchmarkEntitlementHandler(b *testing.B) {
-	e := benchEntitlementServer(b)
+	logger := benchLogger(b)
+	e := benchEntitlementServer(b, benchEntitlementDB(b, logger), logger)
 	var failed atomic.Int64
 	var firstFailure atomic.Value
 	b.SetParallelism(16)
@@ -162,4 +174,120 @@ func processCPU(tb testing.TB) time.Duration {
 		tb.Fatal(err)
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// The entitlement read (entitlementQuery, fewer columns) answers what Customer's view says, for
+// users in every state the seed and the updates below give: active, past_due with a hold,
+// authentication_required, trialing, cancelling at period end, collection paused, renewal
+// unconfirmed, a canceled subscription beside a live one, no subscription, no customer.
+func TestEntitlementReadAgreesWithCustomerView(t *testing.T) {
+	t.Parallel()
+	db := benchEntitlementDB(t, slog.New(slog.DiscardHandler))
+	for _, stmt := range []string{
+		`UPDATE subscriptions SET status = 'trialing', trial_start = now() - interval '3 days', trial_end = now() + interval '4 days'
+		 WHERE subscription_id IN (SELECT 'sub_bench_' || g FROM generate_series(7, 1000, 7) g)`,
+		`UPDATE subscriptions SET cancel_at_period_end = true WHERE subscription_id IN (SELECT 'sub_bench_' || g FROM generate_series(11, 1000, 11) g)`,
+		`UPDATE subscriptions SET current_period_end = now() - interval '1 hour' WHERE subscription_id IN (SELECT 'sub_bench_' || g FROM generate_series(33, 1000, 33) g)`,
+		`UPDATE subscriptions SET pause_collection_behavior = 'void' WHERE subscription_id IN (SELECT 'sub_bench_' || g FROM generate_series(13, 1000, 13) g)`,
+		`UPDATE subscriptions SET payment_hold_kind = 'authentication_required', payment_hold_billing_reason = 'subscription_cycle',
+		   inv_event_created = now() - interval '1 day' WHERE subscription_id IN (SELECT 'sub_bench_' || g FROM generate_series(20, 1000, 20) g)`,
+		`UPDATE subscriptions SET current_period_end = now() - interval '5 hours' WHERE subscription_id IN (SELECT 'sub_bench_' || g FROM generate_series(17, 1000, 17) g)`,
+		`DELETE FROM subscriptions WHERE subscription_id IN (SELECT 'sub_bench_' || g FROM generate_series(19, 1000, 19) g)`,
+		`INSERT INTO customers (user_id, stripe_customer_id, email, livemode) VALUES ('user_nolink', NULL, 'n@example.com', false)`,
+	} {
+		if err := db.Exec(stmt).Error; err != nil {
+			t.Fatalf("%s: %v", stmt, err)
+		}
+	}
+	svc := New(Deps{DB: db, PastDueEntitled: true, PausedCollectionEntitled: false, PeriodGrace: 2 * time.Hour})
+	ctx := context.Background()
+	seen := map[string]int{}
+	for g := 1; g <= benchEntUsers; g++ {
+		user := "user_" + strconv.Itoa(g)
+		got, err := svc.Entitlement(ctx, user)
+		if err != nil {
+			t.Fatalf("Entitlement(%s): %v", user, err)
+		}
+		view, err := svc.Customer(ctx, user)
+		if err != nil {
+			t.Fatalf("Customer(%s): %v", user, err)
+		}
+		gotJSON, _ := json.Marshal(got)
+		wantJSON, _ := json.Marshal(view.Entitlement)
+		if !bytes.Equal(gotJSON, wantJSON) {
+			t.Errorf("%s: Entitlement %s\nCustomer's view %s", user, gotJSON, wantJSON)
+		}
+		key := got.Status + "/" + strconv.FormatBool(got.Entitled) + "/" + strconv.FormatBool(got.OnHold)
+		if got.UnconfirmedSince != nil {
+			key += "/unconfirmed"
+		}
+		seen[key]++
+	}
+	// The fixtures must reach the states the comparison is about, or it proves little.
+	for _, want := range []string{"active/true/false", "past_due/true/true", "trialing/true/false", "none/false/false",
+		"active/false/false/unconfirmed", "active/false/false"} {
+		if seen[want] == 0 {
+			t.Errorf("no user in state %s; states seen: %v", want, seen)
+		}
+	}
+	for _, user := range []string{"user_nolink", "user_unknown"} {
+		if _, err := svc.Entitlement(ctx, user); !errors.Is(err, ErrNoCustomer) {
+			t.Errorf("Entitlement(%s) = %v, want ErrNoCustomer", user, err)
+		}
+	}
+}
+
+// The entitlement's own encoder writes exactly what encoding/json's Encoder (c.JSON) writes, for
+// plain and awkward strings (quotes, HTML, control characters, non-ASCII, invalid UTF-8), null
+// and set pointers, and times with and without fractions or in other zones; it declines the
+// times encoding/json refuses.
+func TestEntitlementJSONIsEncodingJSONs(t *testing.T) {
+	t.Parallel()
+	str := func(s string) *string { return &s }
+	tm := func(t time.Time) *time.Time { return &t }
+	strs := []string{"", "user_1", "sub_1MowQVLkdIwHu7ixeRlqHVzs", `a"b\c`, "<script>&amp;", "a<b>c", "tab\tnew\nline\x00\x1f\x7f",
+		"é ünïcödé ✓", "\u2028\u2029", "bad \xff utf8", "past_due"}
+	times := []time.Time{
+		time.Date(2026, 12, 4, 17, 0, 0, 0, time.UTC),
+		time.Date(2026, 12, 4, 17, 0, 0, 123456000, time.UTC),
+		time.Date(1, 1, 1, 0, 0, 0, 1, time.UTC),
+		time.Date(9999, 12, 31, 23, 59, 59, 999999999, time.FixedZone("x", -(23*3600+59*60))),
+		time.Date(2024, 2, 29, 12, 30, 0, 500, time.FixedZone("CET", 3600)),
+	}
+	var cases []Entitlement
+	for i, s := range strs {
+		for j, at := range times {
+			e := Entitlement{UserID: s, Entitled: (i+j)%2 == 0, Status: strs[(i+1)%len(strs)], OnHold: j%2 == 1,
+				CancelAtPeriodEnd: i%3 == 0}
+			if j%3 != 0 {
+				e.HoldReason, e.SubscriptionID, e.PriceID = str(s), str(strs[j]), str(strs[(i+j)%len(strs)])
+				e.CurrentPeriodEnd, e.TrialEnd = tm(at), tm(times[(i+j)%len(times)])
+			}
+			if j%2 == 0 {
+				e.UnconfirmedSince = tm(at)
+			}
+			cases = append(cases, e)
+		}
+	}
+	cases = append(cases, Entitlement{UserID: "u", Status: StatusNone})
+	for _, e := range cases {
+		var want bytes.Buffer
+		if err := json.NewEncoder(&want).Encode(&e); err != nil {
+			t.Fatal(err)
+		}
+		got, ok := appendEntitlementJSON(nil, &e)
+		if !ok || !bytes.Equal(got, want.Bytes()) {
+			t.Errorf("ok=%v\n got %s\nwant %s", ok, got, want.Bytes())
+		}
+	}
+	for _, bad := range []time.Time{time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(-1, 1, 1, 0, 0, 0, 0, time.UTC),
+		time.Date(2026, 1, 1, 0, 0, 0, 0, time.FixedZone("far", 24*3600))} {
+		e := Entitlement{UserID: "u", Status: StatusActive, TrialEnd: &bad}
+		if _, err := json.Marshal(&e); err == nil {
+			t.Fatalf("encoding/json encodes %v; the case tests nothing", bad)
+		}
+		if _, ok := appendEntitlementJSON(nil, &e); ok {
+			t.Errorf("appendEntitlementJSON encoded %v, which encoding/json refuses", bad)
+		}
+	}
 }
