@@ -218,6 +218,35 @@ const entitlementQuery = `SELECT coalesce(s.subscription_id, ''), coalesce(s.sta
 	WHERE c.user_id = $1 AND c.stripe_customer_id IS NOT NULL
 	ORDER BY s.created_at, s.subscription_id`
 
+// entitlementRow is one row of entitlementQuery. Its fields are the scan's destinations, in the
+// query's order, so that a read allocates them once and not per column.
+type entitlementRow struct {
+	sub                                                   Subscription
+	priceID, billingReason, holdKind, pauseBehavior       sql.NullString
+	periodEnd, trialEnd, statusSince, subEvent, holdSince sql.NullTime
+	invEvent, pauseResumes                                sql.NullTime
+	dest                                                  [15]any
+}
+
+func newEntitlementRow() *entitlementRow {
+	r := &entitlementRow{}
+	r.dest = [15]any{&r.sub.SubscriptionID, &r.sub.Status, &r.priceID, &r.periodEnd, &r.sub.CancelAtPeriodEnd,
+		&r.trialEnd, &r.statusSince, &r.subEvent, &r.sub.PaymentHold, &r.holdSince, &r.invEvent, &r.billingReason,
+		&r.holdKind, &r.pauseBehavior, &r.pauseResumes}
+	return r
+}
+
+// subscription is the row's subscription, with only the columns of entitlementQuery set.
+func (r *entitlementRow) subscription() Subscription {
+	sub := r.sub
+	sub.PriceID, sub.PaymentHoldBillingReason = validString(r.priceID), validString(r.billingReason)
+	sub.PaymentHoldKind, sub.PauseCollectionBehavior = validString(r.holdKind), validString(r.pauseBehavior)
+	sub.CurrentPeriodEnd, sub.TrialEnd, sub.StatusSince = validTime(r.periodEnd), validTime(r.trialEnd), validTime(r.statusSince)
+	sub.SubEventCreated, sub.PaymentHoldSince = validTime(r.subEvent), validTime(r.holdSince)
+	sub.InvEventCreated, sub.PauseCollectionResumesAt = validTime(r.invEvent), validTime(r.pauseResumes)
+	return sub
+}
+
 // entitlementSubscriptions runs entitlementQuery, scanned by position into typed destinations:
 // no reflection per row. It returns ErrNoCustomer when the user has no linked customer.
 func (s *Service) entitlementSubscriptions(ctx context.Context, userID string) ([]Subscription, error) {
@@ -228,28 +257,15 @@ func (s *Service) entitlementSubscriptions(ctx context.Context, userID string) (
 	defer rows.Close()
 	found := false
 	var subs []Subscription
+	r := newEntitlementRow()
 	for rows.Next() {
 		found = true
-		var (
-			sub                                                   Subscription
-			priceID, billingReason, holdKind, pauseBehavior       sql.NullString
-			periodEnd, trialEnd, statusSince, subEvent, holdSince sql.NullTime
-			invEvent, pauseResumes                                sql.NullTime
-		)
-		if err := rows.Scan(&sub.SubscriptionID, &sub.Status, &priceID, &periodEnd, &sub.CancelAtPeriodEnd,
-			&trialEnd, &statusSince, &subEvent, &sub.PaymentHold, &holdSince, &invEvent, &billingReason,
-			&holdKind, &pauseBehavior, &pauseResumes); err != nil {
+		if err := rows.Scan(r.dest[:]...); err != nil {
 			return nil, fmt.Errorf("load customer of user %q: %w", userID, err)
 		}
-		if sub.SubscriptionID == "" {
-			continue
+		if r.sub.SubscriptionID != "" {
+			subs = append(subs, r.subscription())
 		}
-		sub.PriceID, sub.PaymentHoldBillingReason = validString(priceID), validString(billingReason)
-		sub.PaymentHoldKind, sub.PauseCollectionBehavior = validString(holdKind), validString(pauseBehavior)
-		sub.CurrentPeriodEnd, sub.TrialEnd, sub.StatusSince = validTime(periodEnd), validTime(trialEnd), validTime(statusSince)
-		sub.SubEventCreated, sub.PaymentHoldSince = validTime(subEvent), validTime(holdSince)
-		sub.InvEventCreated, sub.PauseCollectionResumesAt = validTime(invEvent), validTime(pauseResumes)
-		subs = append(subs, sub)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("load customer of user %q: %w", userID, err)
