@@ -20,9 +20,11 @@ func requestID() echo.MiddlewareFunc {
 			if !validRequestID(rid) {
 				rid = newRequestID()
 			}
-			// Downstream code reading the request's header sees the accepted id too.
-			c.Request().Header.Set(echo.HeaderXRequestID, rid)
-			c.Response().Header().Set(echo.HeaderXRequestID, rid)
+			// Downstream code reading the request's header sees the accepted id too. Both headers
+			// share one value slice (canonical key, as Set would write it): one allocation, not two.
+			v := []string{rid}
+			c.Request().Header[echo.HeaderXRequestID] = v
+			c.Response().Header()[echo.HeaderXRequestID] = v
 			return next(c)
 		}
 	}

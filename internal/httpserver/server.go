@@ -79,14 +79,21 @@ func New(opts Options) *echo.Echo {
 // securityHeaders: no answer of this API is meant for a cache (they are per caller, and the
 // admin ones carry event payloads), and none may be content-sniffed into something else.
 // Handlers may still override either header.
+// The values are shared by every answer instead of allocated for each: a handler that changes a
+// header replaces its slice (Set) or appends past its capacity (Add), never writes into it.
 func securityHeaders(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		h := c.Response().Header()
-		h.Set("X-Content-Type-Options", "nosniff")
-		h.Set("Cache-Control", "no-store")
+		h["X-Content-Type-Options"] = nosniff
+		h["Cache-Control"] = noStore
 		return next(c)
 	}
 }
+
+var (
+	nosniff = []string{"nosniff"}
+	noStore = []string{"no-store"}
+)
 
 // ErrNotReady marks a readiness failure whose message may be shown to the caller
 // (it says which dependency, never a connection string).
