@@ -118,7 +118,11 @@ func (t *Tokens) Require(want Role, allowBasic bool) echo.MiddlewareFunc {
 				if basic && !safeMethod(c.Request().Method) && !csrfValid(token, submittedCSRF(c), time.Now()) {
 					return apierr.New(apierr.CodeForbidden, "missing or expired CSRF token: reload the page and submit the form again")
 				}
-				c.Set(credentialKey, token)
+				// Only the pages of a group that takes Basic credentials make CSRF tokens; the app's
+				// API skips the context's store, an allocation per request.
+				if allowBasic {
+					c.Set(credentialKey, token)
+				}
 				return next(c)
 			case RoleNone:
 				if allowBasic {

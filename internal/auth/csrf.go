@@ -39,7 +39,7 @@ const (
 const credentialKey = "auth.credential"
 
 // CSRFToken returns a token for the forms of the page being rendered, or "" when the request was
-// not authenticated by Require.
+// not authenticated by a Require that takes Basic credentials (the pages' groups).
 func CSRFToken(c echo.Context) string {
 	cred, _ := c.Get(credentialKey).(string)
 	if cred == "" {
