@@ -75,13 +75,13 @@ func newHarness(t *testing.T) *harness {
 }
 
 // newInlineHarness is a harness whose inbox applies events in their receive transaction.
-func newInlineHarness(t *testing.T) *harness {
+func newInlineHarness(t *testing.T, options ...func(*webhooks.Config)) *harness {
 	t.Helper()
 	db := testenv.DB(t)
 	if err := db.Exec(`CREATE TABLE test_effects (event_id text PRIMARY KEY, applied integer NOT NULL)`).Error; err != nil {
 		t.Fatalf("create test_effects: %v", err)
 	}
-	return build(t, db, []string{testSecret}, nil, func(c *webhooks.Config) { c.ApplyInline = true })
+	return build(t, db, []string{testSecret}, nil, append([]func(*webhooks.Config){func(c *webhooks.Config) { c.ApplyInline = true }}, options...)...)
 }
 
 // newHarnessWithSecrets is a harness with other webhook secrets.

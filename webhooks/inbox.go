@@ -35,6 +35,9 @@ type Config struct {
 	// ApplyInline applies handled events in their receive transaction; the River worker then
 	// only retries the ones whose first attempt failed (and replays).
 	ApplyInline bool
+	// InlineTimeout bounds an inline attempt; past it the event is rolled back and queued, so a
+	// delivery never waits long on a lock held elsewhere.
+	InlineTimeout time.Duration
 }
 
 // Inbox receives, stores, processes and replays Stripe events.
@@ -55,6 +58,9 @@ func New(cfg Config) *Inbox {
 	}
 	if cfg.RetryDelay <= 0 {
 		cfg.RetryDelay = 30 * time.Second
+	}
+	if cfg.InlineTimeout <= 0 {
+		cfg.InlineTimeout = 2 * time.Second
 	}
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics(nil)

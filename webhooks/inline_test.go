@@ -1,12 +1,14 @@
 package webhooks_test
 
 import (
+	"context"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"billing/internal/stripeevents"
+	"billing/webhooks"
 )
 
 // The inline path applies an event before answering: no worker runs in this test, yet the
@@ -157,5 +159,49 @@ func TestInlineConcurrentDeliveriesApplyOnce(t *testing.T) {
 		if got := h.count(`SELECT count(*) FROM webhook_events`); got != 1 {
 			t.Errorf("fail first %t: %d rows, want 1", failFirst, got)
 		}
+	}
+}
+
+// An inline attempt that cannot finish within its budget (here: blocked on a row another
+// transaction holds) is rolled back and the event is acknowledged through the queue, as a fresh
+// event: the delivery does not wait on the lock, and the worker applies the event once the lock
+// is gone.
+func TestInlineTimeoutQueuesTheEvent(t *testing.T) {
+	t.Parallel()
+	h := newInlineHarness(t, func(c *webhooks.Config) { c.InlineTimeout = 200 * time.Millisecond })
+	id := "evt_inline_slow"
+	ctx := context.Background()
+	sqlDB, err := h.db.DB()
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocker, err := sqlDB.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer blocker.Rollback()
+	// The handler's INSERT of this key waits for this uncommitted one.
+	if _, err := blocker.Exec(`INSERT INTO test_effects VALUES ($1, 0)`, id); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.deliver(subEvent(id, time.Now())); got.Status != 200 || got.Body["status"] != "received" {
+		t.Fatalf("deliver: %d %v", got.Status, got.Body)
+	}
+	row, _ := h.event(id)
+	if row.Status != "received" || row.Attempts != 0 || row.FailureReason != nil {
+		t.Fatalf("event after the budget ran out: %+v, want received, no attempt counted, no reason", row)
+	}
+	if n := h.count(`SELECT count(*) FROM river_job WHERE args->>'event_id' = $1 AND state = 'available'`, id); n != 1 {
+		t.Fatalf("%d available jobs for the event, want 1", n)
+	}
+	if err := blocker.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	h.start()
+	if row := h.waitStatus(id, "processed"); row.Attempts != 1 {
+		t.Errorf("processed after %d attempts, want 1", row.Attempts)
+	}
+	if n := h.applied(id); n != 1 {
+		t.Errorf("effect applied %d times, want 1", n)
 	}
 }

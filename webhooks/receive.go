@@ -201,7 +201,14 @@ func (i *Inbox) store(ctx context.Context, env envelope, body []byte) (storeResu
 	}
 	now := i.cfg.Now()
 	if i.cfg.ApplyInline && handled && !mismatch {
-		return i.storeAndApply(ctx, env, body, created, now)
+		res, err := i.storeAndApply(ctx, env, body, created, now)
+		if !errors.Is(err, errInlineTimeout) {
+			return res, err
+		}
+		// Too slow to apply now (a lock held elsewhere, typically): acknowledge it through the
+		// queue instead, as a fresh event; the timeout was no fault of the event's.
+		i.log.Warn("webhook event not applied within the inline budget; queued", "event_id", env.ID, "type", env.Type,
+			"budget", i.cfg.InlineTimeout)
 	}
 	// The job's placeholders come last, after the event's ($1 to $9) and the dead letter's ($10).
 	jobSQL, jobArgs, err := processJobInsert(ProcessEventArgs{EventID: env.ID}, 11)
@@ -258,6 +265,9 @@ func (i *Inbox) storeAndApply(ctx context.Context, env envelope, body []byte, cr
 		Status: "received", Payload: body, ReceivedAt: now, EventCreated: created}
 	inserted := false
 	var applyErr error
+	outer := ctx
+	ctx, cancel := context.WithTimeout(ctx, i.cfg.InlineTimeout)
+	defer cancel()
 	err := i.cfg.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		// Straight to the connection, for the reason given in store.
 		var stored string
@@ -286,13 +296,21 @@ func (i *Inbox) storeAndApply(ctx context.Context, env envelope, body []byte, cr
 		i.metrics.processed.WithLabelValues(env.Type).Inc()
 		i.metrics.lag.WithLabelValues(env.Type).Observe(i.cfg.Now().Sub(now).Seconds())
 		return storeResult{ResultReceived, ResultReceived}, nil
-	case applyErr == nil || ctx.Err() != nil || database.IsUnavailable(applyErr):
-		// Not stored (or the request is gone): Stripe gets no 200 and delivers again.
+	case outer.Err() != nil:
+		// The request is gone: Stripe gets no 200 and delivers again.
+		return storeResult{}, err
+	case ctx.Err() != nil:
+		return storeResult{}, errInlineTimeout
+	case applyErr == nil || database.IsUnavailable(applyErr):
+		// Not stored: Stripe gets a 5xx and delivers again.
 		return storeResult{}, err
 	}
 	i.metrics.failures.WithLabelValues(env.Type).Inc()
-	return i.storeFailed(ctx, env, body, created, now, applyErr)
+	return i.storeFailed(outer, env, body, created, now, applyErr)
 }
+
+// errInlineTimeout: the inline attempt ran out of its budget and was rolled back.
+var errInlineTimeout = errors.New("inline apply: budget exceeded")
 
 // storeFailed stores an event whose first attempt, in the receive transaction, failed: with that
 // attempt counted and its reason, and either a job scheduled after the retry delay or, for an
