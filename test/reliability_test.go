@@ -63,7 +63,9 @@ func runStorm(t *testing.T, o stormOptions) {
 	url := testenv.DatabaseURL(t)
 	db := openDB(t, url)
 	plan := genPlan(rng, o.name, stormSubs, stormEvents)
-	linkUsers(t, db, plan, 8)
+	// A third of the customers linked: their links take customer.updated, and their entitlement
+	// and customer view are read over the API.
+	linkUsers(t, db, plan, 16)
 	deliveries := plan.deliveries(rng)
 
 	env := relEnv(t, url)
