@@ -65,7 +65,8 @@ func (i *Inbox) RescueStuck(ctx context.Context, stuckAfter time.Duration) (int,
 	dead, rescued := 0, 0
 	err := i.cfg.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		// Running jobs are few (workers × replicas); the state condition comes first so that the
-		// planner starts from them, and the live-job check reads River's fetch index by state.
+		// planner starts from them. The live-job check is a containment on args, answered by
+		// River's GIN index on args: with ->> it hashed every live job of a backlog each round.
 		err := tx.Raw(`
 			SELECT e.event_id, e.type, e.attempts,
 			  (SELECT max(r.attempt) FROM river_job r
@@ -77,8 +78,8 @@ func (i *Inbox) RescueStuck(ctx context.Context, stuckAfter time.Duration) (int,
 			  AND e.status = 'received'
 			  AND NOT EXISTS (
 			    SELECT 1 FROM river_job w
-			    WHERE w.state IN ('available', 'pending', 'retryable', 'scheduled')
-			      AND w.kind = $1 AND w.args->>'event_id' = e.event_id)
+			    WHERE w.args @> jsonb_build_object('event_id', e.event_id)
+			      AND w.state IN ('available', 'pending', 'retryable', 'scheduled') AND w.kind = $1)
 			ORDER BY e.received_at
 			LIMIT 1000
 			FOR UPDATE OF e SKIP LOCKED`, JobKindProcessEvent, i.cfg.Now().Add(-stuckAfter)).Scan(&rows).Error
@@ -90,7 +91,8 @@ func (i *Inbox) RescueStuck(ctx context.Context, stuckAfter time.Duration) (int,
 			// statement sees what committed since.
 			var live bool
 			if err := tx.Raw(`SELECT EXISTS (SELECT 1 FROM river_job
-				WHERE state IN ('available', 'pending', 'retryable', 'scheduled') AND kind = $1 AND args->>'event_id' = $2)`,
+				WHERE args @> jsonb_build_object('event_id', CAST($2 AS text))
+				  AND state IN ('available', 'pending', 'retryable', 'scheduled') AND kind = $1)`,
 				JobKindProcessEvent, r.EventID).Scan(&live).Error; err != nil {
 				return err
 			}
