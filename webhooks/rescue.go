@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"gorm.io/gorm"
+
+	"billing/internal/database"
 )
 
 // Fast rescue. When a replica dies (SIGKILL, OOM, a lost node), the jobs it had fetched stay
@@ -67,10 +69,12 @@ func (i *Inbox) RescueStuck(ctx context.Context, stuckAfter time.Duration) (int,
 		// Running jobs are few (workers × replicas); the state condition comes first so that the
 		// planner starts from them. The live-job check is a containment on args, answered by
 		// River's GIN index on args: with ->> it hashed every live job of a backlog each round.
-		err := tx.Raw(`
+		// Straight to the transaction's connection: gorm's Raw takes the @ of @> for a named
+		// argument and drops the others.
+		found, err := tx.Statement.ConnPool.QueryContext(ctx, `
 			SELECT e.event_id, e.type, e.attempts,
-			  (SELECT max(r.attempt) FROM river_job r
-			   WHERE r.state = 'running' AND r.kind = $1 AND r.args->>'event_id' = e.event_id) AS job_attempt
+			  coalesce((SELECT max(r.attempt) FROM river_job r
+			   WHERE r.state = 'running' AND r.kind = $1 AND r.args->>'event_id' = e.event_id), 0) AS job_attempt
 			FROM webhook_events e
 			WHERE e.event_id IN (
 			    SELECT j.args->>'event_id' FROM river_job j
@@ -82,7 +86,10 @@ func (i *Inbox) RescueStuck(ctx context.Context, stuckAfter time.Duration) (int,
 			      AND w.state IN ('available', 'pending', 'retryable', 'scheduled') AND w.kind = $1)
 			ORDER BY e.received_at
 			LIMIT 1000
-			FOR UPDATE OF e SKIP LOCKED`, JobKindProcessEvent, i.cfg.Now().Add(-stuckAfter)).Scan(&rows).Error
+			FOR UPDATE OF e SKIP LOCKED`, JobKindProcessEvent, i.cfg.Now().Add(-stuckAfter))
+		if err == nil {
+			rows, err = database.ScanAll[stuck](found)
+		}
 		if err != nil {
 			return fmt.Errorf("find events held by stuck jobs: %w", err)
 		}
@@ -90,10 +97,10 @@ func (i *Inbox) RescueStuck(ctx context.Context, stuckAfter time.Duration) (int,
 			// Another process's round may have rescued it between our snapshot and our lock: this
 			// statement sees what committed since.
 			var live bool
-			if err := tx.Raw(`SELECT EXISTS (SELECT 1 FROM river_job
+			if err := tx.Statement.ConnPool.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM river_job
 				WHERE args @> jsonb_build_object('event_id', CAST($2 AS text))
 				  AND state IN ('available', 'pending', 'retryable', 'scheduled') AND kind = $1)`,
-				JobKindProcessEvent, r.EventID).Scan(&live).Error; err != nil {
+				JobKindProcessEvent, r.EventID).Scan(&live); err != nil {
 				return err
 			}
 			if live {
