@@ -1,0 +1,276 @@
+package test
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"billing/internal/stripeevents"
+)
+
+// BenchmarkFlatCost: the service's throughput must not depend on how much history the database
+// holds. On one cluster, in one run, it measures the ingest (acknowledged events/s), the
+// processing (events applied per second, from the first delivery until every accepted event is
+// processed) and the entitlement reads (req/s), first on an empty database (the 10,000 users of
+// the entitlement load only), then again after seeding by SQL BENCH_FLAT_EVENTS stored events
+// (default 1,000,000) and BENCH_FLAT_SUBS subscriptions with their customers (default 100,000),
+// and prints each ratio seeded/empty against the target 0.9. Nothing is asserted about speed;
+// the deliveries must all be accepted and processed.
+//
+//	go test -count=1 -run '^$' -bench FlatCost -benchtime 1x -timeout 60m ./test/
+func BenchmarkFlatCost(b *testing.B) {
+	events := benchFlatEnv(b, "BENCH_FLAT_EVENTS", 1000000)
+	subs := benchFlatEnv(b, "BENCH_FLAT_SUBS", 100000)
+	d := startBenchDB(b)
+	benchFlatUsers(b, d)
+	d.exec(b, `VACUUM ANALYZE`)
+	tmpl := benchEventTemplate(b)
+
+	empty := benchFlatPhase(b, d, tmpl, 1)
+
+	t0 := time.Now()
+	benchFlatSeed(b, d, events, subs)
+	seedTime := time.Since(t0)
+	t0 = time.Now()
+	d.exec(b, `VACUUM ANALYZE`)
+	vacuumTime := time.Since(t0)
+	var stored int64
+	if err := d.db.QueryRow(`SELECT count(*) FROM webhook_events`).Scan(&stored); err != nil {
+		b.Fatal(err)
+	}
+
+	seeded := benchFlatPhase(b, d, tmpl, 2)
+
+	fmt.Printf("flat cost: %d events stored (%d seeded in %.0fs, VACUUM ANALYZE %.0fs), %d subscriptions seeded [%d clients, %s per load, PostgreSQL %s]\n",
+		stored, events, seedTime.Seconds(), vacuumTime.Seconds(), subs, benchClients, benchDuration, d.serverVersion(b))
+	for _, m := range []struct {
+		name, unit, metric string
+		empty, seeded      float64
+	}{
+		{"ingest acknowledged", "events/s", "acked", empty.acked, seeded.acked},
+		{"applied", "events/s", "applied", empty.applied, seeded.applied},
+		{"entitlement", "req/s", "entitlement", empty.entitlement, seeded.entitlement},
+	} {
+		ratio := m.seeded / m.empty
+		fmt.Printf("flat cost: %-19s empty %6.0f %s, seeded %6.0f %s, ratio %.2f (%s)\n",
+			m.name, m.empty, m.unit, m.seeded, m.unit, ratio, benchFlatVerdict(ratio))
+		b.ReportMetric(ratio, m.metric+"-ratio")
+	}
+	fmt.Printf("flat cost: p99 acknowledgement empty %s, seeded %s; p99 entitlement empty %s, seeded %s; drained %.1fs after the last delivery empty, %.1fs seeded\n",
+		benchMS(empty.ackP99), benchMS(seeded.ackP99), benchMS(empty.entP99), benchMS(seeded.entP99), empty.drain.Seconds(), seeded.drain.Seconds())
+	fmt.Printf("flat cost: peak RSS empty %.0f MB, seeded %.0f MB (target < %d MB)\n", empty.rss, seeded.rss, benchTargetRSS)
+	b.ReportMetric(max(empty.rss, seeded.rss), "peak-RSS-MB")
+}
+
+// benchFlatTarget is the least acceptable ratio seeded/empty.
+const benchFlatTarget = 0.9
+
+func benchFlatVerdict(ratio float64) string {
+	if ratio >= benchFlatTarget {
+		return fmt.Sprintf("target ≥ %.1f met", benchFlatTarget)
+	}
+	return fmt.Sprintf("BELOW TARGET %.1f", benchFlatTarget)
+}
+
+func benchFlatEnv(b *testing.B, key string, def int) int {
+	b.Helper()
+	s := os.Getenv(key)
+	if s == "" {
+		return def
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 {
+		b.Fatalf("%s=%q: want a positive integer", key, s)
+	}
+	return n
+}
+
+type benchFlatResult struct {
+	acked, applied, entitlement float64 // per second
+	ackP99, entP99, drain       time.Duration
+	rss                         float64 // MB
+}
+
+// benchFlatPhase starts the service, posts distinct events for benchDuration, waits until every
+// accepted one is processed, runs the entitlement load, and stops the service. phase (1-9) is
+// part of every event and subscription id, so that the phases never deliver the same event.
+func benchFlatPhase(b *testing.B, d *benchDB, tmpl []byte, phase int) benchFlatResult {
+	b.Helper()
+	var r benchFlatResult
+	p := startBenchService(b, d)
+	client := benchHTTPClient()
+	url := p.url("/webhooks/stripe")
+	begin := time.Now()
+	lat, elapsed, errs, firstErr := benchLoad(benchClients, benchDuration, func(w, i int) error {
+		// The placeholders' width: phase, worker, sequence.
+		suffix := fmt.Sprintf("%d%02d%09d", phase, w, i)
+		body := bytes.ReplaceAll(tmpl, []byte(benchEvtPlaceholder), []byte("evt_bench_"+suffix))
+		body = bytes.ReplaceAll(body, []byte(benchSubPlaceholder), []byte("sub_bench_"+suffix))
+		req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
+		if err != nil {
+			return err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Stripe-Signature", stripeevents.SignatureHeader(body, benchSecret, time.Now()))
+		resp, err := client.Do(req)
+		if err != nil {
+			return err
+		}
+		answer, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || !bytes.Contains(answer, []byte(`"received"`)) {
+			return fmt.Errorf("%d %s", resp.StatusCode, answer)
+		}
+		return nil
+	})
+	sendEnd := time.Now()
+	accepted := len(lat)
+	if accepted == 0 {
+		b.Fatalf("phase %d: no event accepted (%d errors, first: %v)", phase, errs, firstErr)
+	}
+	if errs > 0 {
+		b.Errorf("phase %d: %d deliveries not accepted; first: %v", phase, errs, firstErr)
+	}
+	// The seed stores no received event, so every received one is this phase's.
+	for {
+		var waiting int
+		if err := d.db.QueryRow(`SELECT count(*) FROM webhook_events WHERE status = 'received'`).Scan(&waiting); err != nil {
+			b.Fatal(err)
+		}
+		if waiting == 0 {
+			break
+		}
+		if time.Since(sendEnd) > 5*time.Minute {
+			b.Fatalf("phase %d: %d events still unprocessed 5 minutes after the last delivery", phase, waiting)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	done := time.Now()
+	var processed, other int
+	prefix := fmt.Sprintf("evt_bench_%d%%", phase)
+	if err := d.db.QueryRow(`SELECT count(*) FILTER (WHERE status = 'processed'), count(*) FILTER (WHERE status <> 'processed')
+		FROM webhook_events WHERE event_id LIKE $1`, prefix).Scan(&processed, &other); err != nil {
+		b.Fatal(err)
+	}
+	if processed != accepted || other != 0 {
+		b.Errorf("phase %d: accepted %d events; processed %d, other statuses %d", phase, accepted, processed, other)
+	}
+	r.acked = float64(accepted) / elapsed.Seconds()
+	r.applied = float64(accepted) / done.Sub(begin).Seconds()
+	r.ackP99 = benchQuantile(lat, 0.99)
+	r.drain = done.Sub(sendEnd)
+
+	entLat, entElapsed, entErrs, entErr := benchEntitlementLoad(p.url(""))
+	if len(entLat) == 0 {
+		b.Fatalf("phase %d: no entitlement answered (%d errors, first: %v)", phase, entErrs, entErr)
+	}
+	if entErrs > 0 {
+		b.Errorf("phase %d: %d entitlement requests failed; first: %v", phase, entErrs, entErr)
+	}
+	r.entitlement = float64(len(entLat)) / entElapsed.Seconds()
+	r.entP99 = benchQuantile(entLat, 0.99)
+	r.rss = benchPeakRSS(b, p.cmd.Process.Pid)
+	if code := p.stop(b, syscall.SIGTERM); code != 0 {
+		b.Errorf("phase %d: billing exited %d after SIGTERM", phase, code)
+	}
+	return r
+}
+
+// benchFlatUsers stores the users of the entitlement load as BenchmarkEntitlement does: one
+// subscription each, every tenth past_due with a payment hold, every fifth with an old canceled one.
+func benchFlatUsers(b *testing.B, d *benchDB) {
+	b.Helper()
+	d.exec(b, `INSERT INTO customers (user_id, stripe_customer_id, email, name, livemode)
+		SELECT 'user_' || g, 'cus_bench_' || g, 'user' || g || '@example.com', 'User ' || g, false
+		FROM generate_series(1, $1::int) g`, benchUsers)
+	d.exec(b, `INSERT INTO subscriptions (subscription_id, stripe_customer_id, livemode, status, price_id,
+			current_period_start, current_period_end, status_since, sub_event_id, sub_event_type, sub_event_created, sub_event_rank,
+			payment_hold, payment_hold_since, created_at, updated_at)
+		SELECT 'sub_bench_' || g, 'cus_bench_' || g, false, CASE WHEN g % 10 = 0 THEN 'past_due' ELSE 'active' END, 'price_bench',
+			now() - interval '5 days', now() + interval '25 days', now() - interval '5 days', 'evt_seed_' || g,
+			'customer.subscription.created', now() - interval '5 days', 10,
+			g % 10 = 0, CASE WHEN g % 10 = 0 THEN now() - interval '1 day' END, now() - interval '5 days', now()
+		FROM generate_series(1, $1::int) g`, benchUsers)
+	d.exec(b, `INSERT INTO subscriptions (subscription_id, stripe_customer_id, livemode, status, price_id,
+			current_period_start, current_period_end, canceled_at, ended_at, status_since, sub_event_id, sub_event_type, sub_event_created,
+			sub_event_rank, created_at, updated_at)
+		SELECT 'sub_old_' || g, 'cus_bench_' || g, false, 'canceled', 'price_old', now() - interval '90 days', now() - interval '60 days',
+			now() - interval '60 days', now() - interval '60 days', now() - interval '60 days', 'evt_old_' || g,
+			'customer.subscription.deleted', now() - interval '60 days', 32, now() - interval '90 days', now()
+		FROM generate_series(5, $1::int, 5) g`, benchUsers)
+}
+
+// benchFlatSeed stores a history: subs customers with a subscription each (2% past_due on hold,
+// some canceled or trialing), and events stored events spread over the 89 days before the last
+// ten minutes (inside the retention, beyond the sweeper's age): 90% processed, 10% ignored (types
+// not handled), 0.2% failed with a dead letter, none waiting. Payloads are real events' envelopes
+// and objects naming the seeded subscriptions and customers (ten events each), padded to about
+// 2.8 KB with random hex and repetitive text, so that they compress and are TOASTed as real
+// ones are. The last day's processed events keep their completed River job, as River's cleaner
+// leaves them.
+func benchFlatSeed(b *testing.B, d *benchDB, events, subs int) {
+	b.Helper()
+	d.exec(b, `INSERT INTO customers (user_id, stripe_customer_id, email, name, livemode, created_at, updated_at)
+		SELECT 'user_seed_' || g, 'cus_seed_' || g, 'seed' || g || '@example.com', 'Seed ' || g, false,
+			now() - interval '400 days', now() - interval '1 day'
+		FROM generate_series(1, $1::int) g`, subs)
+	d.exec(b, `INSERT INTO subscriptions (subscription_id, stripe_customer_id, livemode, status, price_id,
+			current_period_start, current_period_end, cancel_at_period_end, canceled_at, ended_at, status_since,
+			sub_event_id, sub_event_type, sub_event_created, sub_event_rank,
+			payment_hold, payment_hold_since, latest_invoice_id, attempt_count, amount_due, currency,
+			inv_event_id, inv_event_type, inv_event_created, inv_event_rank, created_at, updated_at)
+		SELECT 'sub_seed_' || g, 'cus_seed_' || g, false, st, 'price_seed',
+			now() - interval '10 days', now() + interval '20 days', false,
+			CASE WHEN st = 'canceled' THEN now() - interval '30 days' END, CASE WHEN st = 'canceled' THEN now() - interval '30 days' END,
+			now() - interval '10 days', 'evt_seedsub_' || g, 'customer.subscription.updated', now() - interval '10 days', 10,
+			st = 'past_due', CASE WHEN st = 'past_due' THEN now() - interval '2 days' END, 'in_seed_' || g, 1, 2000, 'usd',
+			'evt_seedinv_' || g, 'invoice.payment_succeeded', now() - interval '10 days', 2, now() - interval '300 days', now() - interval '10 days'
+		FROM (SELECT g, CASE WHEN g % 50 = 0 THEN 'past_due' WHEN g % 7 = 0 THEN 'canceled' WHEN g % 11 = 0 THEN 'trialing' ELSE 'active' END AS st
+		      FROM generate_series(1, $1::int) g) s`, subs)
+	d.exec(b, `WITH pad AS MATERIALIZED (
+			SELECT i, string_agg(md5(random()::text), '') AS hex FROM generate_series(0, 999) i, generate_series(1, 50) k GROUP BY i
+		)
+		INSERT INTO webhook_events (event_id, source, type, livemode, api_version, status, payload, attempts,
+			received_at, processed_at, failure_reason, event_created)
+		SELECT e.id, 'stripe', e.type, false, '2024-06-20', e.status,
+			jsonb_build_object('id', e.id, 'object', 'event', 'api_version', '2024-06-20', 'created', extract(epoch FROM e.received_at)::bigint - 1,
+				'livemode', false, 'pending_webhooks', 1, 'request', jsonb_build_object('id', NULL, 'idempotency_key', NULL), 'type', e.type,
+				'data', jsonb_build_object('object', CASE
+				WHEN e.type LIKE 'customer.subscription.%' THEN jsonb_build_object('id', e.sub, 'object', 'subscription', 'customer', e.cus,
+					'status', 'active', 'description', repeat('Pro plan, monthly. ', 40), 'metadata', jsonb_build_object('padding', p.hex))
+				WHEN e.type LIKE 'invoice.%' THEN jsonb_build_object('id', 'in_seed_' || e.g, 'object', 'invoice', 'subscription', e.sub,
+					'customer', e.cus, 'status', 'paid', 'amount_due', 2000, 'currency', 'usd', 'description', repeat('Pro plan, monthly. ', 40),
+					'metadata', jsonb_build_object('padding', p.hex))
+				WHEN e.type = 'customer.updated' THEN jsonb_build_object('id', e.cus, 'object', 'customer', 'email', 'x@example.com',
+					'description', repeat('Customer since 2024. ', 35), 'metadata', jsonb_build_object('padding', p.hex))
+				ELSE jsonb_build_object('id', 'pm_seed_' || e.g, 'object', 'payment_method', 'customer', e.cus,
+					'description', repeat('Card ending 4242. ', 40), 'metadata', jsonb_build_object('padding', p.hex))
+				END)),
+			CASE WHEN e.status = 'failed' THEN 3 WHEN e.status = 'processed' THEN 1 ELSE 0 END,
+			e.received_at, CASE WHEN e.status = 'processed' THEN e.received_at + interval '40 milliseconds' END,
+			CASE WHEN e.status = 'failed' THEN 'handler_error: seeded failure' END, e.received_at - interval '1 second'
+		FROM (
+			SELECT g, 'evt_1' || substr(md5('evt' || g), 1, 23) AS id,
+				'sub_seed_' || (1 + g % $2::int) AS sub, 'cus_seed_' || (1 + g % $2::int) AS cus,
+				now() - interval '10 minutes' - ($1::int - g) * (interval '89 days' / $1::int) AS received_at,
+				CASE WHEN g % 20 < 8 THEN 'customer.subscription.updated' WHEN g % 20 < 12 THEN 'invoice.payment_succeeded'
+				     WHEN g % 20 < 14 THEN 'invoice.paid' WHEN g % 20 < 15 THEN 'customer.subscription.created'
+				     WHEN g % 20 < 16 THEN 'invoice.payment_failed' WHEN g % 20 < 18 THEN 'customer.updated'
+				     ELSE 'payment_method.attached' END AS type,
+				CASE WHEN g % 20 >= 18 THEN 'ignored' WHEN g % 500 = 1 THEN 'failed' ELSE 'processed' END AS status
+			FROM generate_series(1, $1::int) g) e
+		JOIN pad p ON p.i = e.g % 1000`, events, subs)
+	d.exec(b, `INSERT INTO webhook_dead_letters (event_id, attempts, last_error, dead_at)
+		SELECT event_id, 3, 'handler_error: seeded failure', received_at + interval '5 minutes'
+		FROM webhook_events WHERE status = 'failed' AND event_id LIKE 'evt_1%'`)
+	d.exec(b, `INSERT INTO river_job (args, kind, max_attempts, priority, queue, state, scheduled_at, attempted_at, finalized_at, attempt, created_at)
+		SELECT jsonb_build_object('event_id', event_id), 'webhook_event', 25, 1, 'webhooks', 'completed', received_at, received_at,
+			processed_at, 1, received_at
+		FROM webhook_events WHERE status = 'processed' AND event_id LIKE 'evt_1%' AND received_at > now() - interval '1 day'`)
+}
