@@ -3,6 +3,7 @@ package billing
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"io"
@@ -199,7 +200,14 @@ func TestEntitlementReadAgreesWithCustomerView(t *testing.T) {
 			t.Fatalf("%s: %v", stmt, err)
 		}
 	}
-	svc := New(Deps{DB: db, PastDueEntitled: true, PausedCollectionEntitled: false, PeriodGrace: 2 * time.Hour})
+	deps := Deps{DB: db, PastDueEntitled: true, PausedCollectionEntitled: false, PeriodGrace: 2 * time.Hour}
+	svc := New(deps)
+	// Through a handle whose pool is not a *sql.DB the read goes through database/sql.
+	deps.DB = db.Session(&gorm.Session{PrepareStmt: true})
+	viaSQL := New(deps)
+	if _, ok := deps.DB.Statement.ConnPool.(*sql.DB); ok {
+		t.Fatal("the prepared-statement handle's pool is a *sql.DB: the database/sql path goes untested")
+	}
 	ctx := context.Background()
 	seen := map[string]int{}
 	for g := 1; g <= benchEntUsers; g++ {
@@ -208,14 +216,19 @@ func TestEntitlementReadAgreesWithCustomerView(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Entitlement(%s): %v", user, err)
 		}
+		gotSQL, err := viaSQL.Entitlement(ctx, user)
+		if err != nil {
+			t.Fatalf("Entitlement(%s) through database/sql: %v", user, err)
+		}
 		view, err := svc.Customer(ctx, user)
 		if err != nil {
 			t.Fatalf("Customer(%s): %v", user, err)
 		}
 		gotJSON, _ := json.Marshal(got)
+		gotSQLJSON, _ := json.Marshal(gotSQL)
 		wantJSON, _ := json.Marshal(view.Entitlement)
-		if !bytes.Equal(gotJSON, wantJSON) {
-			t.Errorf("%s: Entitlement %s\nCustomer's view %s", user, gotJSON, wantJSON)
+		if !bytes.Equal(gotJSON, wantJSON) || !bytes.Equal(gotSQLJSON, wantJSON) {
+			t.Errorf("%s: Entitlement %s\nthrough database/sql %s\nCustomer's view %s", user, gotJSON, gotSQLJSON, wantJSON)
 		}
 		key := got.Status + "/" + strconv.FormatBool(got.Entitled) + "/" + strconv.FormatBool(got.OnHold)
 		if got.UnconfirmedSince != nil {
@@ -231,8 +244,10 @@ func TestEntitlementReadAgreesWithCustomerView(t *testing.T) {
 		}
 	}
 	for _, user := range []string{"user_nolink", "user_unknown"} {
-		if _, err := svc.Entitlement(ctx, user); !errors.Is(err, ErrNoCustomer) {
-			t.Errorf("Entitlement(%s) = %v, want ErrNoCustomer", user, err)
+		for _, s := range []*Service{svc, viaSQL} {
+			if _, err := s.Entitlement(ctx, user); !errors.Is(err, ErrNoCustomer) {
+				t.Errorf("Entitlement(%s) = %v, want ErrNoCustomer", user, err)
+			}
 		}
 	}
 }

@@ -4,10 +4,15 @@ import (
 	"cmp"
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"billing/internal/database"
 )
@@ -219,12 +224,13 @@ const entitlementQuery = `SELECT coalesce(s.subscription_id, ''), coalesce(s.sta
 	ORDER BY s.created_at, s.subscription_id`
 
 // entitlementRow is one row of entitlementQuery. Its fields are the scan's destinations, in the
-// query's order, so that a read allocates them once and not per column.
+// query's order, so that a read allocates them once and not per column; pgtype's types are
+// pgx's own (no conversion through driver.Value) and database/sql scanners as well.
 type entitlementRow struct {
 	sub                                                   Subscription
-	priceID, billingReason, holdKind, pauseBehavior       sql.NullString
-	periodEnd, trialEnd, statusSince, subEvent, holdSince sql.NullTime
-	invEvent, pauseResumes                                sql.NullTime
+	priceID, billingReason, holdKind, pauseBehavior       pgtype.Text
+	periodEnd, trialEnd, statusSince, subEvent, holdSince pgtype.Timestamptz
+	invEvent, pauseResumes                                pgtype.Timestamptz
 	dest                                                  [15]any
 }
 
@@ -239,35 +245,65 @@ func newEntitlementRow() *entitlementRow {
 // subscription is the row's subscription, with only the columns of entitlementQuery set.
 func (r *entitlementRow) subscription() Subscription {
 	sub := r.sub
-	sub.PriceID, sub.PaymentHoldBillingReason = validString(r.priceID), validString(r.billingReason)
-	sub.PaymentHoldKind, sub.PauseCollectionBehavior = validString(r.holdKind), validString(r.pauseBehavior)
+	sub.PriceID, sub.PaymentHoldBillingReason = validText(r.priceID), validText(r.billingReason)
+	sub.PaymentHoldKind, sub.PauseCollectionBehavior = validText(r.holdKind), validText(r.pauseBehavior)
 	sub.CurrentPeriodEnd, sub.TrialEnd, sub.StatusSince = validTime(r.periodEnd), validTime(r.trialEnd), validTime(r.statusSince)
 	sub.SubEventCreated, sub.PaymentHoldSince = validTime(r.subEvent), validTime(r.holdSince)
 	sub.InvEventCreated, sub.PauseCollectionResumesAt = validTime(r.invEvent), validTime(r.pauseResumes)
 	return sub
 }
 
-// entitlementSubscriptions runs entitlementQuery, scanned by position into typed destinations:
-// no reflection per row. It returns ErrNoCustomer when the user has no linked customer.
-func (s *Service) entitlementSubscriptions(ctx context.Context, userID string) ([]Subscription, error) {
-	rows, err := s.db.Statement.ConnPool.QueryContext(ctx, entitlementQuery, userID)
-	if err != nil {
-		return nil, fmt.Errorf("load customer of user %q: %w", userID, err)
-	}
-	defer rows.Close()
-	found := false
-	var subs []Subscription
+// rowScanner is what pgx.Rows and *sql.Rows have in common.
+type rowScanner interface {
+	Next() bool
+	Scan(dest ...any) error
+	Err() error
+}
+
+// scanEntitlementRows reads rows of entitlementQuery; found is false when there were none (the
+// user has no linked customer).
+func scanEntitlementRows(rows rowScanner) (subs []Subscription, found bool, err error) {
 	r := newEntitlementRow()
 	for rows.Next() {
 		found = true
 		if err := rows.Scan(r.dest[:]...); err != nil {
-			return nil, fmt.Errorf("load customer of user %q: %w", userID, err)
+			return nil, false, err
 		}
 		if r.sub.SubscriptionID != "" {
 			subs = append(subs, r.subscription())
 		}
 	}
-	if err := rows.Err(); err != nil {
+	return subs, found, rows.Err()
+}
+
+// entitlementSubscriptions runs entitlementQuery and returns ErrNoCustomer when the user has no
+// linked customer. On the service's pool it runs on one of the pool's connections with pgx
+// itself (see queryPgx); through any other handle, with database/sql.
+func (s *Service) entitlementSubscriptions(ctx context.Context, userID string) ([]Subscription, error) {
+	var subs []Subscription
+	var found bool
+	var err error
+	if pool, ok := s.db.Statement.ConnPool.(*sql.DB); ok {
+		err = queryPgx(ctx, pool, func(conn *pgx.Conn) error {
+			rows, err := conn.Query(ctx, entitlementQuery, userID)
+			if err != nil {
+				return err
+			}
+			defer rows.Close()
+			subs, found, err = scanEntitlementRows(rows)
+			return err
+		})
+	} else {
+		var rows *sql.Rows
+		rows, err = s.db.Statement.ConnPool.QueryContext(ctx, entitlementQuery, userID)
+		if err == nil {
+			subs, found, err = scanEntitlementRows(rows)
+			if cerr := rows.Close(); err == nil {
+				err = cerr
+			}
+		}
+	}
+	if err != nil {
 		return nil, fmt.Errorf("load customer of user %q: %w", userID, err)
 	}
 	if !found {
@@ -276,14 +312,51 @@ func (s *Service) entitlementSubscriptions(ctx context.Context, userID string) (
 	return subs, nil
 }
 
-func validString(v sql.NullString) *string {
+// queryPgx runs f with the pgx connection under one of pool's connections. database/sql's own
+// query path costs the entitlement read a goroutine per query (watching the request's context),
+// a value conversion per column and an allocation per column per query in pgx's database/sql
+// adapter; pgx itself watches the context without a goroutine and decodes into the
+// destinations. The connection is the pool's like any other. As database/sql does, a connection
+// that fails before the query reached the server is dropped and the query tried on another, at
+// most twice more.
+func queryPgx(ctx context.Context, pool *sql.DB, f func(*pgx.Conn) error) error {
+	var err error
+	for range 3 {
+		var conn *sql.Conn
+		conn, err = pool.Conn(ctx)
+		if err != nil {
+			return err
+		}
+		err = conn.Raw(func(dc any) error {
+			pc, ok := dc.(interface{ Conn() *pgx.Conn })
+			if !ok {
+				return fmt.Errorf("database driver %T is not pgx", dc)
+			}
+			if err := f(pc.Conn()); err != nil {
+				if pgconn.SafeToRetry(err) && ctx.Err() == nil {
+					// database/sql closes the connection rather than handing it out again.
+					return errors.Join(driver.ErrBadConn, err)
+				}
+				return err
+			}
+			return nil
+		})
+		_ = conn.Close()
+		if !errors.Is(err, driver.ErrBadConn) {
+			return err
+		}
+	}
+	return err
+}
+
+func validText(v pgtype.Text) *string {
 	if !v.Valid {
 		return nil
 	}
 	return &v.String
 }
 
-func validTime(v sql.NullTime) *time.Time {
+func validTime(v pgtype.Timestamptz) *time.Time {
 	if !v.Valid {
 		return nil
 	}
