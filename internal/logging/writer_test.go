@@ -8,16 +8,18 @@ import (
 	"sync"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"billing/internal/logging"
 )
 
 // lockedBuffer is a concurrency-safe output that can be held shut.
 type lockedBuffer struct {
-	mu   sync.Mutex
-	b    bytes.Buffer
-	gate chan struct{} // when non-nil, each Write waits until it is closed
-	err  error
+	mu     sync.Mutex
+	b      bytes.Buffer
+	gate   chan struct{} // when non-nil, each Write waits until it is closed
+	err    error
+	writes int
 }
 
 func (l *lockedBuffer) Write(p []byte) (int, error) {
@@ -26,9 +28,12 @@ func (l *lockedBuffer) Write(p []byte) (int, error) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.writes++
 	l.b.Write(p)
 	return len(p), l.err
 }
+
+func (l *lockedBuffer) Writes() int { l.mu.Lock(); defer l.mu.Unlock(); return l.writes }
 
 func (l *lockedBuffer) String() string { l.mu.Lock(); defer l.mu.Unlock(); return l.b.String() }
 
@@ -139,4 +144,58 @@ func TestWriterCloseReportsOutputError(t *testing.T) {
 	if err := w.Close(); !errors.Is(err, boom) {
 		t.Errorf("Close: %v, want %v", err, boom)
 	}
+}
+
+// A burst of lines waits at most FlushDelay, without Close, and goes out in one write.
+func TestWriterGathersABurstIntoOneWrite(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		out := &lockedBuffer{}
+		w := logging.NewWriter(out, 0)
+		defer w.Close()
+		var want strings.Builder
+		for i := range 50 {
+			line := fmt.Sprintf("request %d\n", i)
+			want.WriteString(line)
+			if _, err := w.Write([]byte(line)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		synctest.Wait()
+		if got := out.String(); got != "" {
+			t.Fatalf("written before FlushDelay: %q", got)
+		}
+		time.Sleep(logging.FlushDelay)
+		synctest.Wait()
+		if got := out.String(); got != want.String() {
+			t.Fatalf("after FlushDelay: %q, want %q", got, want.String())
+		}
+		if n := out.Writes(); n != 1 {
+			t.Errorf("%d writes for one burst, want 1", n)
+		}
+	})
+}
+
+// Half of maxPending waiting is written at once, without waiting for FlushDelay.
+func TestWriterWritesALargeBatchAtOnce(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		out := &lockedBuffer{}
+		w := logging.NewWriter(out, 1000)
+		defer w.Close()
+		if _, err := w.Write([]byte(strings.Repeat("a", 499))); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		if got := out.String(); got != "" {
+			t.Fatalf("a small batch was written before FlushDelay: %d bytes", len(got))
+		}
+		if _, err := w.Write([]byte("b")); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait() // no time passes in the bubble unless every goroutine waits on it
+		if got := out.String(); got != strings.Repeat("a", 499)+"b" {
+			t.Errorf("500 of 1000 bytes waiting were not written at once: %d bytes out", len(got))
+		}
+	})
 }
