@@ -68,13 +68,15 @@ type SubscriptionRef struct {
 
 // FindSubscriptions returns the subscriptions that id names: the subscription itself, or those
 // of a Stripe customer or of a user (through the customer linked in the same mode), newest first.
+// The user's customers are an array, not an IN subquery: the planner can then OR the three index
+// lookups, where the subquery made it read every subscription.
 func (s *Service) FindSubscriptions(ctx context.Context, id string, limit int) ([]SubscriptionRef, error) {
 	out := []SubscriptionRef{}
 	err := s.db.WithContext(ctx).Raw(`
 		SELECT s.subscription_id, s.stripe_customer_id, c.user_id, s.livemode, s.status
 		FROM subscriptions s LEFT JOIN customers c ON c.stripe_customer_id = s.stripe_customer_id AND c.livemode = s.livemode
 		WHERE s.subscription_id = $1 OR s.stripe_customer_id = $1
-		   OR s.stripe_customer_id IN (SELECT stripe_customer_id FROM customers WHERE user_id = $1)
+		   OR s.stripe_customer_id = ANY (ARRAY(SELECT stripe_customer_id FROM customers WHERE user_id = $1))
 		ORDER BY s.created_at DESC, s.subscription_id
 		LIMIT $2`, id, limit).Scan(&out).Error
 	if err != nil {
