@@ -1,6 +1,7 @@
 package billing
 
 import (
+	"fmt"
 	"testing"
 
 	"billing/notices"
@@ -192,4 +193,68 @@ func TestFailedFirstInvoiceOfASubscriptionThatNeverStarted(t *testing.T) {
 			t.Error("not listed as a hold")
 		}
 	})
+}
+
+// The hold follows the newest invoice whatever the delivery order: every order of the same
+// invoice events ends in the same hold. The failing order before the fix: the older invoice's
+// late payment applied first made the newer invoice's (earlier) failure look stale, and the hold
+// was lost.
+func TestHoldIsTheSameInEveryDeliveryOrder(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	scenarios := []struct {
+		name     string
+		events   func(sub, cus string) []webhooks.Event
+		wantHold bool
+	}{
+		{"the newer invoice fails, the older one is paid late", func(sub, cus string) []webhooks.Event {
+			older := invObj{ID: "in_o_" + sub, Customer: cus, Subscription: sub, AttemptCount: 2, AmountDue: 1000, Created: 100}
+			newer := invObj{ID: "in_n_" + sub, Customer: cus, Subscription: sub, AttemptCount: 1, AmountDue: 2000, Created: 200}
+			return []webhooks.Event{failed("f_o_"+sub, 150, older), failed("f_n_"+sub, 250, newer), succeeded("p_o_"+sub, 300, older)}
+		}, true},
+		{"then the newer invoice is paid as well", func(sub, cus string) []webhooks.Event {
+			older := invObj{ID: "in_o_" + sub, Customer: cus, Subscription: sub, AttemptCount: 2, Created: 100}
+			newer := invObj{ID: "in_n_" + sub, Customer: cus, Subscription: sub, AttemptCount: 1, Created: 200}
+			return []webhooks.Event{failed("f_o_"+sub, 150, older), failed("f_n_"+sub, 250, newer), succeeded("p_o_"+sub, 300, older),
+				succeeded("p_n_"+sub, 350, newer)}
+		}, false},
+	}
+	n := 0
+	for _, sc := range scenarios {
+		evs := sc.events("x", "y")
+		for _, perm := range permutations(len(evs)) {
+			n++
+			sub, cus := fmt.Sprintf("sub_perm_%d", n), fmt.Sprintf("cus_perm_%d", n)
+			s := s1
+			s.ID, s.Customer = sub, cus
+			e.mustHandle(t, created("c_"+sub, 1, s))
+			evs := sc.events(sub, cus)
+			ordered := make([]webhooks.Event, len(evs))
+			for i, k := range perm {
+				ordered[i] = evs[k]
+			}
+			e.mustHandle(t, ordered...)
+			h, held := e.holds(t)[sub]
+			if held != sc.wantHold {
+				t.Errorf("%s, delivered in order %v: hold %t (%+v), want %t", sc.name, perm, held, h, sc.wantHold)
+			} else if held && ptrInt(h.AmountDue) != "2000" {
+				t.Errorf("%s, delivered in order %v: the hold is about %s due, want the newer invoice's 2000", sc.name, perm, ptrInt(h.AmountDue))
+			}
+		}
+	}
+}
+
+// permutations lists every order of 0..n-1.
+func permutations(n int) [][]int {
+	if n == 0 {
+		return [][]int{{}}
+	}
+	var out [][]int
+	for _, p := range permutations(n - 1) {
+		for i := 0; i <= len(p); i++ {
+			q := append(append(append([]int{}, p[:i]...), n-1), p[i:]...)
+			out = append(out, q)
+		}
+	}
+	return out
 }

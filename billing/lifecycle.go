@@ -348,9 +348,12 @@ func (s *Service) handleInvoiceEvent(ctx context.Context, tx *gorm.DB, ev webhoo
 	if failed {
 		nextAttempt = inv.NextPaymentAttempt.Ptr()
 	}
-	// The hold remembers its invoice's creation (the newest one's, when an older invoice fails
-	// too while it is in force). A payment lifts it only when its invoice was created at or
-	// after that one: a late payment of an older invoice says nothing about the newer one.
+	// The payment columns follow the newest invoice: an event about a newer invoice (by its
+	// creation) wins over any about an older one, whatever their own order, and within one
+	// invoice the newer event wins. So the outcome does not depend on delivery order: a late
+	// payment of an older invoice neither lifts a newer invoice's hold nor, applied first, makes
+	// that invoice's failure look stale. Events without an invoice time fall back to event order,
+	// where a payment lifts a hold only when its invoice was created at or after the held one.
 	res := tx.WithContext(ctx).Exec(`
 		UPDATE subscriptions SET
 		  payment_hold = $3,
@@ -370,8 +373,13 @@ func (s *Service) handleInvoiceEvent(ctx context.Context, tx *gorm.DB, ev webhoo
 		    WHEN payment_hold THEN GREATEST(payment_hold_invoice_created, CAST($16 AS timestamptz))
 		    ELSE CAST($16 AS timestamptz) END,
 		  payment_hold_billing_reason = CASE WHEN $3 THEN CAST($17 AS text) ELSE payment_hold_billing_reason END,
-		  payment_hold_kind = CASE WHEN $3 THEN CAST($18 AS text) ELSE payment_hold_kind END
-		WHERE subscription_id = $1 AND livemode = $2 AND `+newerThanStored("inv", 13, 14, 11)+`
+		  payment_hold_kind = CASE WHEN $3 THEN CAST($18 AS text) ELSE payment_hold_kind END,
+		  inv_invoice_created = CAST($16 AS timestamptz)
+		WHERE subscription_id = $1 AND livemode = $2
+		  AND CASE WHEN inv_invoice_created IS NOT NULL AND CAST($16 AS timestamptz) IS NOT NULL
+		             AND CAST($16 AS timestamptz) <> inv_invoice_created
+		        THEN CAST($16 AS timestamptz) > inv_invoice_created
+		        ELSE `+newerThanStored("inv", 13, 14, 11)+` END
 		  AND ($3 OR NOT payment_hold OR payment_hold_invoice_created IS NULL OR CAST($16 AS timestamptz) IS NULL
 		       OR CAST($16 AS timestamptz) >= payment_hold_invoice_created)`,
 		subscriptionID, ev.Livemode, // $1–$2

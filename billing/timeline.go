@@ -166,9 +166,9 @@ func ExplainTimeline(st *SubscriptionState, events []webhooks.LoggedEvent) []Tim
 			switch {
 			case e.Group == "subscription" && IsTerminal(st.Status) && !IsTerminal(e.Status):
 				e.Outcome = OutcomeSkippedTerminal
-			case e.Group == "payment" && e.Event.Type == EventInvoicePaymentSucceeded:
+			case e.Group == "payment":
 				e.Outcome = OutcomeNotApplied
-				e.Words = "Not applied: a payment of an older invoice does not lift the hold of a newer one."
+				e.Words = "Not applied: it is about an older invoice than the one the payment state follows."
 			default:
 				e.Outcome = OutcomeNotApplied
 				e.Words = "Not applied, although newer than the stored " + what + "."
