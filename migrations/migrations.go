@@ -90,8 +90,8 @@ func ApplyWith(ctx context.Context, db *sql.DB, opts Options) error {
 			opts.Waiting()
 		}
 		logger.Info("waiting for the migration lock: another process is migrating")
-		if _, err := conn.ExecContext(ctx, "SELECT pg_advisory_lock($1)", lockKey); err != nil {
-			return fmt.Errorf("migrate: take advisory lock: %w", err)
+		if err := waitForLock(ctx, conn); err != nil {
+			return err
 		}
 	}
 	defer func() {
@@ -184,3 +184,25 @@ func Pending(ctx context.Context, db *sql.DB) (bool, error) {
 
 // ApplyQuietly is Apply without logs: the migrator of the tests' template database.
 func ApplyQuietly(ctx context.Context, db *sql.DB) error { return Apply(ctx, db, nil) }
+
+// waitForLock polls for the migration lock instead of blocking in pg_advisory_lock: a statement
+// blocked there holds a snapshot, and CREATE INDEX CONCURRENTLY in the holder's migration waits
+// for every older snapshot to go away, so the two would wait for each other forever.
+func waitForLock(ctx context.Context, conn *sql.Conn) error {
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("migrate: wait for the advisory lock: %w", ctx.Err())
+		case <-tick.C:
+		}
+		var locked bool
+		if err := conn.QueryRowContext(ctx, "SELECT pg_try_advisory_lock($1)", lockKey).Scan(&locked); err != nil {
+			return fmt.Errorf("migrate: take advisory lock: %w", err)
+		}
+		if locked {
+			return nil
+		}
+	}
+}
