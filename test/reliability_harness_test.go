@@ -158,12 +158,6 @@ type relPlan struct {
 
 func terminal(status string) bool { return status == "canceled" || status == "incomplete_expired" }
 
-// lateOlderPayments: RELIABILITY_LATE_OLDER_PAYMENTS=1 adds the late payment of an older invoice
-// after a newer one failed (it must leave the newer one's hold). Off by default: when that payment
-// is applied before the newer invoice's failure, the service takes the failure for stale and the
-// hold is lost, so the storm would fail on that fault of billing/ until it is mended.
-func lateOlderPayments() bool { return os.Getenv("RELIABILITY_LATE_OLDER_PAYMENTS") == "1" }
-
 // withObjectFields sets fields of an event's data.object (what stripeevents does not build).
 func withObjectFields(body []byte, fields map[string]any) []byte {
 	dec := json.NewDecoder(bytes.NewReader(body))
@@ -189,7 +183,6 @@ func withObjectFields(body []byte, fields map[string]any) []byte {
 // each kind is unambiguous and the expected final state does not depend on the tie rule.
 func genPlan(rng *rand.Rand, run string, minSubs, minEvents int) *relPlan {
 	plan := &relPlan{}
-	lateOlder := lateOlderPayments()
 	// Recent enough that every period and trial is still running now, as it would be for events
 	// Stripe is delivering: an entitled subscription whose period ended long ago without a
 	// renewal is not entitled any more (time-aware entitlement), and an ended trial gets no
@@ -362,7 +355,7 @@ func genPlan(rng *rand.Rand, run string, minSubs, minEvents int) *relPlan {
 					status = "past_due"
 				}
 			case "past_due":
-				if lateOlder && rng.IntN(5) == 0 {
+				if rng.IntN(5) == 0 {
 					// The next period's invoice fails too, then the customer pays the older one.
 					older, olderCreated, olderAttempt := invoice, invoiceCreated, attempt+1
 					newInvoice()
@@ -568,6 +561,7 @@ type noticeModel struct {
 	status      string
 	subCreated  *time.Time
 	invCreated  *time.Time
+	invInvoice  time.Time // the invoice creation of the applied invoice event
 	hold        bool
 	holdInvoice time.Time
 }
@@ -593,7 +587,16 @@ func (m *noticeModel) apply(ev *relEvent) (notice string) {
 	}
 	if ev.isInvoice() {
 		prior := m.status
-		applied := m.invCreated == nil || ev.Created.After(*m.invCreated)
+		// The payment state follows the newest invoice: an event about a newer invoice wins,
+		// within one invoice the newer event does (event order alone when a time is missing).
+		applied := m.invCreated == nil
+		if !applied {
+			if !ev.InvoiceCreated.IsZero() && !m.invInvoice.IsZero() && !ev.InvoiceCreated.Equal(m.invInvoice) {
+				applied = ev.InvoiceCreated.After(m.invInvoice)
+			} else {
+				applied = ev.Created.After(*m.invCreated)
+			}
+		}
 		if applied && !ev.holds() && m.hold && ev.InvoiceCreated.Before(m.holdInvoice) {
 			applied = false
 		}
@@ -601,7 +604,7 @@ func (m *noticeModel) apply(ev *relEvent) (notice string) {
 			return ""
 		}
 		c := ev.Created
-		m.invCreated = &c
+		m.invCreated, m.invInvoice = &c, ev.InvoiceCreated
 		if !ev.holds() {
 			m.hold = false
 			return ""
