@@ -35,8 +35,10 @@ type Config struct {
 	// ApplyInline applies handled events in their receive transaction; the River worker then
 	// only retries the ones whose first attempt failed (and replays).
 	ApplyInline bool
-	// InlineTimeout bounds an inline attempt; past it the event is rolled back and queued, so a
-	// delivery never waits long on a lock held elsewhere.
+	// InlineTimeout bounds an inline attempt (5 s if zero; well within Stripe's patience, far
+	// above an attempt's milliseconds even on a saturated machine, where a shorter budget would
+	// throw work away); past it the event is rolled back and queued, so a delivery never waits
+	// long on a lock held elsewhere.
 	InlineTimeout time.Duration
 }
 
@@ -60,7 +62,7 @@ func New(cfg Config) *Inbox {
 		cfg.RetryDelay = 30 * time.Second
 	}
 	if cfg.InlineTimeout <= 0 {
-		cfg.InlineTimeout = 2 * time.Second
+		cfg.InlineTimeout = 5 * time.Second
 	}
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics(nil)

@@ -200,11 +200,13 @@ func (i *Inbox) store(ctx context.Context, env envelope, body []byte) (storeResu
 		created = &t
 	}
 	now := i.cfg.Now()
+	timedOut := false
 	if i.cfg.ApplyInline && handled && !mismatch {
 		res, err := i.storeAndApply(ctx, env, body, created, now)
 		if !errors.Is(err, errInlineTimeout) {
 			return res, err
 		}
+		timedOut = true
 		// Too slow to apply now (a lock held elsewhere, typically): acknowledge it through the
 		// queue instead, as a fresh event; the timeout was no fault of the event's.
 		i.log.Warn("webhook event not applied within the inline budget; queued", "event_id", env.ID, "type", env.Type,
@@ -234,6 +236,11 @@ func (i *Inbox) store(ctx context.Context, env envelope, body []byte) (storeResu
 		append([]any{env.ID, env.Type, *env.Livemode, env.APIVersion, status, string(body), now, failure, created, deadMsg},
 			jobArgs...)...).Scan(&stored)
 	if errors.Is(err, sql.ErrNoRows) {
+		if timedOut {
+			// The budget can run out while the inline COMMIT is under way: the event may be
+			// stored by this very delivery, so it is not called a duplicate.
+			return res, nil
+		}
 		return storeResult{ResultDuplicate, ResultDuplicate}, nil
 	}
 	if err != nil {
@@ -250,52 +257,56 @@ func (i *Inbox) store(ctx context.Context, env envelope, body []byte) (storeResu
 	return res, nil
 }
 
-// storeAndApply stores a handled event and applies it in one transaction, before the 200: the
-// row is inserted already processed (attempt 1), and the handler's effects commit with it or not
-// at all, the same promise as a worker's. What a user waits for is the applied event, and this
-// path spends one transaction per event where the queue spends two plus River's fetch and
-// completion.
+// storeAndApply applies a handled event and stores it in one transaction, before the 200: the
+// handler runs first, then the row is inserted already processed (attempt 1), and the effects
+// commit with it or not at all, the same promise as a worker's. What a user waits for is the
+// applied event, and this path spends one transaction per event where the queue spends two plus
+// River's fetch and completion.
 //
-// When the handler fails, that transaction is rolled back whole and the event is stored as the
+// The row comes last so that processed_at is taken while the handler's row locks are held: it
+// orders the applies of one subscription, as a worker's mark does. A redelivery runs the handler
+// too, then finds the event stored and rolls everything back (duplicate); concurrent deliveries
+// of one event are serialized by the handler's locks and the primary key, so exactly one commits.
+//
+// When the handler fails, the transaction is rolled back whole and the event is stored as the
 // queue's path stores it, with this first attempt counted: a worker retries it after the retry
-// delay, and an error that can never succeed dead-letters it at once. Concurrent deliveries of
-// one event wait on its primary key as in the queued store, so exactly one applies it.
+// delay, and an error that can never succeed dead-letters it at once.
 func (i *Inbox) storeAndApply(ctx context.Context, env envelope, body []byte, created *time.Time, now time.Time) (storeResult, error) {
 	ev := storedEvent{EventID: env.ID, Type: env.Type, Livemode: *env.Livemode, APIVersion: env.APIVersion,
 		Status: "received", Payload: body, ReceivedAt: now, EventCreated: created}
-	inserted := false
 	var applyErr error
+	var appliedAt time.Time
 	outer := ctx
 	ctx, cancel := context.WithTimeout(ctx, i.cfg.InlineTimeout)
 	defer cancel()
 	err := i.cfg.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		if applyErr = i.dispatch(ctx, tx, ev); applyErr != nil {
+			return applyErr
+		}
+		appliedAt = i.cfg.Now()
 		// Straight to the connection, for the reason given in store.
 		var stored string
 		err := tx.Statement.ConnPool.QueryRowContext(ctx, `
 			INSERT INTO webhook_events (event_id, source, type, livemode, api_version, status, payload, received_at, event_created, processed_at, attempts)
-			VALUES ($1, 'stripe', $2, $3, $4, 'processed', $5, $6, $7, $6, 1)
+			VALUES ($1, 'stripe', $2, $3, $4, 'processed', $5, $6, $7, $8, 1)
 			ON CONFLICT (event_id) DO NOTHING
 			RETURNING event_id`,
-			env.ID, env.Type, *env.Livemode, env.APIVersion, string(body), now, created).Scan(&stored)
+			env.ID, env.Type, *env.Livemode, env.APIVersion, string(body), now, created, appliedAt).Scan(&stored)
 		if errors.Is(err, sql.ErrNoRows) {
-			return nil
+			return errDuplicate // stored already: its effects are there, these are rolled back
 		}
 		if err != nil {
 			return fmt.Errorf("store event %s: %w", env.ID, err)
 		}
-		inserted = true
-		if applyErr = i.dispatch(ctx, tx, ev); applyErr != nil {
-			return applyErr
-		}
 		return nil
 	})
 	switch {
-	case err == nil && !inserted:
-		return storeResult{ResultDuplicate, ResultDuplicate}, nil
 	case err == nil:
 		i.metrics.processed.WithLabelValues(env.Type).Inc()
-		i.metrics.lag.WithLabelValues(env.Type).Observe(i.cfg.Now().Sub(now).Seconds())
+		i.metrics.lag.WithLabelValues(env.Type).Observe(appliedAt.Sub(now).Seconds())
 		return storeResult{ResultReceived, ResultReceived}, nil
+	case errors.Is(err, errDuplicate):
+		return storeResult{ResultDuplicate, ResultDuplicate}, nil
 	case outer.Err() != nil:
 		// The request is gone: Stripe gets no 200 and delivers again.
 		return storeResult{}, err
@@ -305,9 +316,11 @@ func (i *Inbox) storeAndApply(ctx context.Context, env envelope, body []byte, cr
 		// Not stored: Stripe gets a 5xx and delivers again.
 		return storeResult{}, err
 	}
-	i.metrics.failures.WithLabelValues(env.Type).Inc()
 	return i.storeFailed(outer, env, body, created, now, applyErr)
 }
+
+// errDuplicate rolls back the inline attempt of an event that is stored already.
+var errDuplicate = errors.New("inline apply: event stored already")
 
 // errInlineTimeout: the inline attempt ran out of its budget and was rolled back.
 var errInlineTimeout = errors.New("inline apply: budget exceeded")
@@ -349,6 +362,9 @@ func (i *Inbox) storeFailed(ctx context.Context, env envelope, body []byte, crea
 		return storeResult{}, err
 	case !inserted:
 		return storeResult{ResultDuplicate, ResultDuplicate}, nil
+	}
+	i.metrics.failures.WithLabelValues(env.Type).Inc()
+	switch {
 	case permanent:
 		i.metrics.dead.WithLabelValues(env.Type, deadKind(cause)).Inc()
 		i.log.Error("webhook event dead-lettered", "event_id", env.ID, "type", env.Type, "attempts", 1, "permanent", true, "error", cause)
