@@ -200,6 +200,9 @@ func startBenchService(b *testing.B, d *benchDB) *proc {
 		"BILLING_AUTH_API_TOKENS":             benchAPIToken,
 		"BILLING_LOG_LEVEL":                   "info",
 	}
+	if l := os.Getenv("BENCH_LOG_LEVEL"); l != "" {
+		env["BILLING_LOG_LEVEL"] = l
+	}
 	if n := os.Getenv("BENCH_WORKER_CONCURRENCY"); n != "" {
 		env["BILLING_WORKER_CONCURRENCY"] = n
 	}
@@ -270,11 +273,13 @@ func benchMS(d time.Duration) string {
 	return strconv.FormatFloat(float64(d)/float64(time.Millisecond), 'f', 1, 64) + "ms"
 }
 
-func benchVerdict(ratio float64) string {
-	if ratio >= benchTargetRate {
-		return fmt.Sprintf("target ≥ %.1f met", benchTargetRate)
+func benchVerdict(ratio float64) string { return benchVerdictAt(ratio, benchTargetRate) }
+
+func benchVerdictAt(ratio, target float64) string {
+	if ratio >= target {
+		return fmt.Sprintf("target ≥ %.1f met", target)
 	}
-	return fmt.Sprintf("BELOW TARGET %.1f", benchTargetRate)
+	return fmt.Sprintf("BELOW TARGET %.1f", target)
 }
 
 // peakRSS is the process's peak resident set size (VmHWM) in MB.
@@ -596,6 +601,14 @@ func BenchmarkEntitlement(b *testing.B) {
 		b.Errorf("bare server: %d requests failed (%d answered); first: %v", bareErrs, len(bareLat), bareErr)
 	}
 	bareWrk := benchWrkEntitlement(b, bare, benchClients, benchDuration)
+	// The same server in a process of its own, as the service runs: in the load generator's
+	// process it shares one Go runtime (scheduler, GC, threads) with the client, which a separate
+	// service cannot.
+	own := benchBareEntitlementProcess(b, d)
+	ownLat, ownElapsed, ownErrs, ownErr := benchEntitlementLoad(own)
+	if ownErrs > 0 || len(ownLat) == 0 {
+		b.Errorf("bare server in its own process: %d requests failed (%d answered); first: %v", ownErrs, len(ownLat), ownErr)
+	}
 
 	rate := float64(len(lat)) / elapsed.Seconds()
 	pgTPS := ceiling.tps()
@@ -612,7 +625,13 @@ func BenchmarkEntitlement(b *testing.B) {
 	if bareWrk != nil {
 		fmt.Printf("entitlement, bare net/http+pgx server (wrk): %.0f req/s (ratio %.2f), p99 %s\n", bareWrk.rate, bareWrk.rate/pgTPS, bareWrk.p99)
 	}
+	ownRate := float64(len(ownLat)) / ownElapsed.Seconds()
+	fmt.Printf("entitlement, bare net/http+pgx server in its own process: %.0f req/s (ratio %.2f), p99 %s\n",
+		ownRate, ownRate/pgTPS, benchMS(benchQuantile(ownLat, 0.99)))
+	fmt.Printf("entitlement, service / bare: %.2f against the bare server in its own process (%s), %.2f against it in the load generator's process (target ≥ 0.9)\n",
+		rate/ownRate, benchVerdictAt(rate/ownRate, 0.9), rate/bareRate)
 	b.ReportMetric(rate, "req/s")
+	b.ReportMetric(ownRate, "bare-own-process-req/s")
 	b.ReportMetric(pgTPS, "pgbench-tps")
 	b.ReportMetric(ratio, "ratio")
 	b.ReportMetric(float64(benchQuantile(lat, 0.99))/float64(time.Millisecond), "p99-ms")
@@ -650,16 +669,82 @@ func benchEntitlementLoad(base string) (lat []time.Duration, elapsed time.Durati
 // its base URL; it stops with the benchmark.
 func benchBareEntitlementServer(b *testing.B, d *benchDB) string {
 	b.Helper()
-	cfg, err := pgxpool.ParseConfig(d.url)
-	if err != nil {
-		b.Fatal(err)
-	}
-	cfg.MaxConns = 40
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	pool, err := benchBarePool(d.url)
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(pool.Close)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := &http.Server{Handler: benchBareHandler(pool), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	b.Cleanup(func() { _ = srv.Close() })
+	return "http://" + ln.Addr().String()
+}
+
+func benchBarePool(url string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	cfg.MaxConns = 40
+	return pgxpool.NewWithConfig(context.Background(), cfg)
+}
+
+// The environment of the test binary re-run as the bare server (see benchServeBare).
+const (
+	benchBareDBEnv   = "BENCH_BARE_SERVE_DATABASE_URL"
+	benchBareAddrEnv = "BENCH_BARE_SERVE_ADDR"
+)
+
+// benchServeBare runs the bare server until the process is killed, when the test binary was
+// started as one by benchBareEntitlementProcess; false otherwise.
+func benchServeBare() bool {
+	url, addr := os.Getenv(benchBareDBEnv), os.Getenv(benchBareAddrEnv)
+	if url == "" || addr == "" {
+		return false
+	}
+	pool, err := benchBarePool(url)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bare server:", err)
+		os.Exit(1)
+	}
+	srv := &http.Server{Addr: addr, Handler: benchBareHandler(pool), ReadHeaderTimeout: 10 * time.Second}
+	fmt.Fprintln(os.Stderr, "bare server:", srv.ListenAndServe())
+	os.Exit(1)
+	return true
+}
+
+// benchBareEntitlementProcess starts the bare server as a process of its own (this test binary
+// re-run) and returns its base URL once it accepts connections.
+func benchBareEntitlementProcess(b *testing.B, d *benchDB) string {
+	b.Helper()
+	addr := freeAddr(b)
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), benchBareDBEnv+"="+d.url, benchBareAddrEnv+"="+addr)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		b.Fatalf("start the bare server: %v", err)
+	}
+	b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
+			c.Close()
+			return "http://" + addr
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("the bare server does not listen on %s: %v", addr, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// benchBareHandler: net/http, a pgx pool and the entitlement statement, nothing else.
+func benchBareHandler(pool *pgxpool.Pool) http.Handler {
 	query := strings.Replace(benchEntitlementQuery, "USER", "$1", 1)
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/customers/{user_id}/entitlement", func(w http.ResponseWriter, r *http.Request) {
@@ -700,14 +785,7 @@ func benchBareEntitlementServer(b *testing.B, d *benchDB) string {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(answer)
 	})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	go func() { _ = srv.Serve(ln) }()
-	b.Cleanup(func() { _ = srv.Close() })
-	return "http://" + ln.Addr().String()
+	return mux
 }
 
 type benchWrkResult struct {

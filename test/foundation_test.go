@@ -15,6 +15,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if benchServeBare() {
+		return
+	}
 	testenv.SetMigrator(migrations.ApplyQuietly)
 	testenv.Main(m)
 }
