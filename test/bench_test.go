@@ -48,7 +48,7 @@ const (
 	benchUsers      = 10000
 	benchEventBytes = 3 * 1024
 	benchTargetRate = 0.5 // service rate / pgbench rate
-	benchTargetRSS  = 200 // MB
+	benchTargetRSS  = 100 // MB
 
 	benchEventType = "customer.subscription.updated"
 	// Placeholders of the event template, replaced per event (same width as the real ids).
