@@ -55,8 +55,8 @@ func TestStormWithDroppedEventsThenReconcile(t *testing.T) {
 		t.Fatalf("seed %d dropped nothing that mattered: the test would prove nothing", seed)
 	}
 
-	// Stripe's truth: each subscription as its newest subscription event shows it, with the
-	// invoice of its newest invoice event as latest_invoice.
+	// Stripe's truth: each subscription as its newest subscription event shows it, with its
+	// newest invoice, as the newest event about it shows it, as latest_invoice.
 	proxy := stripetest.New(t, testenv.StripeMockURL(t))
 	acct := stripetest.NewAccount(proxy, false)
 	for _, sub := range plan.Subs {
@@ -106,7 +106,7 @@ func wrongStates(t *testing.T, db *sql.DB, plan *relPlan) int {
 func truthOf(t *testing.T, sub *relSub) json.RawMessage {
 	t.Helper()
 	var subObj, invObj map[string]any
-	var subAt, invAt time.Time
+	var subAt, invAt, invCreated time.Time
 	for _, ev := range sub.Events {
 		var env struct {
 			Data struct {
@@ -117,8 +117,12 @@ func truthOf(t *testing.T, sub *relSub) json.RawMessage {
 			t.Fatal(err)
 		}
 		if ev.isInvoice() {
-			if invObj == nil || ev.Created.After(invAt) {
-				invObj, invAt = env.Data.Object, ev.Created
+			// Stripe's latest_invoice is the newest invoice, whatever the order of the events
+			// about older ones (a late payment of an older invoice comes after the newer one).
+			newer := invObj == nil || ev.InvoiceCreated.After(invCreated) ||
+				(ev.InvoiceCreated.Equal(invCreated) && ev.Created.After(invAt))
+			if newer {
+				invObj, invAt, invCreated = env.Data.Object, ev.Created, ev.InvoiceCreated
 			}
 		} else if subObj == nil || ev.Created.After(subAt) {
 			subObj, subAt = env.Data.Object, ev.Created
