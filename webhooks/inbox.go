@@ -40,6 +40,11 @@ type Config struct {
 	// throw work away); past it the event is rolled back and queued, so a delivery never waits
 	// long on a lock held elsewhere.
 	InlineTimeout time.Duration
+	// InlineConcurrency bounds the inline attempts in flight (16 if zero). Each holds a pooled
+	// connection for its transaction: a burst of deliveries must leave connections to the
+	// entitlement reads and the workers. A delivery waits for a slot within InlineTimeout, then
+	// goes to the queue.
+	InlineConcurrency int
 }
 
 // Inbox receives, stores, processes and replays Stripe events.
@@ -48,6 +53,8 @@ type Inbox struct {
 	log     *slog.Logger
 	jobs    jobs.Inserter
 	metrics *Metrics
+	// inlineSlots holds a token per inline attempt in flight.
+	inlineSlots chan struct{}
 }
 
 // New returns an inbox. SetJobs must be called before it receives events.
@@ -64,10 +71,14 @@ func New(cfg Config) *Inbox {
 	if cfg.InlineTimeout <= 0 {
 		cfg.InlineTimeout = 5 * time.Second
 	}
+	if cfg.InlineConcurrency <= 0 {
+		cfg.InlineConcurrency = 16
+	}
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics(nil)
 	}
-	return &Inbox{cfg: cfg, log: cfg.Logger.With("component", "webhooks"), metrics: cfg.Metrics}
+	return &Inbox{cfg: cfg, log: cfg.Logger.With("component", "webhooks"), metrics: cfg.Metrics,
+		inlineSlots: make(chan struct{}, cfg.InlineConcurrency)}
 }
 
 // SetJobs gives the inbox the River client it enqueues with. River's client is built after the

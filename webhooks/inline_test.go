@@ -205,3 +205,36 @@ func TestInlineTimeoutQueuesTheEvent(t *testing.T) {
 		t.Errorf("effect applied %d times, want 1", n)
 	}
 }
+
+// Inline attempts in flight are bounded: while every slot is taken, a delivery is not applied in
+// its request but acknowledged through the queue once its budget has gone by waiting; with a
+// slot free again, the next one is applied inline.
+func TestInlineAttemptsAreBounded(t *testing.T) {
+	t.Parallel()
+	h := newInlineHarness(t, func(c *webhooks.Config) {
+		c.InlineConcurrency = 1
+		c.InlineTimeout = 200 * time.Millisecond
+	})
+	release := h.inbox.TakeInlineSlot()
+	if got := h.deliver(subEvent("evt_slot_waiter", time.Now())); got.Status != 200 || got.Body["status"] != "received" {
+		t.Fatalf("deliver while the slot is taken: %d %v", got.Status, got.Body)
+	}
+	if row, _ := h.event("evt_slot_waiter"); row.Status != "received" || row.Attempts != 0 {
+		t.Errorf("event delivered while the slot was taken: %+v, want queued (received, no attempt)", row)
+	}
+	if n := h.applied("evt_slot_waiter"); n != 0 {
+		t.Errorf("applied %d times in its request, want 0", n)
+	}
+	release()
+	if got := h.deliver(subEvent("evt_slot_free", time.Now())); got.Status != 200 || got.Body["status"] != "received" {
+		t.Fatalf("deliver with the slot free: %d %v", got.Status, got.Body)
+	}
+	if row, _ := h.event("evt_slot_free"); row.Status != "processed" {
+		t.Errorf("event delivered with the slot free: %+v, want processed in its request", row)
+	}
+	h.start()
+	h.waitStatus("evt_slot_waiter", "processed")
+	if n := h.applied("evt_slot_waiter"); n != 1 {
+		t.Errorf("queued event applied %d times, want 1", n)
+	}
+}

@@ -207,8 +207,8 @@ func (i *Inbox) store(ctx context.Context, env envelope, body []byte) (storeResu
 			return res, err
 		}
 		timedOut = true
-		// Too slow to apply now (a lock held elsewhere, typically): acknowledge it through the
-		// queue instead, as a fresh event; the timeout was no fault of the event's.
+		// Too slow to apply now (a lock held elsewhere, or no free slot): acknowledge it through
+		// the queue instead, as a fresh event; the timeout was no fault of the event's.
 		i.log.Warn("webhook event not applied within the inline budget; queued", "event_id", env.ID, "type", env.Type,
 			"budget", i.cfg.InlineTimeout)
 	}
@@ -263,6 +263,8 @@ func (i *Inbox) store(ctx context.Context, env envelope, body []byte) (storeResu
 // applied event, and this path spends one transaction per event where the queue spends two plus
 // River's fetch and completion.
 //
+// At most InlineConcurrency attempts run at once; a delivery waits for a slot within the budget.
+//
 // The row comes last so that processed_at is taken while the handler's row locks are held: it
 // orders the applies of one subscription, as a worker's mark does. A redelivery runs the handler
 // too, then finds the event stored and rolls everything back (duplicate); concurrent deliveries
@@ -279,6 +281,15 @@ func (i *Inbox) storeAndApply(ctx context.Context, env envelope, body []byte, cr
 	outer := ctx
 	ctx, cancel := context.WithTimeout(ctx, i.cfg.InlineTimeout)
 	defer cancel()
+	select {
+	case i.inlineSlots <- struct{}{}:
+		defer func() { <-i.inlineSlots }()
+	case <-ctx.Done():
+		if outer.Err() != nil {
+			return storeResult{}, outer.Err()
+		}
+		return storeResult{}, errInlineTimeout
+	}
 	err := i.cfg.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		if applyErr = i.dispatch(ctx, tx, ev); applyErr != nil {
 			return applyErr
