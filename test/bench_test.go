@@ -576,7 +576,9 @@ func BenchmarkEntitlement(b *testing.B) {
 	ceiling.before = d.pgbench(b, benchEntitlementScript, benchClients, benchDuration)
 
 	p := startBenchService(b, d)
+	cpu0 := benchCPUTime(p.cmd.Process.Pid)
 	lat, elapsed, errs, firstErr := benchEntitlementLoad(p.url(""))
+	svcCPU := benchCPUTime(p.cmd.Process.Pid) - cpu0
 	if len(lat) == 0 {
 		b.Fatalf("no request answered (%d errors, first: %v)", errs, firstErr)
 	}
@@ -604,8 +606,10 @@ func BenchmarkEntitlement(b *testing.B) {
 	// The same server in a process of its own, as the service runs: in the load generator's
 	// process it shares one Go runtime (scheduler, GC, threads) with the client, which a separate
 	// service cannot.
-	own := benchBareEntitlementProcess(b, d)
+	own, ownPID := benchBareEntitlementProcess(b, d)
+	ownCPU0 := benchCPUTime(ownPID)
 	ownLat, ownElapsed, ownErrs, ownErr := benchEntitlementLoad(own)
+	ownCPU := benchCPUTime(ownPID) - ownCPU0
 	if ownErrs > 0 || len(ownLat) == 0 {
 		b.Errorf("bare server in its own process: %d requests failed (%d answered); first: %v", ownErrs, len(ownLat), ownErr)
 	}
@@ -630,6 +634,11 @@ func BenchmarkEntitlement(b *testing.B) {
 		ownRate, ownRate/pgTPS, benchMS(benchQuantile(ownLat, 0.99)))
 	fmt.Printf("entitlement, service / bare: %.2f against the bare server in its own process (%s), %.2f against it in the load generator's process (target ≥ 0.9)\n",
 		rate/ownRate, benchVerdictAt(rate/ownRate, 0.9), rate/bareRate)
+	// CPU per answered request of each process: steadier than throughput on a shared host.
+	svcPer := float64(svcCPU.Microseconds()) / float64(max(len(lat), 1))
+	ownPer := float64(ownCPU.Microseconds()) / float64(max(len(ownLat), 1))
+	fmt.Printf("entitlement, CPU per request: service %.0f µs, bare server in its own process %.0f µs (bare / service %.2f)\n",
+		svcPer, ownPer, ownPer/max(svcPer, 1))
 	b.ReportMetric(rate, "req/s")
 	b.ReportMetric(ownRate, "bare-own-process-req/s")
 	b.ReportMetric(pgTPS, "pgbench-tps")
@@ -719,7 +728,7 @@ func benchServeBare() bool {
 
 // benchBareEntitlementProcess starts the bare server as a process of its own (this test binary
 // re-run) and returns its base URL once it accepts connections.
-func benchBareEntitlementProcess(b *testing.B, d *benchDB) string {
+func benchBareEntitlementProcess(b *testing.B, d *benchDB) (url string, pid int) {
 	b.Helper()
 	addr := freeAddr(b)
 	cmd := exec.Command(os.Args[0])
@@ -734,7 +743,7 @@ func benchBareEntitlementProcess(b *testing.B, d *benchDB) string {
 		c, err := net.Dial("tcp", addr)
 		if err == nil {
 			c.Close()
-			return "http://" + addr
+			return "http://" + addr, cmd.Process.Pid
 		}
 		if time.Now().After(deadline) {
 			b.Fatalf("the bare server does not listen on %s: %v", addr, err)
@@ -919,6 +928,30 @@ func BenchmarkReconcile(b *testing.B) {
 }
 
 // vmHWM is a live process's peak resident set size in MB; ok is false once it is gone.
+// benchCPUTime is the user and system CPU a process has used (/proc/<pid>/stat, in the kernel's
+// 100 Hz ticks), or 0 when it cannot be read.
+func benchCPUTime(pid int) time.Duration {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// The fields after the command name (which may hold spaces) start at state, field 3.
+	i := bytes.LastIndexByte(stat, ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(string(stat[i+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	utime, err1 := strconv.ParseInt(f[11], 10, 64)
+	stime, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0
+	}
+	return time.Duration(utime+stime) * 10 * time.Millisecond
+}
+
 func vmHWM(pid int) (float64, bool) {
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
