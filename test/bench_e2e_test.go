@@ -192,26 +192,6 @@ func (g *e2eEvents) next(w, i int) (typ, id string, body []byte) {
 	return typ, id, body
 }
 
-// post delivers one event signed with the bench secret; nil when acknowledged 200 received.
-func e2ePost(client *http.Client, url string, body []byte) error {
-	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Stripe-Signature", stripeevents.SignatureHeader(body, benchSecret, time.Now()))
-	resp, err := client.Do(req)
-	if err != nil {
-		return err
-	}
-	answer, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK || !bytes.Contains(answer, []byte(`"received"`)) {
-		return fmt.Errorf("%d %s", resp.StatusCode, answer)
-	}
-	return nil
-}
-
 // e2eSeed links users 1..n to customers cus_bench_i, each with an active subscription sub_bench_i
 // created five days ago (every tenth past_due with a payment hold), as BenchmarkEntitlement does.
 func e2eSeed(b *testing.B, d *benchDB, n int) {
@@ -382,7 +362,7 @@ func BenchmarkEndToEnd(b *testing.B) {
 	sampler := startE2ESampler(d)
 	lat, elapsed, errs, firstErr := benchLoad(benchClients, dur, func(w, i int) error {
 		typ, id, body := gen.next(w, i)
-		if err := e2ePost(client, url, body); err != nil {
+		if err := benchPostEvent(client, url, body); err != nil {
 			return err
 		}
 		acks[w][id] = ack{typ, time.Now()}
@@ -530,7 +510,7 @@ func e2eIsoLoad(base string, gen *e2eEvents, users int, dur time.Duration, phase
 		r.receipt, _, r.receiptErrs, r.receiptFirst = benchLoad(e2eIsoSenders, dur, func(w, i int) error {
 			// Phases use their own event ids: a repeat would be answered duplicate.
 			_, _, body := gen.next(phase*e2eIsoSenders+w, i)
-			return e2ePost(client, base+"/webhooks/stripe", body)
+			return benchPostEvent(client, base+"/webhooks/stripe", body)
 		})
 	}()
 	go func() {

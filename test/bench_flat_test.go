@@ -3,15 +3,11 @@ package test
 import (
 	"bytes"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"strconv"
 	"syscall"
 	"testing"
 	"time"
-
-	"billing/internal/stripeevents"
 )
 
 // BenchmarkFlatCost: the service's throughput must not depend on how much history the database
@@ -131,22 +127,7 @@ func benchFlatPhase(b *testing.B, d *benchDB, tmpl []byte, phase int) benchFlatR
 		suffix := fmt.Sprintf("%d%02d%09d", phase, w, i)
 		body := bytes.ReplaceAll(tmpl, []byte(benchEvtPlaceholder), []byte("evt_bench_"+suffix))
 		body = bytes.ReplaceAll(body, []byte(benchSubPlaceholder), []byte("sub_bench_"+suffix))
-		req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
-		if err != nil {
-			return err
-		}
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Stripe-Signature", stripeevents.SignatureHeader(body, benchSecret, time.Now()))
-		resp, err := client.Do(req)
-		if err != nil {
-			return err
-		}
-		answer, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK || !bytes.Contains(answer, []byte(`"received"`)) {
-			return fmt.Errorf("%d %s", resp.StatusCode, answer)
-		}
-		return nil
+		return benchPostEvent(client, url, body)
 	})
 	sendEnd := time.Now()
 	accepted := len(lat)

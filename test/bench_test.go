@@ -209,6 +209,26 @@ func startBenchService(b *testing.B, d *benchDB) *proc {
 	return start(b, d.dir, env)
 }
 
+// benchPostEvent delivers one event signed with the bench secret; nil when acknowledged 200 received.
+func benchPostEvent(client *http.Client, url string, body []byte) error {
+	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Stripe-Signature", stripeevents.SignatureHeader(body, benchSecret, time.Now()))
+	resp, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	answer, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !bytes.Contains(answer, []byte(`"received"`)) {
+		return fmt.Errorf("%d %s", resp.StatusCode, answer)
+	}
+	return nil
+}
+
 func benchHTTPClient() *http.Client {
 	return &http.Client{
 		Timeout: 30 * time.Second,
@@ -360,22 +380,7 @@ func BenchmarkIngest(b *testing.B) {
 		suffix := fmt.Sprintf("%02d%010d", w, i)
 		body := bytes.ReplaceAll(tmpl, []byte(benchEvtPlaceholder), []byte("evt_bench_"+suffix))
 		body = bytes.ReplaceAll(body, []byte(benchSubPlaceholder), []byte("sub_bench_"+suffix))
-		req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
-		if err != nil {
-			return err
-		}
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Stripe-Signature", stripeevents.SignatureHeader(body, benchSecret, time.Now()))
-		resp, err := client.Do(req)
-		if err != nil {
-			return err
-		}
-		answer, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK || !bytes.Contains(answer, []byte(`"received"`)) {
-			return fmt.Errorf("%d %s", resp.StatusCode, answer)
-		}
-		return nil
+		return benchPostEvent(client, url, body)
 	})
 	sendEnd := time.Now()
 	var processedDuring int
