@@ -192,44 +192,6 @@ func (g *e2eEvents) next(w, i int) (typ, id string, body []byte) {
 	return typ, id, body
 }
 
-// e2eSeed links users 1..n to customers cus_bench_i, each with an active subscription sub_bench_i
-// created five days ago (every tenth past_due with a payment hold), as BenchmarkEntitlement does.
-func e2eSeed(b *testing.B, d *benchDB, n int) {
-	b.Helper()
-	d.exec(b, `INSERT INTO customers (user_id, stripe_customer_id, email, name, livemode)
-		SELECT 'user_' || g, 'cus_bench_' || g, 'user' || g || '@example.com', 'User ' || g, false
-		FROM generate_series(1, $1::int) g`, n)
-	d.exec(b, `INSERT INTO subscriptions (subscription_id, stripe_customer_id, livemode, status, price_id,
-			current_period_start, current_period_end, status_since, sub_event_id, sub_event_type, sub_event_created, sub_event_rank,
-			payment_hold, payment_hold_since, created_at, updated_at)
-		SELECT 'sub_bench_' || g, 'cus_bench_' || g, false, CASE WHEN g % 10 = 0 THEN 'past_due' ELSE 'active' END, 'price_bench',
-			now() - interval '5 days', now() + interval '25 days', now() - interval '5 days', 'evt_seed_' || g,
-			'customer.subscription.created', now() - interval '5 days', 10,
-			g % 10 = 0, CASE WHEN g % 10 = 0 THEN now() - interval '1 day' END, now() - interval '5 days', now()
-		FROM generate_series(1, $1::int) g`, n)
-	d.exec(b, `VACUUM ANALYZE customers`)
-	d.exec(b, `VACUUM ANALYZE subscriptions`)
-}
-
-// e2eStartService is startBenchService with extra settings (the Stripe double of the isolation
-// benchmark).
-func e2eStartService(b *testing.B, d *benchDB, extra map[string]string) *proc {
-	b.Helper()
-	env := map[string]string{
-		"BILLING_DATABASE_URL":                d.url,
-		"BILLING_STRIPE_WEBHOOK_SECRETS_TEST": benchSecret,
-		"BILLING_AUTH_API_TOKENS":             benchAPIToken,
-		"BILLING_LOG_LEVEL":                   "info",
-	}
-	if n := os.Getenv("BENCH_WORKER_CONCURRENCY"); n != "" {
-		env["BILLING_WORKER_CONCURRENCY"] = n
-	}
-	for k, v := range extra {
-		env[k] = v
-	}
-	return start(b, d.dir, env)
-}
-
 // benchE2EBaselineScript is the per-event work the design needs, as a pgbench script: the
 // service's store-and-enqueue statement (benchIngestStatementScript), then the apply transaction
 // of a customer.subscription.updated: the event locked by its key, the subscription made to
@@ -337,7 +299,7 @@ func BenchmarkEndToEnd(b *testing.B) {
 	dur := e2eDurationFromEnv(b, e2eDuration)
 	pgDur := max(time.Second, min(benchDuration, dur))
 	d := startBenchDB(b)
-	e2eSeed(b, d, benchUsers)
+	benchSeedUsers(b, d)
 	gen := newE2EEvents(b, benchUsers)
 	script := benchE2EBaselineScript(b, d, benchUsers)
 
@@ -346,7 +308,7 @@ func BenchmarkEndToEnd(b *testing.B) {
 	d.exec(b, `TRUNCATE webhook_events, river_job CASCADE`)
 	d.exec(b, `CHECKPOINT`)
 
-	p := e2eStartService(b, d, nil)
+	p := startBenchService(b, d, nil)
 	client := benchHTTPClient()
 	url := p.url("/webhooks/stripe")
 	// Each sender keeps its own acknowledgements (no lock on the hot path): the lag is measured
@@ -517,22 +479,7 @@ func e2eIsoLoad(base string, gen *e2eEvents, users int, dur time.Duration, phase
 		defer wg.Done()
 		client := benchHTTPClient()
 		r.reads, _, r.readErrs, r.readFirst = benchLoad(e2eIsoReaders, dur, func(w, i int) error {
-			user := "user_" + strconv.Itoa(1+rand.IntN(users))
-			req, err := http.NewRequest(http.MethodGet, base+"/v1/customers/"+user+"/entitlement", nil)
-			if err != nil {
-				return err
-			}
-			req.Header.Set("Authorization", "Bearer "+benchAPIToken)
-			resp, err := client.Do(req)
-			if err != nil {
-				return err
-			}
-			body, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusOK || !bytes.Contains(body, []byte(`"user_id":"`+user+`"`)) {
-				return fmt.Errorf("%s: %d %s", user, resp.StatusCode, body)
-			}
-			return nil
+			return benchGetEntitlement(client, base, users)
 		})
 	}()
 	wg.Wait()
@@ -556,10 +503,10 @@ type e2eCharge struct {
 func BenchmarkIsolation(b *testing.B) {
 	phase := min(e2eIsoPhase, e2eDurationFromEnv(b, e2eIsoPhase))
 	d := startBenchDB(b)
-	e2eSeed(b, d, benchUsers)
+	benchSeedUsers(b, d)
 	gen := newE2EEvents(b, benchUsers)
 	stripe := stripetest.New(b, testenv.StripeMockURL(b))
-	p := e2eStartService(b, d, map[string]string{
+	p := startBenchService(b, d, map[string]string{
 		"BILLING_STRIPE_API_URL":    stripe.URL,
 		"BILLING_STRIPE_SECRET_KEY": "sk_test_bench",
 	})

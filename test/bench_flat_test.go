@@ -24,7 +24,7 @@ func BenchmarkFlatCost(b *testing.B) {
 	events := benchFlatEnv(b, "BENCH_FLAT_EVENTS", 1000000)
 	subs := benchFlatEnv(b, "BENCH_FLAT_SUBS", 100000)
 	d := startBenchDB(b)
-	benchFlatUsers(b, d)
+	benchSeedUsers(b, d)
 	d.exec(b, `VACUUM ANALYZE`)
 	d.exec(b, `CHECKPOINT`)
 	tmpl := benchEventTemplate(b)
@@ -118,7 +118,7 @@ type benchFlatResult struct {
 func benchFlatPhase(b *testing.B, d *benchDB, tmpl []byte, phase int) benchFlatResult {
 	b.Helper()
 	var r benchFlatResult
-	p := startBenchService(b, d)
+	p := startBenchService(b, d, nil)
 	client := benchHTTPClient()
 	url := p.url("/webhooks/stripe")
 	begin := time.Now()
@@ -180,30 +180,6 @@ func benchFlatPhase(b *testing.B, d *benchDB, tmpl []byte, phase int) benchFlatR
 		b.Errorf("phase %d: billing exited %d after SIGTERM", phase, code)
 	}
 	return r
-}
-
-// benchFlatUsers stores the users of the entitlement load as BenchmarkEntitlement does: one
-// subscription each, every tenth past_due with a payment hold, every fifth with an old canceled one.
-func benchFlatUsers(b *testing.B, d *benchDB) {
-	b.Helper()
-	d.exec(b, `INSERT INTO customers (user_id, stripe_customer_id, email, name, livemode)
-		SELECT 'user_' || g, 'cus_bench_' || g, 'user' || g || '@example.com', 'User ' || g, false
-		FROM generate_series(1, $1::int) g`, benchUsers)
-	d.exec(b, `INSERT INTO subscriptions (subscription_id, stripe_customer_id, livemode, status, price_id,
-			current_period_start, current_period_end, status_since, sub_event_id, sub_event_type, sub_event_created, sub_event_rank,
-			payment_hold, payment_hold_since, created_at, updated_at)
-		SELECT 'sub_bench_' || g, 'cus_bench_' || g, false, CASE WHEN g % 10 = 0 THEN 'past_due' ELSE 'active' END, 'price_bench',
-			now() - interval '5 days', now() + interval '25 days', now() - interval '5 days', 'evt_seed_' || g,
-			'customer.subscription.created', now() - interval '5 days', 10,
-			g % 10 = 0, CASE WHEN g % 10 = 0 THEN now() - interval '1 day' END, now() - interval '5 days', now()
-		FROM generate_series(1, $1::int) g`, benchUsers)
-	d.exec(b, `INSERT INTO subscriptions (subscription_id, stripe_customer_id, livemode, status, price_id,
-			current_period_start, current_period_end, canceled_at, ended_at, status_since, sub_event_id, sub_event_type, sub_event_created,
-			sub_event_rank, created_at, updated_at)
-		SELECT 'sub_old_' || g, 'cus_bench_' || g, false, 'canceled', 'price_old', now() - interval '90 days', now() - interval '60 days',
-			now() - interval '60 days', now() - interval '60 days', now() - interval '60 days', 'evt_old_' || g,
-			'customer.subscription.deleted', now() - interval '60 days', 32, now() - interval '90 days', now()
-		FROM generate_series(5, $1::int, 5) g`, benchUsers)
 }
 
 // benchFlatSeed stores a history: subs customers with a subscription each (2% past_due on hold,

@@ -192,7 +192,8 @@ func (d *benchDB) pgbench(b *testing.B, script string, clients int, dur time.Dur
 
 // startBenchService runs `billing serve` on the benchmark database, logging at info as in
 // production. BENCH_WORKER_CONCURRENCY, if set, is its worker.concurrency (to compare sizes).
-func startBenchService(b *testing.B, d *benchDB) *proc {
+// startBenchService starts billing serve on the bench cluster, with extra settings if any.
+func startBenchService(b *testing.B, d *benchDB, extra map[string]string) *proc {
 	b.Helper()
 	env := map[string]string{
 		"BILLING_DATABASE_URL":                d.url,
@@ -205,6 +206,9 @@ func startBenchService(b *testing.B, d *benchDB) *proc {
 	}
 	if n := os.Getenv("BENCH_WORKER_CONCURRENCY"); n != "" {
 		env["BILLING_WORKER_CONCURRENCY"] = n
+	}
+	for k, v := range extra {
+		env[k] = v
 	}
 	return start(b, d.dir, env)
 }
@@ -373,7 +377,7 @@ func BenchmarkIngest(b *testing.B) {
 	d.exec(b, `TRUNCATE webhook_events, river_job CASCADE`)
 	d.exec(b, `CHECKPOINT`)
 
-	p := startBenchService(b, d)
+	p := startBenchService(b, d, nil)
 	client := benchHTTPClient()
 	url := p.url("/webhooks/stripe")
 	lat, elapsed, errs, firstErr := benchLoad(benchClients, benchDuration, func(w, i int) error {
@@ -550,12 +554,11 @@ const benchEntitlementQuery = `SELECT c.stripe_customer_id, c.livemode, coalesce
 var benchEntitlementScript = `\set uid random(1, ` + strconv.Itoa(benchUsers) + `)
 ` + strings.Replace(benchEntitlementQuery, "USER", "'user_' || :uid", 1) + ";\n"
 
-// BenchmarkEntitlement: GET /v1/customers/{user_id}/entitlement at 32 concurrency over 10,000
-// users (customers and subscriptions seeded with SQL; every fifth user also has a canceled
-// subscription, every tenth is past_due with a payment hold) → requests/s and p99, against
-// pgbench running the same SELECT for a random user on the same tables.
-func BenchmarkEntitlement(b *testing.B) {
-	d := startBenchDB(b)
+// benchSeedUsers stores benchUsers users by SQL: user_i linked to cus_bench_i with an active
+// subscription sub_bench_i created five days ago (every tenth past_due with a payment hold), and
+// every fifth also with an old canceled subscription.
+func benchSeedUsers(b *testing.B, d *benchDB) {
+	b.Helper()
 	d.exec(b, `INSERT INTO customers (user_id, stripe_customer_id, email, name, livemode)
 		SELECT 'user_' || g, 'cus_bench_' || g, 'user' || g || '@example.com', 'User ' || g, false
 		FROM generate_series(1, $1::int) g`, benchUsers)
@@ -576,11 +579,20 @@ func BenchmarkEntitlement(b *testing.B) {
 		FROM generate_series(5, $1::int, 5) g`, benchUsers)
 	d.exec(b, `VACUUM ANALYZE customers`)
 	d.exec(b, `VACUUM ANALYZE subscriptions`)
+}
+
+// BenchmarkEntitlement: GET /v1/customers/{user_id}/entitlement at 32 concurrency over 10,000
+// users (customers and subscriptions seeded with SQL; every fifth user also has a canceled
+// subscription, every tenth is past_due with a payment hold) → requests/s and p99, against
+// pgbench running the same SELECT for a random user on the same tables.
+func BenchmarkEntitlement(b *testing.B) {
+	d := startBenchDB(b)
+	benchSeedUsers(b, d)
 
 	var ceiling benchCeiling
 	ceiling.before = d.pgbench(b, benchEntitlementScript, benchClients, benchDuration)
 
-	p := startBenchService(b, d)
+	p := startBenchService(b, d, nil)
 	cpu0 := benchCPUTime(p.cmd.Process.Pid)
 	lat, elapsed, errs, firstErr := benchEntitlementLoad(p.url(""))
 	svcCPU := benchCPUTime(p.cmd.Process.Pid) - cpu0
@@ -658,23 +670,29 @@ func BenchmarkEntitlement(b *testing.B) {
 func benchEntitlementLoad(base string) (lat []time.Duration, elapsed time.Duration, errs int, firstErr error) {
 	client := benchHTTPClient()
 	return benchLoad(benchClients, benchDuration, func(w, i int) error {
-		user := "user_" + strconv.Itoa(1+rand.IntN(benchUsers))
-		req, err := http.NewRequest(http.MethodGet, base+"/v1/customers/"+user+"/entitlement", nil)
-		if err != nil {
-			return err
-		}
-		req.Header.Set("Authorization", "Bearer "+benchAPIToken)
-		resp, err := client.Do(req)
-		if err != nil {
-			return err
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK || !bytes.Contains(body, []byte(`"user_id":"`+user+`"`)) {
-			return fmt.Errorf("%s: %d %s", user, resp.StatusCode, body)
-		}
-		return nil
+		return benchGetEntitlement(client, base, benchUsers)
 	})
+}
+
+// benchGetEntitlement reads the entitlement of a random one of users users; nil when answered 200
+// with the user's id.
+func benchGetEntitlement(client *http.Client, base string, users int) error {
+	user := "user_" + strconv.Itoa(1+rand.IntN(users))
+	req, err := http.NewRequest(http.MethodGet, base+"/v1/customers/"+user+"/entitlement", nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+benchAPIToken)
+	resp, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !bytes.Contains(body, []byte(`"user_id":"`+user+`"`)) {
+		return fmt.Errorf("%s: %d %s", user, resp.StatusCode, body)
+	}
+	return nil
 }
 
 // benchBareEntitlementServer serves the entitlement route from this process with only net/http,
