@@ -43,24 +43,7 @@ func TestServiceKilledInsideTheReceiveTransaction(t *testing.T) {
 		t.Fatalf("first event right after its 200: %q %v, want processed", st, err)
 	}
 
-	ctx := context.Background()
-	conn, err := db.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	tx, err := conn.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback()
-	var holder int
-	if err := tx.QueryRow(`SELECT pg_backend_pid()`).Scan(&holder); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(`SELECT 1 FROM subscriptions WHERE subscription_id = $1 FOR UPDATE`, sub.ID); err != nil {
-		t.Fatal(err)
-	}
+	rowLock := lockSubscriptionRow(t, db, sub.ID)
 	type answer struct {
 		code int
 		err  error
@@ -70,12 +53,7 @@ func TestServiceKilledInsideTheReceiveTransaction(t *testing.T) {
 		code, _, err := postEvent(context.Background(), http.DefaultClient, svc.url(""), second)
 		answered <- answer{code, err}
 	}()
-	blocked := func() bool {
-		var n int
-		err := db.QueryRow(`SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid)) AND wait_event_type = 'Lock' AND query ILIKE '%subscriptions%'`, holder).Scan(&n)
-		return err == nil && n > 0
-	}
-	if !waitUntil(time.Minute, blocked) {
+	if !waitUntil(time.Minute, rowLock.waitedOn) {
 		t.Fatalf("no receive transaction blocked on the subscription row")
 	}
 	svc.kill()
@@ -83,10 +61,7 @@ func TestServiceKilledInsideTheReceiveTransaction(t *testing.T) {
 	if a.err == nil && a.code == http.StatusOK {
 		t.Fatalf("the delivery killed inside its transaction was answered 200")
 	}
-	if err := tx.Rollback(); err != nil {
-		t.Fatal(err)
-	}
-	conn.Close()
+	rowLock.release()
 	var n int
 	if err := db.QueryRow(`SELECT count(*) FROM webhook_events WHERE event_id = $1`, secondID).Scan(&n); err != nil || n != 0 {
 		t.Fatalf("%d rows of the killed delivery's event (%v), want 0: nothing of it may survive", n, err)

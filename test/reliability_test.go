@@ -350,30 +350,9 @@ func TestWorkerKilledMidTransaction(t *testing.T) {
 
 	// Hold the subscription's row lock from another connection: the worker that processes the
 	// next event locks its event row, then blocks on the subscription row inside its transaction.
-	ctx := context.Background()
-	conn, err := db.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	tx, err := conn.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback()
-	var holder int
-	if err := tx.QueryRow(`SELECT pg_backend_pid()`).Scan(&holder); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(`SELECT 1 FROM subscriptions WHERE subscription_id = $1 FOR UPDATE`, sub.ID); err != nil {
-		t.Fatal(err)
-	}
+	rowLock := lockSubscriptionRow(t, db, sub.ID)
 	post(second)
-	blockedWorker := func() bool {
-		var n int
-		err := db.QueryRow(`SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid)) AND wait_event_type = 'Lock' AND query ILIKE '%subscriptions%'`, holder).Scan(&n)
-		return err == nil && n > 0
-	}
+	blockedWorker := rowLock.waitedOn
 	if !waitUntil(time.Minute, blockedWorker) {
 		t.Fatalf("no worker blocked on the subscription row")
 	}
@@ -394,10 +373,7 @@ func TestWorkerKilledMidTransaction(t *testing.T) {
 	if !blockedWorker() {
 		t.Fatalf("no transaction of the killed worker is waiting on the subscription row")
 	}
-	if err := tx.Rollback(); err != nil {
-		t.Fatal(err)
-	}
-	conn.Close()
+	rowLock.release()
 	t0 := time.Now()
 	svc.start()
 	if !waitUntil(2*time.Minute, func() bool { st, _ := eventState(second.ID); return st == "processed" }) {
@@ -433,4 +409,54 @@ func TestWorkerKilledMidTransaction(t *testing.T) {
 	line := fmt.Sprintf("midtx: kills=%d attempts=%d notices=%d notice_jobs=%d status=%s", svc.kills, attempts, notices, jobs, status)
 	t.Log(line)
 	fmt.Println(line)
+}
+
+// rowLock is a subscription row held FOR UPDATE by a transaction of the test's own.
+type rowLock struct {
+	t      *testing.T
+	db     *sql.DB
+	conn   *sql.Conn
+	tx     *sql.Tx
+	holder int // the holding backend's pid
+}
+
+// lockSubscriptionRow locks a subscription's row from a connection of the test until release
+// (or the test's end): a transaction of the service that needs it then waits inside.
+func lockSubscriptionRow(t *testing.T, db *sql.DB, subscriptionID string) *rowLock {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	tx, err := conn.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback() })
+	l := &rowLock{t: t, db: db, conn: conn, tx: tx}
+	if err := tx.QueryRow(`SELECT pg_backend_pid()`).Scan(&l.holder); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(`SELECT 1 FROM subscriptions WHERE subscription_id = $1 FOR UPDATE`, subscriptionID); err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// waitedOn is true while a statement on subscriptions waits for the lock.
+func (l *rowLock) waitedOn() bool {
+	var n int
+	err := l.db.QueryRow(`SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid)) AND wait_event_type = 'Lock' AND query ILIKE '%subscriptions%'`, l.holder).Scan(&n)
+	return err == nil && n > 0
+}
+
+// release rolls the holding transaction back and returns its connection.
+func (l *rowLock) release() {
+	l.t.Helper()
+	if err := l.tx.Rollback(); err != nil {
+		l.t.Fatal(err)
+	}
+	l.conn.Close()
 }
