@@ -288,3 +288,34 @@ func subEvent(id string, created time.Time) []byte {
 		ID: "sub_" + id, Customer: "cus_1", Status: "active", PriceID: "price_1",
 	})
 }
+
+// deliverConcurrently posts payload n times at once and counts the answers: received, duplicate,
+// and any other answer, each reported as an error.
+func (h *harness) deliverConcurrently(payload []byte, n int) (received, duplicate int) {
+	h.t.Helper()
+	results := make(chan answer, n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			results <- h.deliver(payload)
+		}()
+	}
+	close(start)
+	wg.Wait()
+	close(results)
+	for r := range results {
+		switch {
+		case r.Status == 200 && r.Body["status"] == "received":
+			received++
+		case r.Status == 200 && r.Body["status"] == "duplicate":
+			duplicate++
+		default:
+			h.t.Errorf("unexpected answer %d %v", r.Status, r.Body)
+		}
+	}
+	return received, duplicate
+}

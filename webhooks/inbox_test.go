@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -198,31 +197,7 @@ func TestConcurrentDeliveriesOfOneEvent(t *testing.T) {
 	h.start()
 	payload := subEvent("evt_concurrent", time.Now())
 	const n = 20
-	results := make(chan answer, n)
-	var wg sync.WaitGroup
-	start := make(chan struct{})
-	for range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-start
-			results <- h.deliver(payload)
-		}()
-	}
-	close(start)
-	wg.Wait()
-	close(results)
-	received, duplicate := 0, 0
-	for r := range results {
-		switch {
-		case r.Status == 200 && r.Body["status"] == "received":
-			received++
-		case r.Status == 200 && r.Body["status"] == "duplicate":
-			duplicate++
-		default:
-			t.Errorf("unexpected answer %d %v", r.Status, r.Body)
-		}
-	}
+	received, duplicate := h.deliverConcurrently(payload, n)
 	if received != 1 || duplicate != n-1 {
 		t.Errorf("received %d, duplicate %d; want 1 and %d", received, duplicate, n-1)
 	}

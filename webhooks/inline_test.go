@@ -3,7 +3,6 @@ package webhooks_test
 import (
 	"context"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -123,31 +122,7 @@ func TestInlineConcurrentDeliveriesApplyOnce(t *testing.T) {
 		}
 		id := "evt_inline_race"
 		payload := stripeevents.InvoiceEvent(id, failingType, time.Now(), false, stripeevents.Invoice{ID: "in_1", Subscription: "sub_1"})
-		const n = 16
-		results := make(chan answer, n)
-		var wg sync.WaitGroup
-		start := make(chan struct{})
-		for range n {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				<-start
-				results <- h.deliver(payload)
-			}()
-		}
-		close(start)
-		wg.Wait()
-		close(results)
-		received := 0
-		for r := range results {
-			switch {
-			case r.Status == 200 && r.Body["status"] == "received":
-				received++
-			case r.Status == 200 && r.Body["status"] == "duplicate":
-			default:
-				t.Errorf("fail first %t: unexpected answer %d %v", failFirst, r.Status, r.Body)
-			}
-		}
+		received, _ := h.deliverConcurrently(payload, 16)
 		if received != 1 {
 			t.Errorf("fail first %t: %d deliveries answered received, want 1", failFirst, received)
 		}
