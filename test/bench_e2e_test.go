@@ -127,24 +127,10 @@ func newE2EEvents(b *testing.B, users int) *e2eEvents {
 	return g
 }
 
-// e2ePad pads an event's data.object metadata up to benchEventBytes, the size of BenchmarkIngest's.
+// e2ePad pads an event as BenchmarkIngest's (benchPad) and checks its placeholders.
 func e2ePad(b *testing.B, raw []byte) []byte {
 	b.Helper()
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.UseNumber()
-	var ev map[string]any
-	if err := dec.Decode(&ev); err != nil {
-		b.Fatal(err)
-	}
-	obj := ev["data"].(map[string]any)["object"].(map[string]any)
-	meta := map[string]any{"order_ref": "bench", "padding": ""}
-	obj["metadata"] = meta
-	base, _ := json.Marshal(ev)
-	meta["padding"] = strings.Repeat("x", max(0, benchEventBytes-len(base)))
-	out, err := json.Marshal(ev)
-	if err != nil {
-		b.Fatal(err)
-	}
+	out := benchPad(b, raw)
 	if bytes.Count(out, []byte(benchEvtPlaceholder)) != 1 || bytes.Count(out, []byte(`"created":1000000000`)) != 1 {
 		b.Fatalf("event template: the event id and created must appear once:\n%s", out)
 	}
@@ -347,19 +333,7 @@ func BenchmarkEndToEnd(b *testing.B) {
 	}
 
 	// Drained: nothing stored is waiting to be applied any more.
-	for {
-		var waiting int
-		if err := d.db.QueryRow(`SELECT count(*) FROM webhook_events WHERE status = 'received'`).Scan(&waiting); err != nil {
-			b.Fatal(err)
-		}
-		if waiting == 0 {
-			break
-		}
-		if time.Since(sendEnd) > e2eDrainLimit {
-			b.Fatalf("%d events still waiting %s after the last delivery", waiting, e2eDrainLimit)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	benchWaitDrained(b, d, sendEnd, e2eDrainLimit)
 	drained := time.Since(sendEnd)
 	series, serr := sampler.finish()
 	if serr != nil {

@@ -138,19 +138,7 @@ func benchFlatPhase(b *testing.B, d *benchDB, tmpl []byte, phase int) benchFlatR
 		b.Errorf("phase %d: %d deliveries not accepted; first: %v", phase, errs, firstErr)
 	}
 	// The seed stores no received event, so every received one is this phase's.
-	for {
-		var waiting int
-		if err := d.db.QueryRow(`SELECT count(*) FROM webhook_events WHERE status = 'received'`).Scan(&waiting); err != nil {
-			b.Fatal(err)
-		}
-		if waiting == 0 {
-			break
-		}
-		if time.Since(sendEnd) > 5*time.Minute {
-			b.Fatalf("phase %d: %d events still unprocessed 5 minutes after the last delivery", phase, waiting)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	benchWaitDrained(b, d, sendEnd, 5*time.Minute)
 	done := time.Now()
 	var processed, other int
 	prefix := fmt.Sprintf("evt_bench_%d%%", phase)

@@ -335,6 +335,16 @@ func benchEventTemplate(b *testing.B) []byte {
 		ID: benchSubPlaceholder, Customer: "cus_bench", Status: "active", PriceID: "price_bench",
 		CurrentPeriodStart: now, CurrentPeriodEnd: now.AddDate(0, 1, 0),
 	})
+	out := benchPad(b, raw)
+	if bytes.Count(out, []byte(benchEvtPlaceholder)) != 1 {
+		b.Fatal("event template: the event id must appear once")
+	}
+	return out
+}
+
+// benchPad pads an event's data.object metadata up to benchEventBytes.
+func benchPad(b *testing.B, raw []byte) []byte {
+	b.Helper()
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.UseNumber()
 	var ev map[string]any
@@ -350,10 +360,26 @@ func benchEventTemplate(b *testing.B) []byte {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if bytes.Count(out, []byte(benchEvtPlaceholder)) != 1 {
-		b.Fatal("event template: the event id must appear once")
-	}
 	return out
+}
+
+// benchWaitDrained polls until no stored event is waiting to be applied; fatal when some still
+// are limit after since.
+func benchWaitDrained(b *testing.B, d *benchDB, since time.Time, limit time.Duration) {
+	b.Helper()
+	for {
+		var waiting int
+		if err := d.db.QueryRow(`SELECT count(*) FROM webhook_events WHERE status = 'received'`).Scan(&waiting); err != nil {
+			b.Fatal(err)
+		}
+		if waiting == 0 {
+			return
+		}
+		if time.Since(since) > limit {
+			b.Fatalf("%d events still waiting %s after the last delivery", waiting, limit)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // BenchmarkIngest: 32 concurrent senders post distinct signed ~3 KB customer.subscription.updated
