@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"os/signal"
 	"sync"
@@ -269,6 +270,17 @@ func serve(args []string) int {
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.ListenAndServe() }()
 	logger.Info("listening", "addr", cfg.HTTP.Addr)
+	var debugSrv *http.Server
+	if cfg.HTTP.DebugAddr != "" {
+		debugSrv = httpserver.NewDebugServer(cfg.HTTP.DebugAddr)
+		go func() {
+			// The profiler is a diagnostic: losing it is logged and never stops the service.
+			if err := debugSrv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				logger.Error("profiler stopped", "addr", cfg.HTTP.DebugAddr, "error", err)
+			}
+		}()
+		logger.Info("profiler listening", "addr", cfg.HTTP.DebugAddr, "path", "/debug/pprof/")
+	}
 	// Stripe's side of the setup is checked once in the background: a problem there is logged and
 	// never keeps the service from receiving webhooks.
 	go startupChecks(ctx, cfg, stripeclient.New(cfg.Stripe.APIURL, cfg.Stripe.SecretKey, logger), logger)
@@ -305,6 +317,9 @@ func serve(args []string) int {
 		}
 	})
 	drained.Wait()
+	if debugSrv != nil {
+		_ = debugSrv.Close()
+	}
 	logger.Info("stopped")
 	return exit
 }

@@ -45,6 +45,10 @@ const MaxWebhookTolerance = time.Hour
 type Config struct {
 	HTTP struct {
 		Addr string
+		// DebugAddr, when set, serves Go's profiler (net/http/pprof) on a loopback address of its
+		// own, never on the API's listener: profiles name code paths and goroutine dumps carry
+		// request URLs.
+		DebugAddr string
 	}
 	Database struct {
 		URL string // secret: may embed a password; empty means embedded database
@@ -147,6 +151,7 @@ func errorf(key, format string, args ...any) *Error {
 // Scalars are strings so that every layer goes through the same parsers.
 var defaults = map[string]string{
 	"http.addr":                   ":8080",
+	"http.debug_addr":             "",
 	"database.url":                "",
 	"stripe.mode":                 "test",
 	"stripe.secret_key":           "",
@@ -204,6 +209,7 @@ func Load(path string) (*Config, error) {
 	l := &loader{v: v}
 	c := &Config{}
 	c.HTTP.Addr = l.str("http.addr")
+	c.HTTP.DebugAddr = l.str("http.debug_addr")
 	c.Database.URL = l.secret("database.url")
 	c.Stripe.Mode = strings.ToLower(l.str("stripe.mode"))
 	c.Stripe.SecretKey = l.secret("stripe.secret_key")
@@ -445,6 +451,11 @@ const placeholderMark = "REPLACE"
 func (c *Config) validate() *Error {
 	if _, _, err := net.SplitHostPort(c.HTTP.Addr); err != nil {
 		return errorf("http.addr", "invalid listen address %q (want host:port or :port)", c.HTTP.Addr)
+	}
+	if c.HTTP.DebugAddr != "" {
+		if err := checkLoopbackAddr(c.HTTP.DebugAddr); err != "" {
+			return errorf("http.debug_addr", "%s", err)
+		}
 	}
 
 	if err := checkDatabaseURL(c.Database.URL); err != nil {
@@ -693,7 +704,7 @@ func (c *Config) WebhookSecrets(livemode bool) []string {
 // (lists as a count); URLs that are not secrets still have userinfo redacted.
 func (c *Config) LogValue() slog.Value {
 	return slog.GroupValue(
-		slog.Group("http", slog.String("addr", c.HTTP.Addr)),
+		slog.Group("http", slog.String("addr", c.HTTP.Addr), slog.String("debug_addr", c.HTTP.DebugAddr)),
 		slog.Group("database", slog.String("url", setness(c.Database.URL))),
 		slog.Group("stripe",
 			slog.String("mode", c.Stripe.Mode),
@@ -749,4 +760,20 @@ func redactURL(s string) string {
 		return s
 	}
 	return u.Redacted()
+}
+
+// checkLoopbackAddr explains why addr is not a loopback host:port ("" when it is): the profiler
+// must not be reachable from the network (reach it with a port forward or from the host).
+func checkLoopbackAddr(addr string) string {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Sprintf("invalid listen address %q (want a loopback host:port such as 127.0.0.1:6060)", addr)
+	}
+	if host == "localhost" {
+		return ""
+	}
+	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
+		return fmt.Sprintf("%q is not a loopback address: the profiler listens only on 127.0.0.1, ::1 or localhost", addr)
+	}
+	return ""
 }

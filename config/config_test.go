@@ -453,6 +453,9 @@ func TestLoadErrors(t *testing.T) {
 		{name: "log level", env: map[string]string{"BILLING_LOG_LEVEL": "verbose"}, key: "log.level"},
 		{name: "log format", env: map[string]string{"BILLING_LOG_FORMAT": "xml"}, key: "log.format"},
 		{name: "http addr without port", env: map[string]string{"BILLING_HTTP_ADDR": "8080"}, key: "http.addr"},
+		{name: "debug addr on every interface", env: map[string]string{"BILLING_HTTP_DEBUG_ADDR": ":6060"}, key: "http.debug_addr"},
+		{name: "debug addr on a public address", env: map[string]string{"BILLING_HTTP_DEBUG_ADDR": "10.0.0.5:6060"}, key: "http.debug_addr"},
+		{name: "debug addr without port", env: map[string]string{"BILLING_HTTP_DEBUG_ADDR": "127.0.0.1"}, key: "http.debug_addr"},
 		{name: "list where scalar expected", yaml: "stripe:\n  mode: [test]\n", key: "stripe.mode"},
 		{
 			name:   "value and _FILE both set",
@@ -505,6 +508,9 @@ func TestLoadAccepts(t *testing.T) {
 		{"stripe-mock api url", map[string]string{"BILLING_STRIPE_API_URL": "http://127.0.0.1:12111"}, func(c *Config) bool { return c.Stripe.APIURL == "http://127.0.0.1:12111" }},
 		{"https api url in live mode", map[string]string{"BILLING_STRIPE_MODE": "live", "BILLING_DATABASE_URL": "postgres://db/billing", "BILLING_STRIPE_API_URL": "https://stripe-proxy.internal:8443"}, func(c *Config) bool { return c.Stripe.APIURL == "https://stripe-proxy.internal:8443" }},
 		{"tolerance of an hour", map[string]string{"BILLING_STRIPE_WEBHOOK_TOLERANCE": "1h"}, func(c *Config) bool { return c.Stripe.WebhookTolerance == time.Hour }},
+		{"profiler on loopback", map[string]string{"BILLING_HTTP_DEBUG_ADDR": "127.0.0.1:6060"}, func(c *Config) bool { return c.HTTP.DebugAddr == "127.0.0.1:6060" }},
+		{"profiler on localhost", map[string]string{"BILLING_HTTP_DEBUG_ADDR": "localhost:6060"}, func(c *Config) bool { return c.HTTP.DebugAddr == "localhost:6060" }},
+		{"profiler on IPv6 loopback", map[string]string{"BILLING_HTTP_DEBUG_ADDR": "[::1]:6060"}, func(c *Config) bool { return c.HTTP.DebugAddr == "[::1]:6060" }},
 		{"tokens of 32 characters", map[string]string{"BILLING_AUTH_API_TOKENS": tokA, "BILLING_AUTH_ADMIN_TOKENS": admTok}, func(c *Config) bool { return len(c.Auth.APITokens) == 1 && len(c.Auth.AdminTokens) == 1 }},
 	}
 	for _, tt := range tests {

@@ -3,6 +3,7 @@ package test
 import (
 	"database/sql"
 	"encoding/json"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -176,6 +177,30 @@ func TestTriggerReachesTheWorker(t *testing.T) {
 			t.Fatalf("event not visible: %d %s", status, body)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+	if code := p.stop(t, syscall.SIGTERM); code != 0 {
+		t.Errorf("exit code %d", code)
+	}
+}
+
+// The profiler answers on http.debug_addr only, and the API's listener knows nothing of it.
+func TestProfilerListensOnlyOnTheDebugAddress(t *testing.T) {
+	t.Parallel()
+	debug := freeAddr(t)
+	p := start(t, t.TempDir(), map[string]string{
+		"BILLING_DATABASE_URL":    testenv.DatabaseURL(t),
+		"BILLING_HTTP_DEBUG_ADDR": debug,
+	})
+	status, body := get(t, "http://"+debug+"/debug/pprof/cmdline", "")
+	if status != http.StatusOK || !strings.Contains(body, "serve") {
+		t.Errorf("profiler cmdline: %d %q", status, body)
+	}
+	if status, body := get(t, "http://"+debug+"/debug/pprof/heap?debug=1", ""); status != http.StatusOK || !strings.Contains(body, "heap profile") {
+		t.Errorf("profiler heap: %d %.200s", status, body)
+	}
+	status, body = get(t, p.url("/debug/pprof/"), e2eAdminToken)
+	if status != http.StatusNotFound || !strings.Contains(body, `"route_not_found"`) {
+		t.Errorf("the API listener serves the profiler: %d %s", status, body)
 	}
 	if code := p.stop(t, syscall.SIGTERM); code != 0 {
 		t.Errorf("exit code %d", code)
