@@ -92,6 +92,10 @@ func newTestServer(t *testing.T) *testServer {
 		s.clock.Advance(httpserver.WriteTimeout + time.Second)
 		return c.JSON(http.StatusCreated, map[string]string{"status": "succeeded"})
 	})
+	s.e.GET("/slow-things/:id", func(c echo.Context) error {
+		s.clock.Advance(httpserver.SlowRead)
+		return c.JSON(http.StatusOK, map[string]string{"id": c.Param("id")})
+	})
 	admin := s.e.Group("/admin")
 	admin.GET("/events/:id", func(c echo.Context) error { return c.JSON(http.StatusOK, map[string]any{"payload": "secret"}) })
 	return s
@@ -230,6 +234,35 @@ func TestRequestID(t *testing.T) {
 		rid, _ := line["request_id"].(string)
 		if len(rid) == 0 || len(rid) > 64 {
 			t.Errorf("%s: logged request id %.80q", tests[i].name, rid)
+		}
+	}
+}
+
+// Quick successful reads are debug lines; writes, refusals, failures and slow reads are info.
+func TestRequestLogLevels(t *testing.T) {
+	t.Parallel()
+	s := newTestServer(t)
+	tests := []struct {
+		method, path, level string
+	}{
+		{http.MethodGet, "/things/1", "DEBUG"},
+		{http.MethodHead, "/things/1", "INFO"}, // no HEAD route: refused 405
+		{http.MethodGet, "/healthz", "DEBUG"},
+		{http.MethodPost, "/charges", "INFO"},
+		{http.MethodGet, "/slow-things/1", "INFO"},
+		{http.MethodGet, "/nope", "INFO"},
+		{http.MethodDelete, "/things/1", "INFO"},
+	}
+	for _, tc := range tests {
+		s.do(httptest.NewRequest(tc.method, tc.path, nil))
+	}
+	lines := s.logs.requests(t)
+	if len(lines) != len(tests) {
+		t.Fatalf("%d request log lines, want %d: %v", len(lines), len(tests), lines)
+	}
+	for i, tc := range tests {
+		if lines[i]["level"] != tc.level || lines[i]["path"] != tc.path {
+			t.Errorf("%s %s: logged %v %v, want %s", tc.method, tc.path, lines[i]["level"], lines[i]["path"], tc.level)
 		}
 	}
 }

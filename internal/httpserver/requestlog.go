@@ -38,8 +38,8 @@ func routeLabel(c echo.Context) string {
 // so that whether it went out is known before the request is logged.
 const flushMargin = time.Second
 
-// requestLog observes and logs every request once, with the status that was answered, and
-// whether the answer could be written: an answer lost to a write error or to the write deadline
+// requestLog observes every request, and logs it once (at requestLevel) with the status that was
+// answered and whether the answer could be written: an answer lost to a write error or to the write deadline
 // is logged as an error with written=false, never as a success.
 func requestLog(logger *slog.Logger, duration *prometheus.HistogramVec, writeTimeout time.Duration, now func() time.Time) echo.MiddlewareFunc {
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
@@ -74,9 +74,10 @@ func requestLog(logger *slog.Logger, duration *prometheus.HistogramVec, writeTim
 			elapsed := end.Sub(start)
 			route := routeLabel(c)
 			duration.WithLabelValues(route, methodLabel(c.Request().Method), strconv.Itoa(status)).Observe(elapsed.Seconds())
-			level := slog.LevelInfo
-			if route == "/healthz" || route == "/readyz" || route == "/metrics" {
-				level = slog.LevelDebug
+			level := requestLevel(c.Request().Method, route, status, elapsed, writeErr)
+			ctx := c.Request().Context()
+			if !logger.Enabled(ctx, level) {
+				return nil
 			}
 			attrs := []slog.Attr{
 				slog.String("method", c.Request().Method),
@@ -89,13 +90,32 @@ func requestLog(logger *slog.Logger, duration *prometheus.HistogramVec, writeTim
 			}
 			if writeErr != nil {
 				// status is the answer the handler meant to give; the client did not get it.
-				level = slog.LevelError
 				attrs = append(attrs, slog.String("error", writeErr.Error()))
 			}
-			logger.LogAttrs(c.Request().Context(), level, "http request", attrs...)
+			logger.LogAttrs(ctx, level, "http request", attrs...)
 			return nil
 		}
 	}
+}
+
+// SlowRead is how long a read may take before its request is logged at info.
+const SlowRead = time.Second
+
+// requestLevel is the level of a request's log line. An answer that was not written is an
+// error. A read answered successfully and quickly is a debug line, like the probes: the app may
+// poll its entitlement on every page, so such lines would be most of the log, and most of the
+// cost of serving the read, while saying nothing the request metrics don't. Every write, every
+// refused or failed request and every slow read is an info line.
+func requestLevel(method, route string, status int, elapsed time.Duration, writeErr error) slog.Level {
+	switch {
+	case writeErr != nil:
+		return slog.LevelError
+	case route == "/healthz" || route == "/readyz" || route == "/metrics":
+		return slog.LevelDebug
+	case (method == http.MethodGet || method == http.MethodHead) && status < 400 && elapsed < SlowRead:
+		return slog.LevelDebug
+	}
+	return slog.LevelInfo
 }
 
 var errWriteDeadline = errors.New("answer finished after the write deadline")
