@@ -154,7 +154,7 @@ func benchFlatPhase(b *testing.B, d *benchDB, tmpl []byte, phase int) benchFlatR
 	r.ackP99 = benchQuantile(lat, 0.99)
 	r.drain = done.Sub(sendEnd)
 
-	entLat, entElapsed, entErrs, entErr := benchEntitlementLoad(p.url(""))
+	entLat, entElapsed, entErrs, entErr := benchEntitlementLoad(p.url(""), benchDuration)
 	if len(entLat) == 0 {
 		b.Fatalf("phase %d: no entitlement answered (%d errors, first: %v)", phase, entErrs, entErr)
 	}

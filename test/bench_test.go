@@ -16,6 +16,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -190,11 +191,21 @@ func (d *benchDB) pgbench(b *testing.B, script string, clients int, dur time.Dur
 	return r
 }
 
-// startBenchService runs `billing serve` on the benchmark database, logging at info as in
-// production. BENCH_WORKER_CONCURRENCY, if set, is its worker.concurrency (to compare sizes).
-// startBenchService starts billing serve on the bench cluster, with extra settings if any.
+// startBenchService runs `billing serve` on the benchmark database with extra settings if any,
+// logging at info as in production. BENCH_LOG_LEVEL, if set, is its log.level and
+// BENCH_WORKER_CONCURRENCY its worker.concurrency (to compare sizes). BENCH_PROFILE, if set, is a
+// directory: the service then serves its profiler, for benchProfile.
 func startBenchService(b *testing.B, d *benchDB, extra map[string]string) *proc {
 	b.Helper()
+	debug := ""
+	if os.Getenv(benchProfileEnv) != "" {
+		debug = freeAddr(b)
+		extra = maps.Clone(extra)
+		if extra == nil {
+			extra = map[string]string{}
+		}
+		extra["BILLING_HTTP_DEBUG_ADDR"] = debug
+	}
 	env := map[string]string{
 		"BILLING_DATABASE_URL":                d.url,
 		"BILLING_STRIPE_WEBHOOK_SECRETS_TEST": benchSecret,
@@ -210,7 +221,45 @@ func startBenchService(b *testing.B, d *benchDB, extra map[string]string) *proc 
 	for k, v := range extra {
 		env[k] = v
 	}
-	return start(b, d.dir, env)
+	p := start(b, d.dir, env)
+	p.debugAddr = debug
+	return p
+}
+
+const benchProfileEnv = "BENCH_PROFILE"
+
+// benchProfile records a CPU profile of p for dur into $BENCH_PROFILE/name.pprof in the
+// background (read it with go tool pprof), when BENCH_PROFILE is set; the returned wait blocks
+// until it is written.
+func benchProfile(b *testing.B, p *proc, name string, dur time.Duration) (wait func()) {
+	dir := os.Getenv(benchProfileEnv)
+	if dir == "" || p.debugAddr == "" {
+		return func() {}
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		url := fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", p.debugAddr, int(dur.Seconds()))
+		resp, err := http.Get(url)
+		if err != nil {
+			b.Errorf("profile %s: %v", name, err)
+			return
+		}
+		defer resp.Body.Close()
+		data, err := io.ReadAll(resp.Body)
+		if err == nil && resp.StatusCode != http.StatusOK {
+			err = fmt.Errorf("%s: %s", resp.Status, data)
+		}
+		if err == nil {
+			err = os.WriteFile(filepath.Join(dir, name+".pprof"), data, 0o644)
+		}
+		if err != nil {
+			b.Errorf("profile %s: %v", name, err)
+			return
+		}
+		fmt.Printf("profile of %s: %s\n", name, filepath.Join(dir, name+".pprof"))
+	}()
+	return func() { <-done }
 }
 
 // benchPostEvent delivers one event signed with the bench secret; nil when acknowledged 200 received.
@@ -610,7 +659,13 @@ func benchSeedUsers(b *testing.B, d *benchDB) {
 // BenchmarkEntitlement: GET /v1/customers/{user_id}/entitlement at 32 concurrency over 10,000
 // users (customers and subscriptions seeded with SQL; every fifth user also has a canceled
 // subscription, every tenth is past_due with a payment hold) → requests/s and p99, against
-// pgbench running the same SELECT for a random user on the same tables.
+// pgbench running the same SELECT for a random user on the same tables, and against the bare
+// net/http+pgx server (benchBareHandler) under the same loads.
+//
+// The service and the bare server are compared in benchEntitlementRounds rounds, each loading
+// every one of them in turn for benchRoundDuration, and each ratio is the median of its rounds':
+// on a shared host the machine's speed drifts by tens of percent within a minute, and a drift
+// then falls on both sides of a ratio instead of on one.
 func BenchmarkEntitlement(b *testing.B) {
 	d := startBenchDB(b)
 	benchSeedUsers(b, d)
@@ -619,43 +674,67 @@ func BenchmarkEntitlement(b *testing.B) {
 	ceiling.before = d.pgbench(b, benchEntitlementScript, benchClients, benchDuration)
 
 	p := startBenchService(b, d, nil)
-	cpu0 := benchCPUTime(p.cmd.Process.Pid)
-	lat, elapsed, errs, firstErr := benchEntitlementLoad(p.url(""))
-	svcCPU := benchCPUTime(p.cmd.Process.Pid) - cpu0
+	profiled := benchProfile(b, p, "entitlement", benchDuration-2*time.Second)
+	lat, elapsed, errs, firstErr := benchEntitlementLoad(p.url(""), benchDuration)
+	profiled()
 	if len(lat) == 0 {
 		b.Fatalf("no request answered (%d errors, first: %v)", errs, firstErr)
 	}
 	if errs > 0 {
 		b.Errorf("%d requests failed; first: %v", errs, firstErr)
 	}
-	// The same load from wrk, a C load generator as lean as pgbench's client, when installed
-	// (apt-get install wrk): on 2 shared vCPUs the Go client above takes CPU from the service.
-	wrkRun := benchWrkEntitlement(b, p.url(""), benchClients, benchDuration)
+
+	// The floor of any Go HTTP service on this machine: net/http, a pgx pool and the same
+	// statement, nothing else. What the service loses against pgbench beyond what this loses is
+	// the service's own cost. It runs here, in the load generator's process, as the bench has
+	// always run it, and as a process of its own, as the service runs.
+	bare := benchBareEntitlementServer(b, d)
+	own, ownPID := benchBareEntitlementProcess(b, d)
+	svcPID := p.cmd.Process.Pid
+	goClient := func(base string) func() float64 {
+		return func() float64 {
+			lat, elapsed, errs, err := benchEntitlementLoad(base, benchRoundDuration)
+			if errs > 0 || len(lat) == 0 {
+				b.Errorf("%s: %d requests failed (%d answered); first: %v", base, errs, len(lat), err)
+			}
+			return float64(len(lat)) / elapsed.Seconds()
+		}
+	}
+	runs := []*benchEntitlementRun{
+		{name: "service", pid: svcPID, load: goClient(p.url(""))},
+		{name: "bare, in the load generator's process", load: goClient(bare)},
+		{name: "bare, in its own process", pid: ownPID, load: goClient(own)},
+	}
+	// wrk is a C load generator in a process of its own, as lean as pgbench's client: on 2
+	// vCPUs the Go client takes CPU from the server it loads, and in the load generator's
+	// process the bare server shares one Go runtime (scheduler, GC, threads) with it, which no
+	// separate service can. Under wrk the bare server is the same one, and runs alone in its
+	// process, so the two are compared on equal terms.
+	_, wrkErr := exec.LookPath("wrk")
+	haveWrk := wrkErr == nil
+	if haveWrk {
+		wrkLoad := func(base string) func() float64 {
+			return func() float64 {
+				if r := benchWrkEntitlement(b, base, benchClients, benchRoundDuration); r != nil {
+					return r.rate
+				}
+				return 0
+			}
+		}
+		runs = append(runs,
+			&benchEntitlementRun{name: "service (wrk)", pid: svcPID, load: wrkLoad(p.url(""))},
+			&benchEntitlementRun{name: "bare (wrk)", load: wrkLoad(bare)})
+	}
+	for range benchEntitlementRounds {
+		for _, r := range runs {
+			r.measure()
+		}
+	}
 
 	if code := p.stop(b, syscall.SIGTERM); code != 0 {
 		b.Errorf("billing exited %d after SIGTERM", code)
 	}
 	ceiling.after = d.pgbench(b, benchEntitlementScript, benchClients, benchDuration)
-
-	// The floor of any Go HTTP service on this machine: net/http, a pgx pool and the same
-	// statement, nothing else, under the same loads. What the service loses against pgbench
-	// beyond what this loses is the service's own cost.
-	bare := benchBareEntitlementServer(b, d)
-	bareLat, bareElapsed, bareErrs, bareErr := benchEntitlementLoad(bare)
-	if bareErrs > 0 || len(bareLat) == 0 {
-		b.Errorf("bare server: %d requests failed (%d answered); first: %v", bareErrs, len(bareLat), bareErr)
-	}
-	bareWrk := benchWrkEntitlement(b, bare, benchClients, benchDuration)
-	// The same server in a process of its own, as the service runs: in the load generator's
-	// process it shares one Go runtime (scheduler, GC, threads) with the client, which a separate
-	// service cannot.
-	own, ownPID := benchBareEntitlementProcess(b, d)
-	ownCPU0 := benchCPUTime(ownPID)
-	ownLat, ownElapsed, ownErrs, ownErr := benchEntitlementLoad(own)
-	ownCPU := benchCPUTime(ownPID) - ownCPU0
-	if ownErrs > 0 || len(ownLat) == 0 {
-		b.Errorf("bare server in its own process: %d requests failed (%d answered); first: %v", ownErrs, len(ownLat), ownErr)
-	}
 
 	rate := float64(len(lat)) / elapsed.Seconds()
 	pgTPS := ceiling.tps()
@@ -663,39 +742,96 @@ func BenchmarkEntitlement(b *testing.B) {
 	fmt.Printf("entitlement: %.0f req/s (%s, ratio %.2f, %s), p50 %s p99 %s (pgbench avg %s) [%d users, %d clients, PostgreSQL %s]\n",
 		rate, ceiling, ratio, benchVerdict(ratio), benchMS(benchQuantile(lat, 0.50)), benchMS(benchQuantile(lat, 0.99)), benchMS(ceiling.latency()),
 		benchUsers, benchClients, d.serverVersion(b))
-	if wrkRun != nil {
-		fmt.Printf("entitlement (wrk): %.0f req/s (ratio %.2f, %s), p99 %s\n", wrkRun.rate, wrkRun.rate/pgTPS, benchVerdict(wrkRun.rate/pgTPS), wrkRun.p99)
+	for _, r := range runs {
+		fmt.Printf("entitlement, %s: %s req/s in %d rounds of %s\n", r.name, r.rates(), benchEntitlementRounds, benchRoundDuration)
 	}
-	bareRate := float64(len(bareLat)) / bareElapsed.Seconds()
-	fmt.Printf("entitlement, bare net/http+pgx server: %.0f req/s (ratio %.2f), p99 %s\n",
-		bareRate, bareRate/pgTPS, benchMS(benchQuantile(bareLat, 0.99)))
-	if bareWrk != nil {
-		fmt.Printf("entitlement, bare net/http+pgx server (wrk): %.0f req/s (ratio %.2f), p99 %s\n", bareWrk.rate, bareWrk.rate/pgTPS, bareWrk.p99)
+	svc, inProc, ownProc := runs[0], runs[1], runs[2]
+	ownRatio := benchMedianRatio(svc, ownProc)
+	headline, headlineRatio := "the bare server in its own process (Go client; apt-get install wrk for the comparison under wrk)", ownRatio
+	if haveWrk {
+		headline, headlineRatio = "the bare server under wrk", benchMedianRatio(runs[3], runs[4])
 	}
-	ownRate := float64(len(ownLat)) / ownElapsed.Seconds()
-	fmt.Printf("entitlement, bare net/http+pgx server in its own process: %.0f req/s (ratio %.2f), p99 %s\n",
-		ownRate, ownRate/pgTPS, benchMS(benchQuantile(ownLat, 0.99)))
-	fmt.Printf("entitlement, service / bare: %.2f against the bare server in its own process (%s), %.2f against it in the load generator's process (target ≥ 0.9)\n",
-		rate/ownRate, benchVerdictAt(rate/ownRate, 0.9), rate/bareRate)
+	fmt.Printf("entitlement, service / bare: %.2f against %s (%s); Go client: %.2f against the bare server in its own process, %.2f against it in the load generator's process\n",
+		headlineRatio, headline, benchVerdictAt(headlineRatio, 0.9), ownRatio, benchMedianRatio(svc, inProc))
 	// CPU per answered request of each process: steadier than throughput on a shared host.
-	svcPer := float64(svcCPU.Microseconds()) / float64(max(len(lat), 1))
-	ownPer := float64(ownCPU.Microseconds()) / float64(max(len(ownLat), 1))
-	fmt.Printf("entitlement, CPU per request: service %.0f µs, bare server in its own process %.0f µs (bare / service %.2f)\n",
-		svcPer, ownPer, ownPer/max(svcPer, 1))
+	svcCPU, ownCPU := svc.cpuPerRequest(), ownProc.cpuPerRequest()
+	fmt.Printf("entitlement, CPU per request (Go client, median of rounds): service %.0f µs, bare server in its own process %.0f µs (bare / service %.2f)\n",
+		svcCPU, ownCPU, ownCPU/max(svcCPU, 1))
 	b.ReportMetric(rate, "req/s")
-	b.ReportMetric(ownRate, "bare-own-process-req/s")
 	b.ReportMetric(pgTPS, "pgbench-tps")
 	b.ReportMetric(ratio, "ratio")
 	b.ReportMetric(float64(benchQuantile(lat, 0.99))/float64(time.Millisecond), "p99-ms")
-	b.ReportMetric(bareRate, "bare-req/s")
+	b.ReportMetric(headlineRatio, "service/bare")
+}
+
+// Rounds of the entitlement comparison, and the length of each run in a round.
+const (
+	benchEntitlementRounds = 5
+	benchRoundDuration     = 5 * time.Second
+)
+
+// benchEntitlementRun is one of the servers BenchmarkEntitlement compares, under one load:
+// its rate in each round, and (when pid is set) its process's CPU per request.
+type benchEntitlementRun struct {
+	name  string
+	pid   int
+	load  func() (reqPerSec float64)
+	rate  []float64
+	cpuPR []float64 // µs per request
+}
+
+func (r *benchEntitlementRun) measure() {
+	var cpu0 time.Duration
+	if r.pid != 0 {
+		cpu0 = benchCPUTime(r.pid)
+	}
+	rate := r.load()
+	r.rate = append(r.rate, rate)
+	if r.pid != 0 && rate > 0 {
+		cpu := benchCPUTime(r.pid) - cpu0
+		r.cpuPR = append(r.cpuPR, float64(cpu.Microseconds())/(rate*benchRoundDuration.Seconds()))
+	}
+}
+
+func (r *benchEntitlementRun) rates() string {
+	parts := make([]string, len(r.rate))
+	for i, v := range r.rate {
+		parts[i] = strconv.FormatFloat(v, 'f', 0, 64)
+	}
+	return strings.Join(parts, ", ")
+}
+
+func (r *benchEntitlementRun) cpuPerRequest() float64 { return benchMedian(r.cpuPR) }
+
+// benchMedianRatio is the median over the rounds of a's rate / b's rate in the same round.
+func benchMedianRatio(a, b *benchEntitlementRun) float64 {
+	var ratios []float64
+	for i := range min(len(a.rate), len(b.rate)) {
+		if b.rate[i] > 0 {
+			ratios = append(ratios, a.rate[i]/b.rate[i])
+		}
+	}
+	return benchMedian(ratios)
+}
+
+func benchMedian(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	v = slices.Clone(v)
+	slices.Sort(v)
+	if len(v)%2 == 1 {
+		return v[len(v)/2]
+	}
+	return (v[len(v)/2-1] + v[len(v)/2]) / 2
 }
 
 // benchEntitlementLoad drives GET {base}/v1/customers/{random user}/entitlement with the Go
-// client at benchClients concurrency for benchDuration; a request counts when answered 200
+// client at benchClients concurrency for dur; a request counts when answered 200
 // with the user's id.
-func benchEntitlementLoad(base string) (lat []time.Duration, elapsed time.Duration, errs int, firstErr error) {
+func benchEntitlementLoad(base string, dur time.Duration) (lat []time.Duration, elapsed time.Duration, errs int, firstErr error) {
 	client := benchHTTPClient()
-	return benchLoad(benchClients, benchDuration, func(w, i int) error {
+	return benchLoad(benchClients, dur, func(w, i int) error {
 		return benchGetEntitlement(client, base, benchUsers)
 	})
 }
@@ -976,7 +1112,6 @@ func BenchmarkReconcile(b *testing.B) {
 	}
 }
 
-// vmHWM is a live process's peak resident set size in MB; ok is false once it is gone.
 // benchCPUTime is the user and system CPU a process has used (/proc/<pid>/stat, in the kernel's
 // 100 Hz ticks), or 0 when it cannot be read.
 func benchCPUTime(pid int) time.Duration {
@@ -1001,6 +1136,7 @@ func benchCPUTime(pid int) time.Duration {
 	return time.Duration(utime+stime) * 10 * time.Millisecond
 }
 
+// vmHWM is a live process's peak resident set size in MB; ok is false once it is gone.
 func vmHWM(pid int) (float64, bool) {
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {

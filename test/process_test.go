@@ -75,9 +75,11 @@ func baseEnv(extra map[string]string) []string {
 type proc struct {
 	cmd  *exec.Cmd
 	addr string
-	out  *syncBuffer
-	done chan struct{}
-	err  error
+	// debugAddr is the profiler's address when the test set http.debug_addr through it.
+	debugAddr string
+	out       *syncBuffer
+	done      chan struct{}
+	err       error
 }
 
 type syncBuffer struct {
