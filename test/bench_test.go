@@ -355,6 +355,14 @@ func benchVerdictAt(ratio, target float64) string {
 	return fmt.Sprintf("BELOW TARGET %.1f", target)
 }
 
+// benchRSSVerdict says whether a peak RSS in MB is under benchTargetRSS.
+func benchRSSVerdict(rss float64) string {
+	if rss >= benchTargetRSS {
+		return fmt.Sprintf("ABOVE TARGET %d MB", benchTargetRSS)
+	}
+	return fmt.Sprintf("target < %d MB met", benchTargetRSS)
+}
+
 // peakRSS is the process's peak resident set size (VmHWM) in MB.
 func benchPeakRSS(b *testing.B, pid int) float64 {
 	b.Helper()
@@ -504,10 +512,7 @@ func BenchmarkIngest(b *testing.B) {
 
 	rate := float64(accepted) / elapsed.Seconds()
 	ratio := rate / ceiling.tps()
-	rssVerdict := fmt.Sprintf("target < %d MB met", benchTargetRSS)
-	if rss >= benchTargetRSS {
-		rssVerdict = fmt.Sprintf("ABOVE TARGET %d MB", benchTargetRSS)
-	}
+	rssVerdict := benchRSSVerdict(rss)
 	fmt.Printf("ingest: %.0f events/s (%s, ratio %.2f, %s; pgbench of the service's one statement %.0f tps, ratio %.2f), p50 %s p99 %s, drained in %.1fs (processed %.0f/s during the run, %.0f/s after), peak RSS %.0f MB (%s) [%d events of %d bytes, %d clients, PostgreSQL %s]\n",
 		rate, ceiling, ratio, benchVerdict(ratio), sameSQL.tps, rate/sameSQL.tps, benchMS(benchQuantile(lat, 0.50)), benchMS(benchQuantile(lat, 0.99)),
 		drained.Seconds(), float64(processedDuring)/elapsed.Seconds(), float64(accepted-processedDuring)/drained.Seconds(), rss, rssVerdict,
@@ -731,6 +736,7 @@ func BenchmarkEntitlement(b *testing.B) {
 		}
 	}
 
+	rss := benchPeakRSS(b, svcPID)
 	if code := p.stop(b, syscall.SIGTERM); code != 0 {
 		b.Errorf("billing exited %d after SIGTERM", code)
 	}
@@ -739,9 +745,9 @@ func BenchmarkEntitlement(b *testing.B) {
 	rate := float64(len(lat)) / elapsed.Seconds()
 	pgTPS := ceiling.tps()
 	ratio := rate / pgTPS
-	fmt.Printf("entitlement: %.0f req/s (%s, ratio %.2f, %s), p50 %s p99 %s (pgbench avg %s) [%d users, %d clients, PostgreSQL %s]\n",
+	fmt.Printf("entitlement: %.0f req/s (%s, ratio %.2f, %s), p50 %s p99 %s (pgbench avg %s), peak RSS %.0f MB (%s) [%d users, %d clients, PostgreSQL %s]\n",
 		rate, ceiling, ratio, benchVerdict(ratio), benchMS(benchQuantile(lat, 0.50)), benchMS(benchQuantile(lat, 0.99)), benchMS(ceiling.latency()),
-		benchUsers, benchClients, d.serverVersion(b))
+		rss, benchRSSVerdict(rss), benchUsers, benchClients, d.serverVersion(b))
 	for _, r := range runs {
 		fmt.Printf("entitlement, %s: %s req/s in %d rounds of %s\n", r.name, r.rates(), benchEntitlementRounds, benchRoundDuration)
 	}
@@ -762,6 +768,7 @@ func BenchmarkEntitlement(b *testing.B) {
 	b.ReportMetric(ratio, "ratio")
 	b.ReportMetric(float64(benchQuantile(lat, 0.99))/float64(time.Millisecond), "p99-ms")
 	b.ReportMetric(headlineRatio, "service/bare")
+	b.ReportMetric(rss, "peak-RSS-MB")
 }
 
 // Rounds of the entitlement comparison, and the length of each run in a round.
