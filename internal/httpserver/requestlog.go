@@ -38,9 +38,9 @@ func routeLabel(c echo.Context) string {
 // so that whether it went out is known before the request is logged.
 const flushMargin = time.Second
 
-// requestLog observes every request, and logs it once (at requestLevel) with the status that was
-// answered and whether the answer could be written: an answer lost to a write error or to the write deadline
-// is logged as an error with written=false, never as a success.
+// requestLog observes every request and logs it once, at requestLevel, with the status that was
+// answered and whether the answer could be written: an answer lost to a write error or to the
+// write deadline is logged as an error with written=false, never as a success.
 func requestLog(logger *slog.Logger, duration *prometheus.HistogramVec, writeTimeout time.Duration, now func() time.Time) echo.MiddlewareFunc {
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
