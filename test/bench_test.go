@@ -363,7 +363,7 @@ func benchRSSVerdict(rss float64) string {
 	return fmt.Sprintf("target < %d MB met", benchTargetRSS)
 }
 
-// peakRSS is the process's peak resident set size (VmHWM) in MB.
+// benchPeakRSS is the process's peak resident set size (VmHWM) in MB.
 func benchPeakRSS(b *testing.B, pid int) float64 {
 	b.Helper()
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
