@@ -1166,13 +1166,13 @@ func verify(t *testing.T, db *sql.DB, plan *relPlan, stats *sendStats, apiBase s
 
 	// Exactly the notices the rules call for, each once (row and River job). The rules depend on
 	// what the subscription looked like when the event was applied, so they are replayed in the
-	// order the service applied each subscription's events. That order is known only within
-	// bounds: a worker marks processed_at once the event is applied (under the subscription's row
-	// lock), but an event applied in its receive transaction carries its receipt time there, and
-	// was applied between that and its first 200. An event whose span overlaps another event's of
-	// its subscription may have been applied before or after it: each such order is replayed, and
-	// a notice that some orders call for and others do not may be there or not (counted as
-	// ambiguous; it must still be there at most once).
+	// order the service applied each subscription's events: processed_at, which both the receive
+	// transaction and a worker take after the handler ran, under the subscription's row lock. An
+	// event whose processed_at is not after its receipt (the clock did not move between them) is
+	// placed between its receipt and its first 200 instead. An event whose span overlaps another
+	// event's of its subscription may have been applied before or after it: each such order is
+	// replayed, and a notice that some orders call for and others do not may be there or not
+	// (counted as ambiguous; it must still be there at most once, and the storms report 0).
 	type span struct{ lo, hi time.Time }
 	spanOf := func(ev *relEvent) span {
 		r := rows[ev.ID]
