@@ -1172,7 +1172,7 @@ func verify(t *testing.T, db *sql.DB, plan *relPlan, stats *sendStats, apiBase s
 	// placed between its receipt and its first 200 instead. An event whose span overlaps another
 	// event's of its subscription may have been applied before or after it: each such order is
 	// replayed, and a notice that some orders call for and others do not may be there or not
-	// (counted as ambiguous; it must still be there at most once, and the storms report 0).
+	// (counted as ambiguous; it must still be there at most once).
 	type span struct{ lo, hi time.Time }
 	spanOf := func(ev *relEvent) span {
 		r := rows[ev.ID]
