@@ -75,7 +75,9 @@ type chargeRow struct {
 	PaymentMethodID  *string
 	Answer           *string
 	Attempts         int
-	CreatedAt        time.Time
+	// AmountRefunded is Stripe's, from the charge's events: refunds made elsewhere count too.
+	AmountRefunded *int64
+	CreatedAt      time.Time
 }
 
 func parseChargeRequest(c echo.Context) (chargeRequest, error) {

@@ -187,7 +187,14 @@ func (s *Service) reserveRefund(ctx context.Context, req refundRequest, hash str
 			req.OrderID, stateCompleted, refundError).Scan(&sum).Error; err != nil {
 			return database.APIError(err, "sum refunds")
 		}
-		remaining := ch.Amount - sum.Reserved
+		// Stripe's amount_refunded also counts refunds made elsewhere (the Dashboard); it lacks
+		// the local refunds still pending and holds the succeeded ones, so the larger of the two
+		// is surely refunded or held.
+		held := sum.Reserved
+		if ch.AmountRefunded != nil {
+			held = max(held, *ch.AmountRefunded)
+		}
+		remaining := ch.Amount - held
 		amount := remaining
 		if req.Amount != nil {
 			amount = *req.Amount

@@ -258,6 +258,18 @@ func TestChargeRefundedEvent(t *testing.T) {
 	if row := v.refundRow("o1", "r1"); deref(row.Status) != "succeeded" {
 		t.Errorf("refund status %s, want succeeded", deref(row.Status))
 	}
+
+	// 300 of the 700 were refunded elsewhere: 300 remain, and more is refused without asking
+	// Stripe.
+	calls := len(v.proxy.Filter(http.MethodPost, "/v1/refunds"))
+	e := expectError(t, v.refund("o1", map[string]any{"refund_id": "r2", "amount": 301}), http.StatusUnprocessableEntity, "refund_exceeds_charge")
+	if e["refundable_amount"] != float64(300) {
+		t.Errorf("refundable_amount %v, want 300", e["refundable_amount"])
+	}
+	if n := len(v.proxy.Filter(http.MethodPost, "/v1/refunds")); n != calls {
+		t.Errorf("%d refund calls to Stripe after the refused one, want %d", n, calls)
+	}
+	expectStatus(t, v.refund("o1", map[string]any{"refund_id": "r3", "amount": 300}), http.StatusCreated)
 }
 
 // Events about objects that are not the ledger's are acknowledged and change nothing.
