@@ -803,10 +803,13 @@ func (r *benchEntitlementRun) measure() {
 	}
 }
 
-func (r *benchEntitlementRun) rates() string {
-	parts := make([]string, len(r.rate))
-	for i, v := range r.rate {
-		parts[i] = strconv.FormatFloat(v, 'f', 0, 64)
+func (r *benchEntitlementRun) rates() string { return benchFigures(r.rate, 0) }
+
+// benchFigures lists v with prec decimals, comma-separated.
+func benchFigures(v []float64, prec int) string {
+	parts := make([]string, len(v))
+	for i, x := range v {
+		parts[i] = strconv.FormatFloat(x, 'f', prec, 64)
 	}
 	return strings.Join(parts, ", ")
 }
