@@ -805,15 +805,6 @@ func (r *benchEntitlementRun) measure() {
 
 func (r *benchEntitlementRun) rates() string { return benchFigures(r.rate, 0) }
 
-// benchFigures lists v with prec decimals, comma-separated.
-func benchFigures(v []float64, prec int) string {
-	parts := make([]string, len(v))
-	for i, x := range v {
-		parts[i] = strconv.FormatFloat(x, 'f', prec, 64)
-	}
-	return strings.Join(parts, ", ")
-}
-
 func (r *benchEntitlementRun) cpuPerRequest() float64 { return benchMedian(r.cpuPR) }
 
 // benchMedianRatio is the median over the rounds of a's rate / b's rate in the same round.
@@ -837,6 +828,15 @@ func benchMedian(v []float64) float64 {
 		return v[len(v)/2]
 	}
 	return (v[len(v)/2-1] + v[len(v)/2]) / 2
+}
+
+// benchFigures lists v with prec decimals, comma-separated.
+func benchFigures(v []float64, prec int) string {
+	parts := make([]string, len(v))
+	for i, x := range v {
+		parts[i] = strconv.FormatFloat(x, 'f', prec, 64)
+	}
+	return strings.Join(parts, ", ")
 }
 
 // benchEntitlementLoad drives GET {base}/v1/customers/{random user}/entitlement with the Go
