@@ -67,21 +67,23 @@ type harness struct {
 
 func newHarness(t *testing.T) *harness {
 	t.Helper()
-	db := testenv.DB(t)
-	if err := db.Exec(`CREATE TABLE test_effects (event_id text PRIMARY KEY, applied integer NOT NULL)`).Error; err != nil {
-		t.Fatalf("create test_effects: %v", err)
-	}
-	return build(t, db, []string{testSecret, testSecretOld}, []string{liveSecret})
+	return build(t, effectsDB(t), []string{testSecret, testSecretOld}, []string{liveSecret})
 }
 
-// newInlineHarness is a harness whose inbox applies events in their receive transaction.
-func newInlineHarness(t *testing.T, options ...func(*webhooks.Config)) *harness {
+// effectsDB is a test database with the table the harness's handlers write their effects to.
+func effectsDB(t *testing.T) *gorm.DB {
 	t.Helper()
 	db := testenv.DB(t)
 	if err := db.Exec(`CREATE TABLE test_effects (event_id text PRIMARY KEY, applied integer NOT NULL)`).Error; err != nil {
 		t.Fatalf("create test_effects: %v", err)
 	}
-	return build(t, db, []string{testSecret}, nil, append([]func(*webhooks.Config){func(c *webhooks.Config) { c.ApplyInline = true }}, options...)...)
+	return db
+}
+
+// newInlineHarness is a harness whose inbox applies events in their receive transaction.
+func newInlineHarness(t *testing.T, options ...func(*webhooks.Config)) *harness {
+	t.Helper()
+	return build(t, effectsDB(t), []string{testSecret}, nil, append([]func(*webhooks.Config){func(c *webhooks.Config) { c.ApplyInline = true }}, options...)...)
 }
 
 // newHarnessWithSecrets is a harness with other webhook secrets.

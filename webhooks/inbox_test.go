@@ -210,51 +210,62 @@ func TestConcurrentDeliveriesOfOneEvent(t *testing.T) {
 	}
 }
 
+// A handler that keeps failing dead-letters its event after worker.max_attempts in all, on both
+// paths: through the queue, and when the first attempt is the receive transaction's (it counts
+// toward the limit). The admin then replays it once.
 func TestFailingHandlerIsRetriedThenDeadLettered(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t)
-	h.failures.Store(1000)
-	h.start()
-	payload := stripeevents.InvoiceEvent("evt_fail", failingType, time.Now(), false, stripeevents.Invoice{ID: "in_1", Subscription: "sub_1"})
-	if got := h.deliver(payload); got.Status != 200 {
-		t.Fatalf("deliver: %v", got.Body)
-	}
-	row := h.waitStatus("evt_fail", "failed")
-	if row.Attempts != 3 {
-		t.Errorf("%d attempts, want 3", row.Attempts)
-	}
-	if row.FailureReason == nil || !strings.Contains(*row.FailureReason, "handler failed on purpose") {
-		t.Errorf("failure reason %v", row.FailureReason)
-	}
-	if n := h.count(`SELECT count(*) FROM webhook_dead_letters WHERE event_id = 'evt_fail' AND attempts = 3`); n != 1 {
-		t.Errorf("%d dead letters with 3 attempts, want 1", n)
-	}
-	if n := h.applied("evt_fail"); n != 0 {
-		t.Errorf("a failed event left %d effects", n)
-	}
+	for name, newH := range map[string]func(*testing.T) *harness{
+		"queue":  newHarness,
+		"inline": func(t *testing.T) *harness { return newInlineHarness(t) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			h := newH(t)
+			h.failures.Store(1000)
+			h.start()
+			payload := stripeevents.InvoiceEvent("evt_fail", failingType, time.Now(), false, stripeevents.Invoice{ID: "in_1", Subscription: "sub_1"})
+			if got := h.deliver(payload); got.Status != 200 {
+				t.Fatalf("deliver: %v", got.Body)
+			}
+			row := h.waitStatus("evt_fail", "failed")
+			if row.Attempts != 3 {
+				t.Errorf("%d attempts, want 3", row.Attempts)
+			}
+			if row.FailureReason == nil || !strings.Contains(*row.FailureReason, "handler failed on purpose") {
+				t.Errorf("failure reason %v", row.FailureReason)
+			}
+			if n := h.count(`SELECT count(*) FROM webhook_dead_letters WHERE event_id = 'evt_fail' AND attempts = 3`); n != 1 {
+				t.Errorf("%d dead letters with 3 attempts, want 1", n)
+			}
+			if n := h.applied("evt_fail"); n != 0 {
+				t.Errorf("a failed event left %d effects", n)
+			}
 
-	// The admin sees it, and replays it once the handler works again.
-	list := h.admin(http.MethodGet, "/admin/events?status=failed", adminToken)
-	events, _ := list.Body["events"].([]any)
-	if list.Status != 200 || len(events) != 1 {
-		t.Fatalf("failed events: %d %v", list.Status, list.Body)
-	}
-	h.failures.Store(0)
-	if got := h.admin(http.MethodPost, "/admin/events/evt_fail/replay", adminToken); got.Status != http.StatusAccepted {
-		t.Fatalf("replay: %d %v", got.Status, got.Body)
-	}
-	row = h.waitStatus("evt_fail", "processed")
-	if row.Attempts != 1 {
-		t.Errorf("after replay: %d attempts, want 1 (reset by the replay)", row.Attempts)
-	}
-	if n := h.count(`SELECT count(*) FROM webhook_dead_letters`); n != 0 {
-		t.Errorf("%d dead letters left after a successful replay", n)
-	}
-	if n := h.applied("evt_fail"); n != 1 {
-		t.Errorf("effect applied %d times, want 1", n)
-	}
-	if got := h.admin(http.MethodPost, "/admin/events/evt_fail/replay", adminToken); got.Status != http.StatusConflict || got.errorCode() != "event_already_processed" {
-		t.Errorf("replay of a processed event: %d %v, want 409", got.Status, got.Body)
+			// The admin sees it, and replays it once the handler works again.
+			list := h.admin(http.MethodGet, "/admin/events?status=failed", adminToken)
+			events, _ := list.Body["events"].([]any)
+			if list.Status != 200 || len(events) != 1 {
+				t.Fatalf("failed events: %d %v", list.Status, list.Body)
+			}
+			h.failures.Store(0)
+			if got := h.admin(http.MethodPost, "/admin/events/evt_fail/replay", adminToken); got.Status != http.StatusAccepted {
+				t.Fatalf("replay: %d %v", got.Status, got.Body)
+			}
+			row = h.waitStatus("evt_fail", "processed")
+			if row.Attempts != 1 {
+				t.Errorf("after replay: %d attempts, want 1 (reset by the replay)", row.Attempts)
+			}
+			if n := h.count(`SELECT count(*) FROM webhook_dead_letters`); n != 0 {
+				t.Errorf("%d dead letters left after a successful replay", n)
+			}
+			if n := h.applied("evt_fail"); n != 1 {
+				t.Errorf("effect applied %d times, want 1", n)
+			}
+			if got := h.admin(http.MethodPost, "/admin/events/evt_fail/replay", adminToken); got.Status != http.StatusConflict || got.errorCode() != "event_already_processed" {
+				t.Errorf("replay of a processed event: %d %v, want 409", got.Status, got.Body)
+			}
+		})
 	}
 }
 

@@ -67,29 +67,6 @@ func TestInlineFailureFallsBackToTheQueue(t *testing.T) {
 	}
 }
 
-// The inline attempt counts toward the limit: an event that always fails is dead-lettered after
-// worker.max_attempts in all, not after that many queued attempts.
-func TestInlineAttemptCountsTowardTheDeadLetter(t *testing.T) {
-	t.Parallel()
-	h := newInlineHarness(t)
-	h.failures.Store(1000)
-	h.start()
-	payload := stripeevents.InvoiceEvent("evt_inline_fail", failingType, time.Now(), false, stripeevents.Invoice{ID: "in_1", Subscription: "sub_1"})
-	if got := h.deliver(payload); got.Status != 200 {
-		t.Fatalf("deliver: %d %v", got.Status, got.Body)
-	}
-	row := h.waitStatus("evt_inline_fail", "failed")
-	if row.Attempts != 3 {
-		t.Errorf("%d attempts, want 3", row.Attempts)
-	}
-	if n := h.count(`SELECT count(*) FROM webhook_dead_letters WHERE event_id = 'evt_inline_fail' AND attempts = 3`); n != 1 {
-		t.Errorf("%d dead letters with 3 attempts, want 1", n)
-	}
-	if n := h.applied("evt_inline_fail"); n != 0 {
-		t.Errorf("a failed event left %d effects", n)
-	}
-}
-
 // An error no retry can mend dead-letters the event in the receive transaction: it is still
 // acknowledged and stored, and no job is queued.
 func TestInlinePermanentFailureIsDeadLetteredAtOnce(t *testing.T) {
