@@ -49,13 +49,16 @@ type atkAnswer struct {
 }
 
 // code is the "error.code" of an error answer ("" if there is none).
-func (a atkAnswer) code() string {
+func (a atkAnswer) code() string { return apiErrorCode(a.Body) }
+
+// apiErrorCode is the "error.code" of an error answer's body ("" if there is none).
+func apiErrorCode(body []byte) string {
 	var e struct {
 		Error struct {
 			Code string `json:"code"`
 		} `json:"error"`
 	}
-	_ = json.Unmarshal(a.Body, &e)
+	_ = json.Unmarshal(body, &e)
 	return e.Error.Code
 }
 

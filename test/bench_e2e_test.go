@@ -8,7 +8,6 @@ package test
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -515,15 +514,7 @@ func BenchmarkIsolation(b *testing.B) {
 			}
 			answer, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
-			c.status, c.retry = resp.StatusCode, resp.Header.Get("Retry-After")
-			var e struct {
-				Error struct {
-					Code string `json:"code"`
-				} `json:"error"`
-			}
-			if json.Unmarshal(answer, &e) == nil {
-				c.code = e.Error.Code
-			}
+			c.status, c.retry, c.code = resp.StatusCode, resp.Header.Get("Retry-After"), apiErrorCode(answer)
 		}()
 	}
 	loaded := e2eIsoLoad(base, gen, benchUsers, phase, 1)

@@ -69,7 +69,7 @@ func TestOneUsersWholeLife(t *testing.T) {
 		t.Fatalf("PUT customer: %s", a.body)
 	}
 	j.customer = link.StripeCustomerID
-	j.expect("1. customer created", jnyEntitlement{Status: "none"})
+	j.expect("1. customer created", entitlementAnswer{Status: "none"})
 
 	checkout := map[string]any{
 		"request_id": "journey-1", "price_id": jnyMonthly, "trial_period_days": 14,
@@ -100,8 +100,8 @@ func TestOneUsersWholeLife(t *testing.T) {
 			t.Errorf("Checkout session create: %s = %q, want %q", k, got, v)
 		}
 	}
-	j.successPage(cs.ID, "open", "", jnyEntitlement{Status: "none"})
-	j.expect("1. checkout opened", jnyEntitlement{Status: "none"})
+	j.successPage(cs.ID, "open", "", entitlementAnswer{Status: "none"})
+	j.expect("1. checkout opened", entitlementAnswer{Status: "none"})
 
 	// 2. The customer pays in Checkout: the session completes with a trialing subscription.
 	start := j.tick()
@@ -117,12 +117,12 @@ func TestOneUsersWholeLife(t *testing.T) {
 	completed := stripeevents.Event(j.nextEventID(), "checkout.session.completed", start, false, sessions.Complete(cs.ID, jnySub), nil)
 	j.deliver(completed, j.subEvent("customer.subscription.created", nil))
 	j.waitCheckoutRead()
-	trialing := jnyEntitlement{Entitled: true, Status: "trialing", SubscriptionID: jnySub, PriceID: jnyMonthly}
+	trialing := entitlementAnswer{Entitled: true, Status: "trialing", SubscriptionID: jnySub, PriceID: jnyMonthly}
 	j.expect("2. checkout completed", trialing)
 	j.successPage(cs.ID, "complete", jnySub, trialing)
 	checkout["request_id"] = "journey-2"
 	a = j.call(http.MethodPost, "/v1/customers/"+jnyUser+"/checkout-sessions", checkout)
-	if a.status != http.StatusConflict || a.errorCode() != "already_subscribed" {
+	if a.status != http.StatusConflict || apiErrorCode(a.body) != "already_subscribed" {
 		t.Fatalf("a second checkout while trialing: %d %s, want 409 already_subscribed", a.status, a.body)
 	}
 	if n := len(proxy.Filter(http.MethodPost, "/v1/checkout/sessions")); n != 1 {
@@ -138,7 +138,7 @@ func TestOneUsersWholeLife(t *testing.T) {
 	j.putSub(paid1)
 	j.deliver(j.subEvent("customer.subscription.updated", map[string]any{"status": "trialing"}),
 		j.invoiceEvent("invoice.payment_succeeded", paid1))
-	active := jnyEntitlement{Entitled: true, Status: "active", SubscriptionID: jnySub, PriceID: jnyMonthly}
+	active := entitlementAnswer{Entitled: true, Status: "active", SubscriptionID: jnySub, PriceID: jnyMonthly}
 	j.expect("3. trial converted", active)
 	j.expectInvoices("3. trial converted", "in_journey1:paid")
 
@@ -153,14 +153,14 @@ func TestOneUsersWholeLife(t *testing.T) {
 	j.sub["current_period_start"], j.sub["current_period_end"] = at.Unix(), at.AddDate(0, 1, 0).Unix()
 	j.putSub(failed2)
 	j.deliver(j.subEvent("customer.subscription.updated", map[string]any{"status": "active"}))
-	j.expect("4. renewal failed", jnyEntitlement{Entitled: true, Status: "past_due", OnHold: true, HoldReason: "payment_failed",
+	j.expect("4. renewal failed", entitlementAnswer{Entitled: true, Status: "past_due", OnHold: true, HoldReason: "payment_failed",
 		SubscriptionID: jnySub, PriceID: jnyMonthly})
 
 	// 5. Stripe's retry needs the customer to authenticate it (3-D Secure).
 	action2 := j.invoice("in_journey2", "open", 2, renewal, time.Time{})
 	j.putSub(action2)
 	j.deliver(j.invoiceEvent("invoice.payment_action_required", action2))
-	j.expect("5. authentication required", jnyEntitlement{Entitled: true, Status: "past_due", OnHold: true,
+	j.expect("5. authentication required", entitlementAnswer{Entitled: true, Status: "past_due", OnHold: true,
 		HoldReason: "authentication_required", SubscriptionID: jnySub, PriceID: jnyMonthly})
 
 	// 6. The customer authenticates and the invoice is paid: the hold is lifted.
@@ -201,7 +201,7 @@ func TestOneUsersWholeLife(t *testing.T) {
 	j.sub["status"], j.sub["canceled_at"], j.sub["ended_at"] = "canceled", at.Unix(), at.Unix()
 	j.putSub(paid2)
 	j.deliver(j.subEvent("customer.subscription.deleted", nil))
-	j.expect("8. canceled", jnyEntitlement{Status: "canceled", SubscriptionID: jnySub, PriceID: jnyYearly})
+	j.expect("8. canceled", entitlementAnswer{Status: "canceled", SubscriptionID: jnySub, PriceID: jnyYearly})
 }
 
 // journey is the state of one user's life: what Stripe holds and the last event's time.
@@ -358,8 +358,9 @@ func (j *journey) waitCheckoutRead() {
 	}
 }
 
-// jnyEntitlement is what GET /v1/customers/{user_id}/entitlement must answer ("" for null).
-type jnyEntitlement struct {
+// entitlementAnswer is the part of a GET /v1/customers/{user_id}/entitlement answer that the
+// tests compare ("" for null).
+type entitlementAnswer struct {
 	Entitled       bool
 	Status         string
 	OnHold         bool
@@ -368,7 +369,8 @@ type jnyEntitlement struct {
 	PriceID        string
 }
 
-func entitlementOf(raw []byte) (jnyEntitlement, error) {
+// entitlementOf decodes an entitlement answer.
+func entitlementOf(raw []byte) (entitlementAnswer, error) {
 	var e struct {
 		Entitled       bool    `json:"entitled"`
 		Status         string  `json:"status"`
@@ -378,7 +380,7 @@ func entitlementOf(raw []byte) (jnyEntitlement, error) {
 		PriceID        *string `json:"price_id"`
 	}
 	if err := json.Unmarshal(raw, &e); err != nil {
-		return jnyEntitlement{}, err
+		return entitlementAnswer{}, err
 	}
 	s := func(p *string) string {
 		if p == nil {
@@ -386,12 +388,12 @@ func entitlementOf(raw []byte) (jnyEntitlement, error) {
 		}
 		return *p
 	}
-	return jnyEntitlement{Entitled: e.Entitled, Status: e.Status, OnHold: e.OnHold, HoldReason: s(e.HoldReason),
+	return entitlementAnswer{Entitled: e.Entitled, Status: e.Status, OnHold: e.OnHold, HoldReason: s(e.HoldReason),
 		SubscriptionID: s(e.SubscriptionID), PriceID: s(e.PriceID)}, nil
 }
 
 // expect polls the entitlement until it is want.
-func (j *journey) expect(step string, want jnyEntitlement) {
+func (j *journey) expect(step string, want entitlementAnswer) {
 	j.t.Helper()
 	var last string
 	if !waitUntil(jnyWait, func() bool {
@@ -407,7 +409,7 @@ func (j *journey) expect(step string, want jnyEntitlement) {
 
 // successPage checks GET /v1/checkout-sessions/{id}: the session's status and subscription and
 // the user's entitlement.
-func (j *journey) successPage(id, status, subscription string, want jnyEntitlement) {
+func (j *journey) successPage(id, status, subscription string, want entitlementAnswer) {
 	j.t.Helper()
 	a := j.call(http.MethodGet, "/v1/checkout-sessions/"+id, nil)
 	var page struct {
@@ -493,16 +495,6 @@ func (a jnyAnswer) decode(t *testing.T, what string, status int, v any) {
 	if err := json.Unmarshal(a.body, v); err != nil {
 		t.Fatalf("%s: %v: %s", what, err, a.body)
 	}
-}
-
-func (a jnyAnswer) errorCode() string {
-	var e struct {
-		Error struct {
-			Code string `json:"code"`
-		} `json:"error"`
-	}
-	_ = json.Unmarshal(a.body, &e)
-	return e.Error.Code
 }
 
 // call is the app backend calling the API with its token.

@@ -1142,23 +1142,13 @@ func verify(t *testing.T, db *sql.DB, plan *relPlan, stats *sendStats, apiBase s
 				s.User, code, body, s.ID, want.Status, want.PauseCollection)
 		}
 		code, body = get(t, apiBase+"/v1/customers/"+s.User+"/entitlement", relAPIToken)
-		var got struct {
-			Entitled       bool    `json:"entitled"`
-			Status         string  `json:"status"`
-			OnHold         bool    `json:"on_hold"`
-			HoldReason     *string `json:"hold_reason"`
-			SubscriptionID *string `json:"subscription_id"`
-		}
-		if code != http.StatusOK || json.Unmarshal([]byte(body), &got) != nil {
+		got, err := entitlementOf([]byte(body))
+		if code != http.StatusOK || err != nil {
 			report(&f.WrongStates, "entitlement of %s: %d %s", s.User, code, body)
 			continue
 		}
-		reason := ""
-		if got.HoldReason != nil {
-			reason = *got.HoldReason
-		}
-		if got.Status != want.Status || got.OnHold != want.OnHold || reason != want.HoldReason ||
-			got.Entitled != want.Entitled || got.SubscriptionID == nil || *got.SubscriptionID != s.ID {
+		if got.Status != want.Status || got.OnHold != want.OnHold || got.HoldReason != want.HoldReason ||
+			got.Entitled != want.Entitled || got.SubscriptionID != s.ID {
 			report(&f.WrongStates, "entitlement of %s: %s; want status %s entitled %v on_hold %v hold_reason %q",
 				s.User, body, want.Status, want.Entitled, want.OnHold, want.HoldReason)
 		}
