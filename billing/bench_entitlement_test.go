@@ -32,9 +32,10 @@ const (
 	benchEntToken = "bench-entitlement-app-token-0123456789"
 )
 
-// benchEntitlementDB is a test database seeded like test/bench_test.go's: benchEntUsers linked
-// users with an active subscription each, every fifth also with a canceled one, every tenth
-// past_due with a payment hold. It is opened as main opens the service's (database.Open).
+// benchEntitlementDB is a test database with benchEntUsers users of testenv.SeedUsers (an active
+// subscription each, every fifth also with a canceled one, every tenth past_due with a payment
+// hold), as the end-to-end benchmark seeds them. It is opened as main opens the service's
+// (database.Open).
 func benchEntitlementDB(tb testing.TB, logger *slog.Logger) *gorm.DB {
 	tb.Helper()
 	db, err := database.Open(context.Background(), testenv.DatabaseURL(tb), logger)
@@ -42,34 +43,8 @@ func benchEntitlementDB(tb testing.TB, logger *slog.Logger) *gorm.DB {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { _ = database.SQL(db).Close() })
-	for _, stmt := range []string{
-		`INSERT INTO customers (user_id, stripe_customer_id, email, name, livemode)
-		SELECT 'user_' || g, 'cus_bench_' || g, 'user' || g || '@example.com', 'User ' || g, false
-		FROM generate_series(1, $1::int) g`,
-		`INSERT INTO subscriptions (subscription_id, stripe_customer_id, livemode, status, price_id,
-			current_period_start, current_period_end, status_since, sub_event_id, sub_event_type, sub_event_created, sub_event_rank,
-			payment_hold, payment_hold_since, created_at, updated_at)
-		SELECT 'sub_bench_' || g, 'cus_bench_' || g, false, CASE WHEN g % 10 = 0 THEN 'past_due' ELSE 'active' END, 'price_bench',
-			now() - interval '5 days', now() + interval '25 days', now() - interval '5 days', 'evt_seed_' || g,
-			'customer.subscription.created', now() - interval '5 days', 10,
-			g % 10 = 0, CASE WHEN g % 10 = 0 THEN now() - interval '1 day' END, now() - interval '5 days', now()
-		FROM generate_series(1, $1::int) g`,
-		`INSERT INTO subscriptions (subscription_id, stripe_customer_id, livemode, status, price_id,
-			current_period_start, current_period_end, canceled_at, ended_at, status_since, sub_event_id, sub_event_type, sub_event_created,
-			sub_event_rank, created_at, updated_at)
-		SELECT 'sub_old_' || g, 'cus_bench_' || g, false, 'canceled', 'price_old', now() - interval '90 days', now() - interval '60 days',
-			now() - interval '60 days', now() - interval '60 days', now() - interval '60 days', 'evt_old_' || g,
-			'customer.subscription.deleted', now() - interval '60 days', 32, now() - interval '90 days', now()
-		FROM generate_series(5, $1::int, 5) g`,
-	} {
-		if _, err := database.SQL(db).Exec(stmt, benchEntUsers); err != nil {
-			tb.Fatalf("seed: %v", err)
-		}
-	}
-	for _, stmt := range []string{`ANALYZE customers`, `ANALYZE subscriptions`} {
-		if _, err := database.SQL(db).Exec(stmt); err != nil {
-			tb.Fatalf("seed: %v", err)
-		}
+	if err := testenv.SeedUsers(database.SQL(db), benchEntUsers); err != nil {
+		tb.Fatal(err)
 	}
 	return db
 }

@@ -39,6 +39,7 @@ import (
 	"billing/internal/pgcluster"
 	"billing/internal/stripeevents"
 	"billing/internal/stripetest"
+	"billing/internal/testenv"
 )
 
 const (
@@ -634,31 +635,14 @@ const benchEntitlementQuery = `SELECT c.stripe_customer_id, c.livemode, coalesce
 var benchEntitlementScript = `\set uid random(1, ` + strconv.Itoa(benchUsers) + `)
 ` + strings.Replace(benchEntitlementQuery, "USER", "'user_' || :uid", 1) + ";\n"
 
-// benchSeedUsers stores benchUsers users by SQL: user_i linked to cus_bench_i with an active
-// subscription sub_bench_i created five days ago (every tenth past_due with a payment hold), and
-// every fifth also with an old canceled subscription.
+// benchSeedUsers stores benchUsers users with testenv.SeedUsers: user_i linked to cus_bench_i
+// with an active subscription (every tenth past_due with a payment hold), every fifth also with
+// an old canceled one.
 func benchSeedUsers(b *testing.B, d *benchDB) {
 	b.Helper()
-	d.exec(b, `INSERT INTO customers (user_id, stripe_customer_id, email, name, livemode)
-		SELECT 'user_' || g, 'cus_bench_' || g, 'user' || g || '@example.com', 'User ' || g, false
-		FROM generate_series(1, $1::int) g`, benchUsers)
-	d.exec(b, `INSERT INTO subscriptions (subscription_id, stripe_customer_id, livemode, status, price_id,
-			current_period_start, current_period_end, status_since, sub_event_id, sub_event_type, sub_event_created, sub_event_rank,
-			payment_hold, payment_hold_since, created_at, updated_at)
-		SELECT 'sub_bench_' || g, 'cus_bench_' || g, false, CASE WHEN g % 10 = 0 THEN 'past_due' ELSE 'active' END, 'price_bench',
-			now() - interval '5 days', now() + interval '25 days', now() - interval '5 days', 'evt_seed_' || g,
-			'customer.subscription.created', now() - interval '5 days', 10,
-			g % 10 = 0, CASE WHEN g % 10 = 0 THEN now() - interval '1 day' END, now() - interval '5 days', now()
-		FROM generate_series(1, $1::int) g`, benchUsers)
-	d.exec(b, `INSERT INTO subscriptions (subscription_id, stripe_customer_id, livemode, status, price_id,
-			current_period_start, current_period_end, canceled_at, ended_at, status_since, sub_event_id, sub_event_type, sub_event_created,
-			sub_event_rank, created_at, updated_at)
-		SELECT 'sub_old_' || g, 'cus_bench_' || g, false, 'canceled', 'price_old', now() - interval '90 days', now() - interval '60 days',
-			now() - interval '60 days', now() - interval '60 days', now() - interval '60 days', 'evt_old_' || g,
-			'customer.subscription.deleted', now() - interval '60 days', 32, now() - interval '90 days', now()
-		FROM generate_series(5, $1::int, 5) g`, benchUsers)
-	d.exec(b, `VACUUM ANALYZE customers`)
-	d.exec(b, `VACUUM ANALYZE subscriptions`)
+	if err := testenv.SeedUsers(d.db, benchUsers); err != nil {
+		b.Fatal(err)
+	}
 }
 
 // BenchmarkEntitlement: GET /v1/customers/{user_id}/entitlement at 32 concurrency over 10,000
