@@ -159,6 +159,7 @@ func newApp(opts appOptions) (*App, error) {
 	// the ledger and the portal call out to Stripe.
 	subs := billing.New(billing.Deps{
 		DB:              db,
+		Livemode:        livemode,
 		Jobs:            riverClient,
 		Logger:          logger,
 		Now:             now,

@@ -101,7 +101,7 @@ func runReconcileCommand(ctx context.Context, args []string, stdout, stderr io.W
 	livemode := cfg.Stripe.Mode == "live"
 	// As serve wires it, so that a repaired subscription gets its renewal's re-read queued.
 	subs := billing.New(billing.Deps{
-		DB: db, Jobs: jobs, Logger: logger,
+		DB: db, Livemode: livemode, Jobs: jobs, Logger: logger,
 		PastDueEntitled: cfg.Policy.PastDueEntitled, PausedCollectionEntitled: cfg.Policy.PausedCollectionEntitled,
 		PeriodGrace: cfg.Policy.PeriodGrace, Reread: billing.RereadDeps{Stripe: sc.Subscriptions, Livemode: livemode},
 	})

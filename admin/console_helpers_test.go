@@ -260,5 +260,5 @@ func (c *console) story(t *testing.T) {
 	c.deadLetter(t, "evt_dead", `boom <script>alert("x")</script>`)
 	// An earlier invoice, paid, as the invoice events store it.
 	c.exec(t, `INSERT INTO invoices (invoice_id, livemode, stripe_customer_id, subscription_id, number, status, amount_due, amount_paid, currency, created)
-		VALUES ('in_0', false, 'cus_1', 'sub_1', 'INV-0001', 'paid', 2500, 2500, 'usd', $1) ON CONFLICT (invoice_id) DO NOTHING`, at(-86400*30))
+		VALUES ('in_0', false, 'cus_1', 'sub_1', 'INV-0001', 'paid', 2500, 2500, 'usd', $1) ON CONFLICT (invoice_id, livemode) DO NOTHING`, at(-86400*30))
 }

@@ -69,7 +69,8 @@ func (r *ReconcileReader) LastRun(ctx context.Context, livemode bool) (*Reconcil
 		return nil, ErrReconcileUnavailable
 	}
 	var runs []string
-	if err := r.db.WithContext(ctx).Raw(`SELECT to_jsonb(r)::text FROM reconcile_runs r ORDER BY r.started_at DESC LIMIT 20`).
+	if err := r.db.WithContext(ctx).Raw(`/* all modes: the mode is chosen below, and the table may predate the column */
+		SELECT to_jsonb(r)::text FROM reconcile_runs r ORDER BY r.started_at DESC LIMIT 20`).
 		Scan(&runs).Error; err != nil {
 		if schemaMismatch(err) {
 			return nil, ErrReconcileUnavailable
@@ -91,7 +92,7 @@ func (r *ReconcileReader) LastRun(ctx context.Context, livemode bool) (*Reconcil
 		return run, nil
 	}
 	var drift []string
-	if err := r.db.WithContext(ctx).Raw(`SELECT to_jsonb(d)::text FROM reconcile_drift d WHERE d.run_id = $1
+	if err := r.db.WithContext(ctx).Raw(`/* all modes: a run id names one run */ SELECT to_jsonb(d)::text FROM reconcile_drift d WHERE d.run_id = $1
 		ORDER BY d.subscription_id, d.field LIMIT $2`, run.RunID, driftShown+1).Scan(&drift).Error; err != nil {
 		if schemaMismatch(err) {
 			return run, nil

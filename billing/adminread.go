@@ -31,12 +31,14 @@ type SubscriptionState struct {
 	HoldSince  *time.Time `gorm:"-"`
 }
 
-// SubscriptionState returns a subscription with its customer's user, or nil when unknown.
+// SubscriptionState returns a subscription with its customer's user, or nil when unknown. The
+// console sees both worlds: of an id in both, the live one.
 func (s *Service) SubscriptionState(ctx context.Context, subscriptionID string) (*SubscriptionState, error) {
-	rows, err := s.db.WithContext(ctx).Statement.ConnPool.QueryContext(ctx, `
+	rows, err := s.db.WithContext(ctx).Statement.ConnPool.QueryContext(ctx, `/* all modes */
 		SELECT `+subscriptionColumns+`, s.sub_event_type, s.sub_event_rank, s.inv_event_id, s.inv_event_type, s.inv_event_rank
 		FROM subscriptions s LEFT JOIN customers c ON c.stripe_customer_id = s.stripe_customer_id AND c.livemode = s.livemode
-		WHERE s.subscription_id = $1`, subscriptionID)
+		WHERE s.subscription_id = $1
+		ORDER BY s.livemode DESC`, subscriptionID)
 	if err != nil {
 		return nil, fmt.Errorf("load subscription %s: %w", subscriptionID, err)
 	}
@@ -72,7 +74,7 @@ type SubscriptionRef struct {
 // lookups, where the subquery made it read every subscription.
 func (s *Service) FindSubscriptions(ctx context.Context, id string, limit int) ([]SubscriptionRef, error) {
 	out := []SubscriptionRef{}
-	err := s.db.WithContext(ctx).Raw(`
+	err := s.db.WithContext(ctx).Raw(`/* all modes: the console's find, each result with its mode */
 		SELECT s.subscription_id, s.stripe_customer_id, c.user_id, s.livemode, s.status
 		FROM subscriptions s LEFT JOIN customers c ON c.stripe_customer_id = s.stripe_customer_id AND c.livemode = s.livemode
 		WHERE s.subscription_id = $1 OR s.stripe_customer_id = $1

@@ -149,7 +149,7 @@ func (e *env) countSubs(t *testing.T) int {
 func (e *env) link(t *testing.T, userID, customerID, email string) {
 	t.Helper()
 	err := e.db.Exec(`INSERT INTO customers (user_id, stripe_customer_id, email) VALUES ($1, $2, $3)
-		ON CONFLICT (user_id) DO UPDATE SET stripe_customer_id = EXCLUDED.stripe_customer_id, email = EXCLUDED.email`,
+		ON CONFLICT (user_id, livemode) DO UPDATE SET stripe_customer_id = EXCLUDED.stripe_customer_id, email = EXCLUDED.email`,
 		userID, nullString(customerID), email).Error
 	if err != nil {
 		t.Fatalf("link %s: %v", userID, err)

@@ -79,16 +79,13 @@ func invoiceTieRank(status string) int {
 
 // keepInvoice writes the invoice of an invoice.* event to the invoices table, ordered like the
 // column groups of subscriptions: the row takes the event's snapshot only when the event's key is
-// newer than the stored one, and a paid or void invoice never goes back to another status. An
-// invoice of the other mode, or naming a linked customer of the other mode, is refused.
+// newer than the stored one, and a paid or void invoice never goes back to another status. Each
+// mode's invoices are rows of their own (keyed with the mode).
 func (s *Service) keepInvoice(ctx context.Context, tx *gorm.DB, ev webhooks.Event, inv *invoiceObject) error {
 	customerID := string(inv.Customer)
 	if customerID == "" {
 		// No customer, no list it could appear in.
 		return nil
-	}
-	if err := checkCustomerMode(ctx, tx, customerID, ev.Livemode); err != nil {
-		return err
 	}
 	created := ev.Created.UTC()
 	if inv.Created.Valid {
@@ -107,20 +104,14 @@ func (s *Service) keepInvoice(ctx context.Context, tx *gorm.DB, ev webhooks.Even
 		  amount_due, amount_paid, currency, period_start, period_end, hosted_invoice_url, invoice_pdf, created,
 		  inv_event_id, inv_event_type, inv_event_created, inv_event_rank, created_at, updated_at)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $20)
-		ON CONFLICT (invoice_id) DO NOTHING`, args...)
+		ON CONFLICT (invoice_id, livemode) DO NOTHING`, args...)
 	if ins.Error != nil {
 		return fmt.Errorf("insert invoice %s: %w", inv.ID, ins.Error)
 	}
 	if ins.RowsAffected == 1 {
 		return nil
 	}
-	var modes []bool
-	if err := tx.WithContext(ctx).Raw(`SELECT livemode FROM invoices WHERE invoice_id = $1 FOR UPDATE`, inv.ID).Scan(&modes).Error; err != nil {
-		return fmt.Errorf("lock invoice %s: %w", inv.ID, err)
-	}
-	if len(modes) == 1 && modes[0] != ev.Livemode {
-		return livemodeMismatch("invoice %s is a %s-mode object; the event is %s-mode", inv.ID, modeName(modes[0]), modeName(ev.Livemode))
-	}
+	// The row of the event's world exists: the update below orders the event against it.
 	err := tx.WithContext(ctx).Exec(`
 		UPDATE invoices SET stripe_customer_id = $3, subscription_id = $4, number = $5, status = $6, billing_reason = $7,
 		  amount_due = $8, amount_paid = $9, currency = $10, period_start = $11, period_end = $12,
@@ -176,8 +167,8 @@ func (s *Service) Invoices(ctx context.Context, userID string, limit int, starti
 		StripeCustomerID string `gorm:"column:stripe_customer_id"`
 		Livemode         bool   `gorm:"column:livemode"`
 	}
-	if err := s.db.WithContext(ctx).Raw(`SELECT stripe_customer_id, livemode FROM customers WHERE user_id = $1 AND stripe_customer_id IS NOT NULL`,
-		userID).Scan(&cust).Error; err != nil {
+	if err := s.db.WithContext(ctx).Raw(`SELECT stripe_customer_id, livemode FROM customers
+		WHERE user_id = $1 AND livemode = $2 AND stripe_customer_id IS NOT NULL`, userID, s.livemode).Scan(&cust).Error; err != nil {
 		return nil, fmt.Errorf("load customer of user %q: %w", userID, err)
 	}
 	if len(cust) == 0 {

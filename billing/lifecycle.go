@@ -88,15 +88,16 @@ func (s *Service) lockSubscription(ctx context.Context, tx *gorm.DB, subscriptio
 		WITH inserted AS (
 		  INSERT INTO subscriptions AS s (subscription_id, stripe_customer_id, livemode, status, created_at, updated_at)
 		  VALUES ($1, $2, $3, $4, $5, $5)
-		  ON CONFLICT (subscription_id) DO NOTHING
+		  ON CONFLICT (subscription_id, livemode) DO NOTHING
 		  RETURNING `+subscriptionRowColumns+`, NULL::text AS user_id
 		), existing AS (
-		  `+subscriptionByID+` FOR UPDATE
+		  SELECT `+subscriptionRowColumns+`, NULL::text AS user_id FROM subscriptions s
+		  WHERE s.subscription_id = $1 AND s.livemode = $3 FOR UPDATE
 		)
 		SELECT * FROM inserted UNION ALL SELECT * FROM existing`,
 		subscriptionID, customerID, livemode, StatusIncomplete, now)
 	if err == nil && row == nil {
-		row, err = scanSubscription(ctx, tx, subscriptionByID+` FOR UPDATE`, subscriptionID)
+		row, err = scanSubscription(ctx, tx, subscriptionByID+` FOR UPDATE`, subscriptionID, livemode)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("lock subscription %s: %w", subscriptionID, err)
@@ -104,31 +105,7 @@ func (s *Service) lockSubscription(ctx context.Context, tx *gorm.DB, subscriptio
 	if row == nil {
 		return nil, fmt.Errorf("lock subscription %s: row not found after insert", subscriptionID)
 	}
-	if row.Livemode != livemode {
-		return nil, livemodeMismatch("subscription %s is a %s-mode object; the event is %s-mode",
-			subscriptionID, modeName(row.Livemode), modeName(livemode))
-	}
-	if err := checkCustomerMode(ctx, tx, customerID, livemode); err != nil {
-		return nil, err
-	}
 	return row, nil
-}
-
-// checkCustomerMode refuses an event that names a linked customer of the other mode: a test-mode
-// event must never attach a subscription to a live customer's user, nor the reverse.
-func checkCustomerMode(ctx context.Context, tx *gorm.DB, customerID string, livemode bool) error {
-	var other bool
-	err := tx.Statement.ConnPool.QueryRowContext(ctx,
-		`SELECT EXISTS (SELECT 1 FROM customers WHERE stripe_customer_id = $1 AND livemode <> $2)`,
-		customerID, livemode).Scan(&other)
-	if err != nil {
-		return fmt.Errorf("check mode of customer %s: %w", customerID, err)
-	}
-	if other {
-		return livemodeMismatch("customer %s is a %s-mode object; the event is %s-mode",
-			customerID, modeName(!livemode), modeName(livemode))
-	}
-	return nil
 }
 
 // livemodeMismatch is the permanent failure of an event that names an object of the other mode:
@@ -145,7 +122,7 @@ func modeName(livemode bool) string {
 }
 
 func (s *Service) loadSubscriptionTx(ctx context.Context, tx *gorm.DB, subscriptionID string, livemode bool) (*Subscription, error) {
-	row, err := scanSubscription(ctx, tx, subscriptionByID+` AND s.livemode = $2`, subscriptionID, livemode)
+	row, err := scanSubscription(ctx, tx, subscriptionByID, subscriptionID, livemode)
 	if err != nil {
 		return nil, fmt.Errorf("load subscription %s: %w", subscriptionID, err)
 	}
@@ -155,9 +132,10 @@ func (s *Service) loadSubscriptionTx(ctx context.Context, tx *gorm.DB, subscript
 	return row, nil
 }
 
-// subscriptionByID selects the subscription $1 in the shape scanSubscription reads (no customer
-// joined: its user id is NULL).
-const subscriptionByID = `SELECT ` + subscriptionRowColumns + `, NULL::text AS user_id FROM subscriptions s WHERE s.subscription_id = $1`
+// subscriptionByID selects the subscription $1 of the world $2 in the shape scanSubscription reads
+// (no customer joined: its user id is NULL).
+const subscriptionByID = `SELECT ` + subscriptionRowColumns + `, NULL::text AS user_id FROM subscriptions s
+	WHERE s.subscription_id = $1 AND s.livemode = $2`
 
 // scanSubscription runs query, which selects subscriptionColumns (or subscriptionRowColumns and a
 // NULL user id), on the handle's connection or transaction and returns its one row, or nil if

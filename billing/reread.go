@@ -195,7 +195,7 @@ func (w *rereadWorker) NextRetry(job *river.Job[RereadArgs]) time.Time {
 // to count ("" while the job goes on) and the error that River acts on.
 func (s *Service) reread(ctx context.Context, a RereadArgs, last bool) (string, error) {
 	log := s.log.With("subscription_id", a.SubscriptionID, "reason", a.reason())
-	cur, err := s.Subscription(ctx, a.SubscriptionID)
+	cur, err := s.Subscription(ctx, a.SubscriptionID, a.Livemode)
 	if err != nil {
 		return "", err
 	}

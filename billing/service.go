@@ -33,6 +33,10 @@ const (
 // Deps are what the service needs from main.
 type Deps struct {
 	DB *gorm.DB
+	// Livemode is the deployment's world (stripe.mode): the app-facing reads (entitlement,
+	// customer view, invoices) answer from it only. Events of both modes are applied, each to its
+	// own world.
+	Livemode bool
 	// Jobs queues the notices' jobs in the event's transaction.
 	Jobs   jobs.Inserter
 	Logger *slog.Logger
@@ -52,7 +56,8 @@ type Deps struct {
 
 // Service is the billing domain: event handlers, and the entitlement and holds reads.
 type Service struct {
-	db      *gorm.DB
+	db       *gorm.DB
+	livemode bool
 	log     *slog.Logger
 	now     func() time.Time
 	policy  Policy
@@ -78,8 +83,9 @@ func New(d Deps) *Service {
 	}
 	log := d.Logger.With("component", "billing")
 	s := &Service{
-		db:      d.DB,
-		log:     log,
+		db:       d.DB,
+		livemode: d.Livemode,
+		log:      log,
 		now:     d.Now,
 		policy:  Policy{PastDueEntitled: d.PastDueEntitled, PeriodGrace: d.PeriodGrace},
 		rereads: newRereads(d),

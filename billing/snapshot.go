@@ -75,7 +75,7 @@ func (s *Service) ApplySnapshot(ctx context.Context, tx *gorm.DB, snap Snapshot)
 	if IsTerminal(obj.Status) {
 		typ = EventSubscriptionDeleted
 	}
-	before, err := s.subEventID(ctx, tx, obj.ID)
+	before, err := s.subEventID(ctx, tx, obj.ID, snap.Livemode)
 	if err != nil {
 		return out, err
 	}
@@ -83,7 +83,7 @@ func (s *Service) ApplySnapshot(ctx context.Context, tx *gorm.DB, snap Snapshot)
 	if err := s.handleSubscriptionEvent(ctx, tx, ev); err != nil {
 		return out, err
 	}
-	after, err := s.subEventID(ctx, tx, obj.ID)
+	after, err := s.subEventID(ctx, tx, obj.ID, snap.Livemode)
 	if err != nil {
 		return out, err
 	}
@@ -110,14 +110,14 @@ func (s *Service) ApplySnapshot(ctx context.Context, tx *gorm.DB, snap Snapshot)
 		return out, nil // draft, not attempted yet, or uncollectible: nothing the hold reads
 	}
 	invEv := webhooks.Event{ID: snap.Source, Type: invType, Livemode: snap.Livemode, Created: created, Object: snap.LatestInvoice}
-	before, err = s.invEventID(ctx, tx, obj.ID)
+	before, err = s.invEventID(ctx, tx, obj.ID, snap.Livemode)
 	if err != nil {
 		return out, err
 	}
 	if err := s.handleInvoiceEvent(ctx, tx, invEv); err != nil {
 		return out, err
 	}
-	after, err = s.invEventID(ctx, tx, obj.ID)
+	after, err = s.invEventID(ctx, tx, obj.ID, snap.Livemode)
 	if err != nil {
 		return out, err
 	}
@@ -125,18 +125,18 @@ func (s *Service) ApplySnapshot(ctx context.Context, tx *gorm.DB, snap Snapshot)
 	return out, nil
 }
 
-func (s *Service) subEventID(ctx context.Context, tx *gorm.DB, subscriptionID string) (string, error) {
-	return s.groupEventID(ctx, tx, "sub_event_id", subscriptionID)
+func (s *Service) subEventID(ctx context.Context, tx *gorm.DB, subscriptionID string, livemode bool) (string, error) {
+	return s.groupEventID(ctx, tx, "sub_event_id", subscriptionID, livemode)
 }
 
-func (s *Service) invEventID(ctx context.Context, tx *gorm.DB, subscriptionID string) (string, error) {
-	return s.groupEventID(ctx, tx, "inv_event_id", subscriptionID)
+func (s *Service) invEventID(ctx context.Context, tx *gorm.DB, subscriptionID string, livemode bool) (string, error) {
+	return s.groupEventID(ctx, tx, "inv_event_id", subscriptionID, livemode)
 }
 
-func (s *Service) groupEventID(ctx context.Context, tx *gorm.DB, column, subscriptionID string) (string, error) {
+func (s *Service) groupEventID(ctx context.Context, tx *gorm.DB, column, subscriptionID string, livemode bool) (string, error) {
 	var ids []string
-	if err := tx.WithContext(ctx).Raw(`SELECT coalesce(`+column+`, '') FROM subscriptions WHERE subscription_id = $1`, subscriptionID).
-		Scan(&ids).Error; err != nil {
+	if err := tx.WithContext(ctx).Raw(`SELECT coalesce(`+column+`, '') FROM subscriptions WHERE subscription_id = $1 AND livemode = $2`,
+		subscriptionID, livemode).Scan(&ids).Error; err != nil {
 		return "", fmt.Errorf("read %s of %s: %w", column, subscriptionID, err)
 	}
 	if len(ids) == 0 {
@@ -145,13 +145,13 @@ func (s *Service) groupEventID(ctx context.Context, tx *gorm.DB, column, subscri
 	return ids[0], nil
 }
 
-// Subscription returns the local row of a subscription (nil when unknown), with the user of its
-// customer when linked in the same mode: what reconciliation compares with Stripe's object.
-func (s *Service) Subscription(ctx context.Context, subscriptionID string) (*Subscription, error) {
+// Subscription returns the local row of a subscription of one world (nil when unknown), with the
+// user of its customer when linked there: what reconciliation compares with Stripe's object.
+func (s *Service) Subscription(ctx context.Context, subscriptionID string, livemode bool) (*Subscription, error) {
 	rows, err := s.db.WithContext(ctx).Statement.ConnPool.QueryContext(ctx, `
 		SELECT `+subscriptionColumns+`
 		FROM subscriptions s LEFT JOIN customers c ON c.stripe_customer_id = s.stripe_customer_id AND c.livemode = s.livemode
-		WHERE s.subscription_id = $1`, subscriptionID)
+		WHERE s.subscription_id = $1 AND s.livemode = $2`, subscriptionID, livemode)
 	if err != nil {
 		return nil, fmt.Errorf("load subscription %s: %w", subscriptionID, err)
 	}

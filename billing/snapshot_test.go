@@ -82,7 +82,7 @@ func TestSnapshotHoldsWithoutNotices(t *testing.T) {
 	if _, _, ok := e.sub(t, "sub_h").Hold(); ok {
 		t.Errorf("hold still in force after a paid snapshot")
 	}
-	if got, err := e.svc.Subscription(context.Background(), "sub_h"); err != nil || got == nil || got.Status != StatusActive || ptrStr(got.UserID) != "u_h" {
+	if got, err := e.svc.Subscription(context.Background(), "sub_h", false); err != nil || got == nil || got.Status != StatusActive || ptrStr(got.UserID) != "u_h" {
 		t.Errorf("Subscription() = %+v, %v", got, err)
 	}
 }

@@ -153,14 +153,14 @@ type linkedCustomer struct {
 
 // customerWithSubscriptions loads a user's linked customer and its subscriptions in one
 // statement: the entitlement read is the app's hottest path, one round trip instead of two.
-// Only subscriptions of the customer's own mode join: a row of the other mode that names the
-// same customer id never reaches the entitlement.
+// Only the deployment's world answers: its link of the user, and its subscriptions of that
+// customer; a row of the other mode never reaches the view.
 func (s *Service) customerWithSubscriptions(ctx context.Context, userID string) (*linkedCustomer, []Subscription, error) {
 	rows, err := s.queryCustomerSubscriptions(ctx, `
 		SELECT c.stripe_customer_id AS customer_stripe_id, c.livemode AS customer_livemode, `+subscriptionColumns+`
 		FROM customers c LEFT JOIN subscriptions s ON s.stripe_customer_id = c.stripe_customer_id AND s.livemode = c.livemode
-		WHERE c.user_id = $1 AND c.stripe_customer_id IS NOT NULL
-		ORDER BY s.created_at, s.subscription_id`, userID)
+		WHERE c.user_id = $1 AND c.livemode = $2 AND c.stripe_customer_id IS NOT NULL
+		ORDER BY s.created_at, s.subscription_id`, userID, s.livemode)
 	if err != nil {
 		return nil, nil, fmt.Errorf("load customer of user %q: %w", userID, err)
 	}
@@ -220,7 +220,7 @@ const entitlementQuery = `SELECT coalesce(s.subscription_id, ''), coalesce(s.sta
 	s.sub_event_created, coalesce(s.payment_hold, false), s.payment_hold_since, s.inv_event_created,
 	s.payment_hold_billing_reason, s.payment_hold_kind, s.pause_collection_behavior, s.pause_collection_resumes_at
 	FROM customers c LEFT JOIN subscriptions s ON s.stripe_customer_id = c.stripe_customer_id AND s.livemode = c.livemode
-	WHERE c.user_id = $1 AND c.stripe_customer_id IS NOT NULL
+	WHERE c.user_id = $1 AND c.livemode = $2 AND c.stripe_customer_id IS NOT NULL
 	ORDER BY s.created_at, s.subscription_id`
 
 // entitlementRow is one row of entitlementQuery. Its fields are the scan's destinations, in the
@@ -285,7 +285,7 @@ func (s *Service) entitlementSubscriptions(ctx context.Context, userID string) (
 	var err error
 	if pool, ok := s.db.Statement.ConnPool.(*sql.DB); ok {
 		err = queryPgx(ctx, pool, func(conn *pgx.Conn) error {
-			rows, err := conn.Query(ctx, entitlementQuery, userID)
+			rows, err := conn.Query(ctx, entitlementQuery, userID, s.livemode)
 			if err != nil {
 				return err
 			}
@@ -295,7 +295,7 @@ func (s *Service) entitlementSubscriptions(ctx context.Context, userID string) (
 		})
 	} else {
 		var rows *sql.Rows
-		rows, err = s.db.Statement.ConnPool.QueryContext(ctx, entitlementQuery, userID)
+		rows, err = s.db.Statement.ConnPool.QueryContext(ctx, entitlementQuery, userID, s.livemode)
 		if err == nil {
 			subs, found, err = scanEntitlementRows(rows)
 			if cerr := rows.Close(); err == nil {
@@ -418,7 +418,7 @@ func (s *Service) subscriptionView(sub *Subscription, now time.Time) Subscriptio
 // user are included with a nil UserID.
 func (s *Service) Holds(ctx context.Context) ([]HoldView, error) {
 	// The WHERE clause is a cheap superset (it matches the partial index); Hold() decides.
-	rows, err := s.queryCustomerSubscriptions(ctx, `
+	rows, err := s.queryCustomerSubscriptions(ctx, `/* all modes: the admin's holds, each with its mode */
 		SELECT c.stripe_customer_id AS customer_stripe_id, coalesce(c.livemode, false) AS customer_livemode, `+subscriptionColumns+`
 		FROM subscriptions s LEFT JOIN customers c ON c.stripe_customer_id = s.stripe_customer_id AND c.livemode = s.livemode
 		WHERE s.status NOT IN ('canceled', 'incomplete_expired')

@@ -228,9 +228,6 @@ func (s *Service) create(ctx context.Context, userID string, req createRequest) 
 				With("request_id", req.RequestID)}
 		}
 	}
-	if row.Livemode != s.livemode {
-		return reply{err: modeConflict("checkout request "+req.RequestID, row.Livemode)}
-	}
 	if row.RequestHash == nil || *row.RequestHash != hash {
 		return reply{err: apierr.New(apierr.CodeIdempotencyConflict,
 			"request_id %s was already used with other values; use a new request_id for another session", req.RequestID).
@@ -263,7 +260,8 @@ func (s *Service) refuseEntitled(ctx context.Context, userID string) error {
 
 func (s *Service) loadRequest(ctx context.Context, userID, requestID string) (*sessionRow, bool, error) {
 	var row sessionRow
-	res := s.db.WithContext(ctx).Raw(`SELECT * FROM checkout_sessions WHERE user_id = $1 AND request_id = $2`, userID, requestID).Scan(&row)
+	res := s.db.WithContext(ctx).Raw(`SELECT * FROM checkout_sessions WHERE user_id = $1 AND request_id = $2 AND livemode = $3`,
+		userID, requestID, s.livemode).Scan(&row)
 	if res.Error != nil {
 		return nil, false, database.APIError(res.Error, "load checkout request")
 	}
@@ -292,11 +290,8 @@ func (s *Service) finish(ctx context.Context, id int64, userID, requestID string
 		rep reply
 	)
 	res, err := outbound.Run(ctx, s.db, outbound.Call[*stripe.CheckoutSession]{
-		Lock: outbound.Select{SQL: `SELECT * FROM checkout_sessions WHERE id = $1`, Args: []any{id}, Into: &row},
+		Lock: outbound.Select{SQL: `SELECT * FROM checkout_sessions WHERE id = $1 AND livemode = $2`, Args: []any{id, s.livemode}, Into: &row},
 		Locked: func(*gorm.DB) (outbound.State, error) {
-			if row.Livemode != s.livemode {
-				return outbound.State{}, modeConflict("checkout request "+deref(row.RequestID), row.Livemode)
-			}
 			return outbound.State{Key: deref(row.IdempotencyKey), CreatedAt: row.CreatedAt, Done: row.State == stateCompleted}, nil
 		},
 		Find: func(ctx context.Context) (*stripe.CheckoutSession, bool, error) { return s.findSession(ctx, &row) },
@@ -317,7 +312,7 @@ func (s *Service) finish(ctx context.Context, id int64, userID, requestID string
 			apiErr := unfinished(a)
 			if err := tx.Exec(`
 				UPDATE checkout_sessions SET attempts = attempts + 1, last_attempt_at = $1, error_code = $2, updated_at = $1
-				WHERE id = $3`, a.At, string(apiErr.Code), id).Error; err != nil {
+				WHERE id = $3 AND livemode = $4`, a.At, string(apiErr.Code), id, s.livemode).Error; err != nil {
 				return fmt.Errorf("record checkout attempt: %w", err)
 			}
 			rep = reply{err: apiErr}
@@ -393,8 +388,8 @@ func (s *Service) complete(ctx context.Context, tx *gorm.DB, row *sessionRow, cs
 	// An event about the session may have recorded it already (it can only come after the
 	// session exists, e.g. when an earlier attempt's answer was lost): this row takes its place.
 	var earlier []sessionState
-	if err := tx.Raw(`DELETE FROM checkout_sessions WHERE session_id = $1 AND id <> $2
-		RETURNING session_status, payment_status, subscription_id`, cs.ID, row.ID).Scan(&earlier).Error; err != nil {
+	if err := tx.Raw(`DELETE FROM checkout_sessions WHERE session_id = $1 AND livemode = $2 AND id <> $3
+		RETURNING session_status, payment_status, subscription_id`, cs.ID, row.Livemode, row.ID).Scan(&earlier).Error; err != nil {
 		return reply{}, fmt.Errorf("merge recorded session %s: %w", cs.ID, err)
 	}
 	st := sessionState{SessionStatus: nullString(string(cs.Status)), PaymentStatus: nullString(string(cs.PaymentStatus))}
@@ -408,9 +403,9 @@ func (s *Service) complete(ctx context.Context, tx *gorm.DB, row *sessionRow, cs
 		UPDATE checkout_sessions SET state = $1, answer = CAST($2 AS jsonb), session_id = $3, session_status = $4,
 			payment_status = $5, subscription_id = $6, url = $7, expires_at = $8, error_code = NULL,
 			attempts = attempts + 1, last_attempt_at = $9, completed_at = $9, updated_at = $9
-		WHERE id = $10`,
+		WHERE id = $10 AND livemode = $11`,
 		stateCompleted, answer, cs.ID, st.SessionStatus, st.PaymentStatus, st.SubscriptionID, cs.URL, body.ExpiresAt, a.At,
-		row.ID).Error; err != nil {
+		row.ID, row.Livemode).Error; err != nil {
 		return reply{}, fmt.Errorf("complete checkout request: %w", err)
 	}
 	s.log.InfoContext(ctx, "checkout session opened", "user_id", deref(row.UserID), "request_id", deref(row.RequestID),
@@ -431,8 +426,8 @@ func (s *Service) refuse(ctx context.Context, tx *gorm.DB, row *sessionRow, a ou
 	if err := tx.Exec(`
 		UPDATE checkout_sessions SET state = $1, answer = CAST($2 AS jsonb), error_code = $3,
 			attempts = attempts + 1, last_attempt_at = $4, completed_at = $4, updated_at = $4
-		WHERE id = $5`,
-		stateCompleted, answer, string(apiErr.Code), a.At, row.ID).Error; err != nil {
+		WHERE id = $5 AND livemode = $6`,
+		stateCompleted, answer, string(apiErr.Code), a.At, row.ID, row.Livemode).Error; err != nil {
 		return reply{}, fmt.Errorf("record checkout refusal: %w", err)
 	}
 	return reply{err: apiErr}, nil
@@ -457,15 +452,6 @@ func unfinished(a outbound.Attempt) *apierr.Error {
 		return apierr.Wrap(cause, apierr.CodeStripeUnavailable, "Stripe could not be reached to %s; repeat the same request to finish it", what)
 	}
 	return apierr.Wrap(cause, apierr.CodeStripeError, "Stripe refused the call to %s; the request stays pending", what)
-}
-
-// modeConflict answers a request about a row of the other mode.
-func modeConflict(what string, rowLivemode bool) error {
-	row, service := "test", "live"
-	if rowLivemode {
-		row, service = "live", "test"
-	}
-	return apierr.New(apierr.CodeLivemodeConflict, "%s was recorded in %s mode; this service runs in %s mode", what, row, service)
 }
 
 // reply is a 201 (this request made the session), a 200 (a replay) or an *apierr.Error.

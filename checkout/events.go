@@ -162,7 +162,7 @@ func (s *Service) recordSession(ctx context.Context, tx *gorm.DB, livemode bool,
 		INSERT INTO checkout_sessions AS cs (livemode, user_id, stripe_customer_id, state, session_id, session_status,
 			payment_status, subscription_id, url, expires_at, created_at, updated_at, completed_at)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11, $11)
-		ON CONFLICT (session_id) DO UPDATE SET
+		ON CONFLICT (session_id, livemode) DO UPDATE SET
 		  user_id = coalesce(cs.user_id, EXCLUDED.user_id),
 		  stripe_customer_id = coalesce(cs.stripe_customer_id, EXCLUDED.stripe_customer_id),
 		  session_status = CASE WHEN cs.session_status IN ('complete', 'expired') THEN cs.session_status
@@ -173,7 +173,6 @@ func (s *Service) recordSession(ctx context.Context, tx *gorm.DB, livemode bool,
 		  url = coalesce(cs.url, EXCLUDED.url),
 		  expires_at = coalesce(cs.expires_at, EXCLUDED.expires_at),
 		  updated_at = EXCLUDED.updated_at
-		WHERE cs.livemode = EXCLUDED.livemode
 		RETURNING *`,
 		livemode, nullString(userID), nullString(string(obj.Customer)), stateCompleted, obj.ID, nullString(obj.Status),
 		nullString(obj.PaymentStatus), nullString(string(obj.Subscription)), nullString(obj.URL), expiresAt, now).
@@ -182,9 +181,7 @@ func (s *Service) recordSession(ctx context.Context, tx *gorm.DB, livemode bool,
 		return nil, fmt.Errorf("record checkout session %s: %w", obj.ID, err)
 	}
 	if len(rows) == 0 {
-		// The only row that the upsert leaves alone is one of the other mode.
-		return nil, webhooks.PermanentReason(webhooks.FailureLivemodeMismatch,
-			fmt.Errorf("checkout session %s is recorded in the other mode", obj.ID))
+		return nil, fmt.Errorf("record checkout session %s: the upsert returned no row", obj.ID)
 	}
 	row := &rows[0]
 	if row.UserID != nil && obj.Customer != "" {
@@ -220,21 +217,18 @@ func (s *Service) userOf(ctx context.Context, tx *gorm.DB, obj *sessionObject, l
 // linkCustomer links userID to the Stripe customer that paid in Checkout when the user has no
 // customer yet (or only a link still being made, which this one finishes: the customer exists).
 // A customer already linked, to this user or another, and a user linked to another customer are
-// left as they are: Stripe's session does not overrule a link.
+// left as they are: Stripe's session does not overrule a link. The link belongs to the event's
+// world (livemode): a session of the other mode than the deployment's links the user there only,
+// where no answer of this deployment looks.
 func (s *Service) linkCustomer(ctx context.Context, tx *gorm.DB, userID, customerID string, livemode bool) error {
 	var linked []struct {
-		UserID   string `gorm:"column:user_id"`
-		Livemode bool   `gorm:"column:livemode"`
+		UserID string `gorm:"column:user_id"`
 	}
-	if err := tx.WithContext(ctx).Raw(`SELECT user_id, livemode FROM customers WHERE stripe_customer_id = $1`, customerID).
+	if err := tx.WithContext(ctx).Raw(`SELECT user_id FROM customers WHERE stripe_customer_id = $1 AND livemode = $2`, customerID, livemode).
 		Scan(&linked).Error; err != nil {
 		return fmt.Errorf("load link of customer %s: %w", customerID, err)
 	}
 	if len(linked) > 0 {
-		if linked[0].Livemode != livemode {
-			return webhooks.PermanentReason(webhooks.FailureLivemodeMismatch,
-				fmt.Errorf("customer %s is linked in the other mode", customerID))
-		}
 		if linked[0].UserID != userID {
 			s.log.WarnContext(ctx, "checkout session names another user than the one linked to its customer; link kept",
 				"stripe_customer_id", customerID, "session_user_id", userID, "linked_user_id", linked[0].UserID)
@@ -245,14 +239,14 @@ func (s *Service) linkCustomer(ctx context.Context, tx *gorm.DB, userID, custome
 	res := tx.WithContext(ctx).Exec(`
 		INSERT INTO customers AS c (user_id, stripe_customer_id, livemode, created_at, updated_at)
 		VALUES ($1, $2, $3, $4, $4)
-		ON CONFLICT (user_id) DO UPDATE SET stripe_customer_id = EXCLUDED.stripe_customer_id, updated_at = EXCLUDED.updated_at
-		WHERE c.stripe_customer_id IS NULL AND c.livemode = EXCLUDED.livemode`,
+		ON CONFLICT (user_id, livemode) DO UPDATE SET stripe_customer_id = EXCLUDED.stripe_customer_id, updated_at = EXCLUDED.updated_at
+		WHERE c.stripe_customer_id IS NULL`,
 		userID, customerID, livemode, now)
 	if res.Error != nil {
 		return fmt.Errorf("link user %s to customer %s: %w", userID, customerID, res.Error)
 	}
 	if res.RowsAffected == 0 {
-		s.log.WarnContext(ctx, "checkout session's customer not linked: the user is linked to another customer or mode",
+		s.log.WarnContext(ctx, "checkout session's customer not linked: the user is linked to another customer",
 			"user_id", userID, "stripe_customer_id", customerID)
 		return nil
 	}

@@ -44,9 +44,6 @@ func (s *Service) getSession(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	if row != nil && row.Livemode != s.livemode {
-		return modeConflict("checkout session "+id, row.Livemode)
-	}
 	if row == nil || !final(row.SessionStatus, "complete", "expired") {
 		read, err := s.readSession(ctx, id)
 		switch {
@@ -77,7 +74,7 @@ func (s *Service) getSession(c echo.Context) error {
 
 func (s *Service) loadSession(ctx context.Context, db *gorm.DB, sessionID string) (*sessionRow, error) {
 	var rows []sessionRow
-	if err := db.WithContext(ctx).Raw(`SELECT * FROM checkout_sessions WHERE session_id = $1`, sessionID).Scan(&rows).Error; err != nil {
+	if err := db.WithContext(ctx).Raw(`SELECT * FROM checkout_sessions WHERE session_id = $1 AND livemode = $2`, sessionID, s.livemode).Scan(&rows).Error; err != nil {
 		return nil, database.APIError(err, "load checkout session")
 	}
 	if len(rows) == 0 {

@@ -24,7 +24,7 @@ func (h *Handlers) EnsureLinked(ctx context.Context, userID string) (*Customer, 
 	if err := h.db.WithContext(ctx).Exec(`
 		INSERT INTO customers (user_id, livemode, created_at, updated_at)
 		VALUES ($1, $2, $3, $3)
-		ON CONFLICT (user_id) DO NOTHING`,
+		ON CONFLICT (user_id, livemode) DO NOTHING`,
 		userID, h.livemode, now).Error; err != nil {
 		return nil, database.APIError(err, "insert customer link")
 	}

@@ -149,7 +149,7 @@ func (h *Handlers) Ensure(ctx context.Context, userID, email, name string) (*Cus
 	err := h.db.WithContext(ctx).Exec(`
 		INSERT INTO customers (user_id, email, name, livemode, created_at, updated_at)
 		VALUES ($1, $2, $3, $4, $5, $5)
-		ON CONFLICT (user_id) DO NOTHING`,
+		ON CONFLICT (user_id, livemode) DO NOTHING`,
 		userID, email, name, h.livemode, now).Error
 	if err != nil {
 		return nil, false, database.APIError(err, "insert customer link")
@@ -170,13 +170,8 @@ func (h *Handlers) Ensure(ctx context.Context, userID, email, name string) (*Cus
 func (h *Handlers) link(ctx context.Context, userID string) (*Customer, bool, error) {
 	var cust Customer
 	res, err := outbound.Run(ctx, h.db, outbound.Call[*stripe.Customer]{
-		Lock: outbound.Select{SQL: `SELECT * FROM customers WHERE user_id = $1`, Args: []any{userID}, Into: &cust},
+		Lock: outbound.Select{SQL: `SELECT * FROM customers WHERE user_id = $1 AND livemode = $2`, Args: []any{userID, h.livemode}, Into: &cust},
 		Locked: func(*gorm.DB) (outbound.State, error) {
-			if cust.Livemode != h.livemode {
-				// Linked (or being linked) in the other mode: neither finish it with this
-				// mode's key nor move it over.
-				return outbound.State{}, ModeConflict(userID, cust.Livemode)
-			}
 			return outbound.State{Key: CustomerKey(userID), CreatedAt: cust.CreatedAt, Done: cust.StripeCustomerID != nil}, nil
 		},
 		Find: func(ctx context.Context) (*stripe.Customer, bool, error) { return h.findCustomer(ctx, userID) },
@@ -193,8 +188,8 @@ func (h *Handlers) link(ctx context.Context, userID string) (*Customer, bool, er
 			return h.stripe.Customers.New(params)
 		},
 		Complete: func(tx *gorm.DB, sc *stripe.Customer, a outbound.Attempt) error {
-			if err := tx.Exec(`UPDATE customers SET stripe_customer_id = $1, updated_at = $2 WHERE user_id = $3`,
-				sc.ID, a.At, userID).Error; err != nil {
+			if err := tx.Exec(`UPDATE customers SET stripe_customer_id = $1, updated_at = $2 WHERE user_id = $3 AND livemode = $4`,
+				sc.ID, a.At, userID, h.livemode).Error; err != nil {
 				return fmt.Errorf("store Stripe customer id: %w", err)
 			}
 			cust.StripeCustomerID = &sc.ID
@@ -205,14 +200,15 @@ func (h *Handlers) link(ctx context.Context, userID string) (*Customer, bool, er
 			// Nothing exists under the key, so the unfinished link is dropped and the next PUT
 			// starts over with its own values. Kept, it would make every later PUT resend the
 			// refused ones, forever.
-			if err := tx.Exec(`DELETE FROM customers WHERE user_id = $1 AND stripe_customer_id IS NULL`, userID).Error; err != nil {
+			if err := tx.Exec(`DELETE FROM customers WHERE user_id = $1 AND livemode = $2 AND stripe_customer_id IS NULL`,
+				userID, h.livemode).Error; err != nil {
 				return fmt.Errorf("drop refused customer link: %w", err)
 			}
 			return nil
 		},
 		RecordAttempt: func(tx *gorm.DB, a outbound.Attempt) error {
 			// The table has no attempt columns; updated_at at least dates the last attempt.
-			if err := tx.Exec(`UPDATE customers SET updated_at = $1 WHERE user_id = $2`, a.At, userID).Error; err != nil {
+			if err := tx.Exec(`UPDATE customers SET updated_at = $1 WHERE user_id = $2 AND livemode = $3`, a.At, userID, h.livemode).Error; err != nil {
 				return fmt.Errorf("record customer attempt: %w", err)
 			}
 			return nil
@@ -261,7 +257,7 @@ func (h *Handlers) findCustomer(ctx context.Context, userID string) (*stripe.Cus
 // fails, the next PUT sees the difference again and repeats the (idempotent) update.
 func (h *Handlers) update(ctx context.Context, cust *Customer, email, name string) error {
 	err := h.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		res := tx.Raw(`SELECT * FROM customers WHERE user_id = $1 FOR UPDATE`, cust.UserID).Scan(cust)
+		res := tx.Raw(`SELECT * FROM customers WHERE user_id = $1 AND livemode = $2 FOR UPDATE`, cust.UserID, h.livemode).Scan(cust)
 		if res.Error != nil {
 			return database.APIError(res.Error, "lock customer link")
 		}
@@ -282,8 +278,8 @@ func (h *Handlers) update(ctx context.Context, cust *Customer, email, name strin
 		if err := tx.Exec(`UPDATE customers SET email = $1, name = $2, updated_at = $3,
 			cus_event_created = GREATEST(cus_event_created, date_trunc('second', CAST($3 AS timestamptz))),
 			cus_event_rank = coalesce(cus_event_rank, 0), cus_event_id = coalesce(cus_event_id, '')
-			WHERE user_id = $4`,
-			email, name, h.now().UTC(), cust.UserID).Error; err != nil {
+			WHERE user_id = $4 AND livemode = $5`,
+			email, name, h.now().UTC(), cust.UserID, h.livemode).Error; err != nil {
 			return database.APIError(err, "update customer")
 		}
 		cust.Email, cust.Name = email, name

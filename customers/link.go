@@ -51,14 +51,11 @@ func (h *Handlers) putExisting(c echo.Context, userID string, req putRequest) er
 // A customer without metadata.user_id gets it, so that whoever reads the customer later (a
 // reconciliation, a search past the key window) finds its user. Errors are *apierr.Error values.
 func (h *Handlers) LinkExisting(ctx context.Context, userID, customerID string) (*Customer, bool, error) {
-	mine, err := one(ctx, h.db, `SELECT * FROM customers WHERE user_id = $1`, userID)
+	mine, err := one(ctx, h.db, `SELECT * FROM customers WHERE user_id = $1 AND livemode = $2`, userID, h.livemode)
 	if err != nil {
 		return nil, false, database.APIError(err, "load customer link")
 	}
 	if mine != nil {
-		if mine.Livemode != h.livemode {
-			return nil, false, ModeConflict(userID, mine.Livemode)
-		}
 		if mine.StripeCustomerID != nil {
 			if *mine.StripeCustomerID == customerID {
 				return mine, false, nil
@@ -67,7 +64,7 @@ func (h *Handlers) LinkExisting(ctx context.Context, userID, customerID string) 
 				With("stripe_customer_id", *mine.StripeCustomerID)
 		}
 	}
-	theirs, err := one(ctx, h.db, `SELECT * FROM customers WHERE stripe_customer_id = $1`, customerID)
+	theirs, err := one(ctx, h.db, `SELECT * FROM customers WHERE stripe_customer_id = $1 AND livemode = $2`, customerID, h.livemode)
 	if err != nil {
 		return nil, false, database.APIError(err, "load customer link")
 	}
@@ -103,9 +100,9 @@ func (h *Handlers) LinkExisting(ctx context.Context, userID, customerID string) 
 		res := tx.Exec(`
 			INSERT INTO customers AS c (user_id, stripe_customer_id, email, name, livemode, created_at, updated_at)
 			VALUES ($1, $2, $3, $4, $5, $6, $6)
-			ON CONFLICT (user_id) DO UPDATE SET stripe_customer_id = EXCLUDED.stripe_customer_id, email = EXCLUDED.email,
+			ON CONFLICT (user_id, livemode) DO UPDATE SET stripe_customer_id = EXCLUDED.stripe_customer_id, email = EXCLUDED.email,
 				name = EXCLUDED.name, updated_at = EXCLUDED.updated_at
-			WHERE c.stripe_customer_id IS NULL AND c.livemode = EXCLUDED.livemode`,
+			WHERE c.stripe_customer_id IS NULL`,
 			userID, customerID, sc.Email, sc.Name, h.livemode, now)
 		if isUniqueViolation(res.Error) {
 			return belongsToOther(customerID)

@@ -9,8 +9,6 @@ import (
 	"time"
 
 	"gorm.io/gorm"
-
-	"billing/internal/apierr"
 )
 
 // ErrNotFound means no customer is linked to the user (or Stripe customer) asked for.
@@ -31,20 +29,19 @@ type Customer struct {
 
 func (Customer) TableName() string { return "customers" }
 
-// Get returns the linked customer of a user in the given mode, ErrNotFound, or a
-// livemode_conflict *apierr.Error when the user is linked to a customer of the other mode: a
-// service running in one mode never charges, refunds or opens a portal for the other's customer.
+// Get returns the linked customer of a user in the given mode, or ErrNotFound. Each mode is a
+// world of its own: a link of the other mode (made by that mode's deployment, or by an event
+// signed with that mode's secret) is not this mode's customer, and neither answers for nor
+// blocks it.
 func Get(ctx context.Context, db *gorm.DB, userID string, livemode bool) (*Customer, error) {
 	// A customer deleted at Stripe (customer.deleted) is no link to charge or open a portal for.
-	c, err := one(ctx, db, `SELECT * FROM customers WHERE user_id = $1 AND stripe_customer_id IS NOT NULL AND deleted_at IS NULL`, userID)
+	c, err := one(ctx, db, `SELECT * FROM customers
+		WHERE user_id = $1 AND livemode = $2 AND stripe_customer_id IS NOT NULL AND deleted_at IS NULL`, userID, livemode)
 	if err != nil {
 		return nil, fmt.Errorf("load customer of user %q: %w", userID, err)
 	}
 	if c == nil {
 		return nil, ErrNotFound
-	}
-	if c.Livemode != livemode {
-		return nil, ModeConflict(userID, c.Livemode)
 	}
 	return c, nil
 }
@@ -59,17 +56,6 @@ func one(ctx context.Context, db *gorm.DB, query string, args ...any) (*Customer
 		return nil, nil
 	}
 	return &rows[0], nil
-}
-
-// ModeConflict is the answer to a request of one mode about a user linked in the other.
-func ModeConflict(userID string, linkedLivemode bool) error {
-	linked, service := "test", "live"
-	if linkedLivemode {
-		linked, service = "live", "test"
-	}
-	return apierr.New(apierr.CodeLivemodeConflict,
-		"user %s is linked to a %s-mode Stripe customer; this service runs in %s mode", userID, linked, service).
-		With("user_id", userID)
 }
 
 // StripeID is the Stripe customer id of a linked customer ("" for a link still being made).

@@ -164,7 +164,9 @@ func (s *Service) charge(ctx context.Context, req chargeRequest) reply {
 
 func (s *Service) loadCharge(ctx context.Context, db *gorm.DB, orderID string) (*chargeRow, bool, error) {
 	var row chargeRow
-	res := db.WithContext(ctx).Raw(`SELECT * FROM charges WHERE order_id = $1`, orderID).Scan(&row)
+	// An order id is the app's, one per database: a row of the other mode (another deployment
+	// on this database) is found, to be refused as a conflict, not charged again in this one.
+	res := db.WithContext(ctx).Raw(`/* all modes: refused below when of the other */ SELECT * FROM charges WHERE order_id = $1`, orderID).Scan(&row)
 	if res.Error != nil {
 		return nil, false, database.APIError(res.Error, "load charge")
 	}
@@ -235,8 +237,8 @@ func (s *Service) resolvePaymentMethod(ctx context.Context, row *chargeRow) erro
 	}
 	err = s.db.WithContext(ctx).Exec(`
 		UPDATE charges SET payment_method_id = $1, updated_at = $2
-		WHERE order_id = $3 AND payment_method_id IS NULL AND state = $4`,
-		pm, s.now().UTC(), row.OrderID, statePending).Error
+		WHERE order_id = $3 AND livemode = $4 AND payment_method_id IS NULL AND state = $5`,
+		pm, s.now().UTC(), row.OrderID, s.livemode, statePending).Error
 	return database.APIError(err, "store payment method")
 }
 
@@ -260,7 +262,7 @@ func (s *Service) finishCharge(ctx context.Context, orderID string) reply {
 		return err
 	}
 	res, err := outbound.Run(ctx, s.db, outbound.Call[*stripe.PaymentIntent]{
-		Lock: outbound.Select{SQL: `SELECT * FROM charges WHERE order_id = $1`, Args: []any{orderID}, Into: &row},
+		Lock: outbound.Select{SQL: `SELECT * FROM charges WHERE order_id = $1 AND livemode = $2`, Args: []any{orderID, s.livemode}, Into: &row},
 		Locked: func(*gorm.DB) (outbound.State, error) {
 			return outbound.State{Key: row.IdempotencyKey, CreatedAt: row.CreatedAt, Done: row.State == stateCompleted}, nil
 		},
@@ -284,7 +286,7 @@ func (s *Service) finishCharge(ctx context.Context, orderID string) reply {
 			apiErr := unfinished(a, "charge")
 			if err := tx.Exec(`
 				UPDATE charges SET attempts = attempts + 1, last_attempt_at = $1, error_code = $2, updated_at = $1
-				WHERE order_id = $3`, a.At, string(apiErr.Code), orderID).Error; err != nil {
+				WHERE order_id = $3 AND livemode = $4`, a.At, string(apiErr.Code), orderID, s.livemode).Error; err != nil {
 				return fmt.Errorf("record charge attempt: %w", err)
 			}
 			rep = reply{err: apiErr}
@@ -331,9 +333,9 @@ func (s *Service) completeCharge(ctx context.Context, tx *gorm.DB, row *chargeRo
 			payment_intent_id = coalesce(NULLIF($3, ''), payment_intent_id), answer = CAST($4 AS jsonb),
 			error_code = $5, decline_code = NULLIF($6, ''), attempts = attempts + 1, last_attempt_at = $7,
 			completed_at = $7, updated_at = $7
-		WHERE order_id = $8`,
+		WHERE order_id = $8 AND livemode = $9`,
 		stateCompleted, out.status, out.paymentIntentID, answer, errorCode, out.declineCode, at,
-		row.OrderID).Error; err != nil {
+		row.OrderID, row.Livemode).Error; err != nil {
 		return reply{}, fmt.Errorf("complete charge: %w", err)
 	}
 	s.log.InfoContext(ctx, "charge completed", "order_id", row.OrderID, "status", out.status,

@@ -131,14 +131,14 @@ func (s *Service) finishPendingCharge(ctx context.Context, orderID string) bool 
 		}
 	}
 	rep := s.finishCharge(ctx, orderID)
-	return s.completed(ctx, rep, `SELECT state FROM charges WHERE order_id = $1`, orderID)
+	return s.completed(ctx, rep, `SELECT state FROM charges WHERE order_id = $1 AND livemode = $2`, orderID, s.livemode)
 }
 
 func (s *Service) finishPendingRefund(ctx context.Context, orderID, refundID string) bool {
 	ctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
 	rep := s.finishRefund(ctx, orderID, refundID)
-	return s.completed(ctx, rep, `SELECT state FROM refunds WHERE order_id = $1 AND refund_id = $2`, orderID, refundID)
+	return s.completed(ctx, rep, `SELECT state FROM refunds WHERE order_id = $1 AND refund_id = $2 AND livemode = $3`, orderID, refundID, s.livemode)
 }
 
 // completed reports whether the row (query selects its state) is completed now, a success or a

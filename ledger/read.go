@@ -33,7 +33,7 @@ func (s *Service) getCharge(c echo.Context) error {
 	err := s.db.WithContext(c.Request().Context()).Raw(`
 		SELECT order_id, coalesce(status, 'pending') AS status, payment_intent_id, amount, currency, idempotency_key,
 		  decline_code, coalesce(amount_refunded, 0) AS amount_refunded, livemode
-		FROM charges WHERE order_id = $1`, orderID).Scan(&rows).Error
+		FROM charges WHERE order_id = $1 /* all modes: one per database; refused below when of the other */`, orderID).Scan(&rows).Error
 	if err != nil {
 		return database.APIError(err, "load charge")
 	}

@@ -139,7 +139,8 @@ func (s *Service) refund(ctx context.Context, req refundRequest) reply {
 
 func (s *Service) loadRefund(ctx context.Context, db *gorm.DB, orderID, refundID string) (*refundRow, bool, error) {
 	var row refundRow
-	res := db.WithContext(ctx).Raw(`SELECT * FROM refunds WHERE order_id = $1 AND refund_id = $2`, orderID, refundID).Scan(&row)
+	res := db.WithContext(ctx).Raw(`/* all modes: refused by the caller when of the other */
+		SELECT * FROM refunds WHERE order_id = $1 AND refund_id = $2`, orderID, refundID).Scan(&row)
 	if res.Error != nil {
 		return nil, false, database.APIError(res.Error, "load refund")
 	}
@@ -157,7 +158,7 @@ type reservedSum struct {
 func (s *Service) reserveRefund(ctx context.Context, req refundRequest, hash string) error {
 	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		var ch chargeRow
-		res := tx.Raw(`SELECT * FROM charges WHERE order_id = $1 FOR UPDATE`, req.OrderID).Scan(&ch)
+		res := tx.Raw(`/* all modes: refused below when of the other */ SELECT * FROM charges WHERE order_id = $1 FOR UPDATE`, req.OrderID).Scan(&ch)
 		if res.Error != nil {
 			return database.APIError(res.Error, "lock charge")
 		}
@@ -183,8 +184,8 @@ func (s *Service) reserveRefund(ctx context.Context, req refundRequest, hash str
 		var sum reservedSum
 		if err := tx.Raw(`
 			SELECT COALESCE(SUM(amount), 0) AS reserved FROM refunds
-			WHERE order_id = $1 AND NOT (state = $2 AND status IN ('failed', 'canceled', $3))`,
-			req.OrderID, stateCompleted, refundError).Scan(&sum).Error; err != nil {
+			WHERE order_id = $1 AND livemode = $2 AND NOT (state = $3 AND status IN ('failed', 'canceled', $4))`,
+			req.OrderID, s.livemode, stateCompleted, refundError).Scan(&sum).Error; err != nil {
 			return database.APIError(err, "sum refunds")
 		}
 		// Stripe's amount_refunded also counts refunds made elsewhere (the Dashboard); it lacks
@@ -241,8 +242,8 @@ func (s *Service) finishRefund(ctx context.Context, orderID, refundID string) re
 	}
 	res, err := outbound.Run(ctx, s.db, outbound.Call[*stripe.Refund]{
 		Lock: outbound.Select{
-			SQL:  `SELECT * FROM refunds WHERE order_id = $1 AND refund_id = $2`,
-			Args: []any{orderID, refundID},
+			SQL:  `SELECT * FROM refunds WHERE order_id = $1 AND refund_id = $2 AND livemode = $3`,
+			Args: []any{orderID, refundID, s.livemode},
 			Into: &row,
 		},
 		Locked: func(tx *gorm.DB) (outbound.State, error) {
@@ -250,7 +251,7 @@ func (s *Service) finishRefund(ctx context.Context, orderID, refundID string) re
 			if st.Done {
 				return st, nil
 			}
-			if err := tx.Raw(`SELECT payment_intent_id FROM charges WHERE order_id = $1`, orderID).Scan(&charge).Error; err != nil {
+			if err := tx.Raw(`SELECT payment_intent_id FROM charges WHERE order_id = $1 AND livemode = $2`, orderID, s.livemode).Scan(&charge).Error; err != nil {
 				return st, fmt.Errorf("load payment intent of refund: %w", err)
 			}
 			if charge.PaymentIntentID == nil || *charge.PaymentIntentID == "" {
@@ -286,7 +287,7 @@ func (s *Service) finishRefund(ctx context.Context, orderID, refundID string) re
 			apiErr := unfinished(a, "refund")
 			if err := tx.Exec(`
 				UPDATE refunds SET attempts = attempts + 1, last_attempt_at = $1, error_code = $2, updated_at = $1
-				WHERE order_id = $3 AND refund_id = $4`, a.At, string(apiErr.Code), orderID, refundID).Error; err != nil {
+				WHERE order_id = $3 AND refund_id = $4 AND livemode = $5`, a.At, string(apiErr.Code), orderID, refundID, s.livemode).Error; err != nil {
 				return fmt.Errorf("record refund attempt: %w", err)
 			}
 			rep = reply{err: apiErr}
@@ -331,8 +332,8 @@ func (s *Service) completeRefund(ctx context.Context, tx *gorm.DB, row *refundRo
 			status = CASE WHEN re_event_created IS NULL OR CAST($2 AS text) IN `+refundFinalSQL+` THEN CAST($2 AS text) ELSE status END,
 			stripe_refund_id = coalesce(NULLIF($3, ''), stripe_refund_id), answer = CAST($4 AS jsonb),
 			error_code = $5, attempts = attempts + 1, last_attempt_at = $6, completed_at = $6, updated_at = $6
-		WHERE order_id = $7 AND refund_id = $8`,
-		stateCompleted, out.status, out.stripeRefundID, answer, errorCode, at, row.OrderID, row.RefundID).Error; err != nil {
+		WHERE order_id = $7 AND refund_id = $8 AND livemode = $9`,
+		stateCompleted, out.status, out.stripeRefundID, answer, errorCode, at, row.OrderID, row.RefundID, row.Livemode).Error; err != nil {
 		return reply{}, fmt.Errorf("complete refund: %w", err)
 	}
 	s.log.InfoContext(ctx, "refund completed", "order_id", row.OrderID, "refund_id", row.RefundID,

@@ -21,8 +21,9 @@ import (
 // Matching: a charge by its payment_intent_id, or, while the row has none yet (the request is
 // still completing it), by the PaymentIntent's metadata order_id and customer; a refund by its
 // stripe_refund_id, or by metadata order_id and refund_id. A PaymentIntent or refund that is not
-// ours (an invoice's, one made in the dashboard) matches nothing and is acknowledged. A matched
-// row of the other mode is refused (livemode_mismatch).
+// ours (an invoice's, one made in the dashboard) matches nothing and is acknowledged. Only rows of
+// the event's own mode are matched: an event signed with one mode's secret never settles a row of
+// the other.
 //
 // Ordering: the status is written only when the event's key (created, rank, event id) is above
 // the one stored with the row (pi_event_* for charges, re_event_* for refunds), so an older event
@@ -203,9 +204,9 @@ func (s *Service) handlePaymentIntentEvent(ctx context.Context, tx *gorm.DB, ev 
 	var rows []matchedRow
 	if err := tx.WithContext(ctx).Raw(`
 		SELECT order_id, livemode, stripe_customer_id, payment_intent_id FROM charges
-		WHERE payment_intent_id = $1 OR (payment_intent_id IS NULL AND order_id = $2)
+		WHERE livemode = $3 AND (payment_intent_id = $1 OR (payment_intent_id IS NULL AND order_id = $2))
 		ORDER BY payment_intent_id IS NULL, order_id
-		FOR UPDATE`, pi.ID, pi.Metadata["order_id"]).Scan(&rows).Error; err != nil {
+		FOR UPDATE`, pi.ID, pi.Metadata["order_id"], ev.Livemode).Scan(&rows).Error; err != nil {
 		return fmt.Errorf("lock charge of %s: %w", pi.ID, err)
 	}
 	if len(rows) == 0 {
@@ -263,9 +264,9 @@ func (s *Service) settleRefund(ctx context.Context, tx *gorm.DB, ev webhooks.Eve
 	var rows []matchedRow
 	if err := tx.WithContext(ctx).Raw(`
 		SELECT order_id, refund_id, livemode FROM refunds
-		WHERE stripe_refund_id = $1 OR (stripe_refund_id IS NULL AND order_id = $2 AND refund_id = $3)
+		WHERE livemode = $4 AND (stripe_refund_id = $1 OR (stripe_refund_id IS NULL AND order_id = $2 AND refund_id = $3))
 		ORDER BY stripe_refund_id IS NULL, order_id, refund_id
-		FOR UPDATE`, r.ID, r.Metadata["order_id"], r.Metadata["refund_id"]).Scan(&rows).Error; err != nil {
+		FOR UPDATE`, r.ID, r.Metadata["order_id"], r.Metadata["refund_id"], ev.Livemode).Scan(&rows).Error; err != nil {
 		return fmt.Errorf("lock refund %s: %w", r.ID, err)
 	}
 	if len(rows) == 0 {
@@ -316,7 +317,7 @@ func (s *Service) handleChargeRefunded(ctx context.Context, tx *gorm.DB, ev webh
 	}
 	if piID != "" {
 		var rows []matchedRow
-		if err := tx.WithContext(ctx).Raw(`SELECT order_id, livemode FROM charges WHERE payment_intent_id = $1 ORDER BY order_id FOR UPDATE`, piID).
+		if err := tx.WithContext(ctx).Raw(`SELECT order_id, livemode FROM charges WHERE payment_intent_id = $1 AND livemode = $2 ORDER BY order_id FOR UPDATE`, piID, ev.Livemode).
 			Scan(&rows).Error; err != nil {
 			return fmt.Errorf("lock charge of %s: %w", piID, err)
 		}
@@ -328,7 +329,7 @@ func (s *Service) handleChargeRefunded(ctx context.Context, tx *gorm.DB, ev webh
 			if ch.AmountRefunded != nil {
 				if err := tx.WithContext(ctx).Exec(`
 					UPDATE charges SET amount_refunded = GREATEST(coalesce(amount_refunded, 0), $2), updated_at = $3
-					WHERE order_id = $1`, rows[0].OrderID, *ch.AmountRefunded, s.now().UTC()).Error; err != nil {
+					WHERE order_id = $1 AND livemode = $4`, rows[0].OrderID, *ch.AmountRefunded, s.now().UTC(), ev.Livemode).Error; err != nil {
 					return fmt.Errorf("record refunded amount of order %s: %w", rows[0].OrderID, err)
 				}
 			}

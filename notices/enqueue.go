@@ -146,7 +146,7 @@ func (e *Enqueuer) Enqueue(ctx context.Context, tx *gorm.DB, in Input) error {
 	err = tx.WithContext(ctx).Raw(`
 		INSERT INTO notices (event_id, kind, subscription_id, stripe_customer_id, livemode, recipient, created_at)
 		VALUES ($1, $2, $3, $4, $5, $6, $7)
-		ON CONFLICT (event_id, kind) DO NOTHING
+		ON CONFLICT (event_id, livemode, kind) DO NOTHING
 		RETURNING id`,
 		in.EventID, in.Kind, in.SubscriptionID, in.StripeCustomerID, in.Livemode, recipient, e.now()).
 		Scan(&ids).Error

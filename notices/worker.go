@@ -64,7 +64,8 @@ func (w *Worker) Work(ctx context.Context, job *river.Job[Args]) error {
 
 func (w *Worker) deliver(ctx context.Context, tx *gorm.DB, a Args) error {
 	var rows []noticeRow
-	err := tx.Raw(`SELECT id, recipient, stripe_customer_id, livemode, delivery FROM notices WHERE id = $1 FOR UPDATE`, a.NoticeID).
+	// A notice id names one notice, of whichever mode its event was: the worker sends both's.
+	err := tx.Raw(`/* all modes */ SELECT id, recipient, stripe_customer_id, livemode, delivery FROM notices WHERE id = $1 FOR UPDATE`, a.NoticeID).
 		Scan(&rows).Error
 	if err != nil {
 		return fmt.Errorf("load notice %d: %w", a.NoticeID, err)
@@ -126,7 +127,7 @@ func (w *Worker) deliver(ctx context.Context, tx *gorm.DB, a Args) error {
 // (the address actually used).
 func markDelivered(tx *gorm.DB, kind string, id int64, delivery, to string, sent bool) error {
 	Metrics.delivered.WithLabelValues(kind, delivery).Inc()
-	err := tx.Exec(`
+	err := tx.Exec(`/* all modes: by the id of the notice locked above */
 		UPDATE notices SET delivery = $1,
 		  recipient = CASE WHEN CAST($2 AS text) <> '' THEN CAST($2 AS text) ELSE recipient END,
 		  sent_at = CASE WHEN CAST($3 AS boolean) THEN now() ELSE NULL END

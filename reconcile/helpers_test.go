@@ -165,7 +165,7 @@ func (e *env) deliverSub(typ, id string, created time.Time) {
 // local returns the local row of a subscription (nil when unknown).
 func (e *env) local(id string) *billing.Subscription {
 	e.t.Helper()
-	s, err := e.subs.Subscription(context.Background(), id)
+	s, err := e.subs.Subscription(context.Background(), id, false)
 	if err != nil {
 		e.t.Fatal(err)
 	}

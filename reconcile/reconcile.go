@@ -35,7 +35,7 @@ import (
 
 // Subscriptions is the local state: billing.Service.
 type Subscriptions interface {
-	Subscription(ctx context.Context, subscriptionID string) (*billing.Subscription, error)
+	Subscription(ctx context.Context, subscriptionID string, livemode bool) (*billing.Subscription, error)
 	ApplySnapshot(ctx context.Context, tx *gorm.DB, snap billing.Snapshot) (billing.SnapshotOutcome, error)
 }
 

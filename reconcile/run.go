@@ -288,13 +288,9 @@ func (r *run) examine(ctx context.Context, rem remote) (*item, error) {
 	r.sum.Objects++
 	r.s.metrics.objects.Inc()
 	id := rem.sub.ID
-	local, err := r.s.billing.Subscription(ctx, id)
+	local, err := r.s.billing.Subscription(ctx, id, r.s.livemode)
 	if err != nil {
 		return nil, fmt.Errorf("load subscription %s: %w", id, err)
-	}
-	if local != nil && local.Livemode != r.s.livemode {
-		return &item{rem: rem, out: []outcome{{diff: diff{Field: FieldLivemode, Local: modeName(local.Livemode), Stripe: modeName(r.s.livemode)},
-			reason: "the id is a subscription of the other mode locally; test and live never mix"}}}, nil
 	}
 	diffs := compare(local, rem.sub)
 	if len(diffs) > 0 && newerLocally(local, rem.fetchedAt) {
@@ -376,7 +372,7 @@ func (r *run) settle(ctx context.Context, items []*item) error {
 			continue
 		}
 		id := it.rem.sub.ID
-		local, err := r.s.billing.Subscription(ctx, id)
+		local, err := r.s.billing.Subscription(ctx, id, r.s.livemode)
 		if err != nil {
 			return fmt.Errorf("load subscription %s: %w", id, err)
 		}
@@ -464,8 +460,8 @@ func (r *run) linkDiff(ctx context.Context, c *stripe.Customer) (*linkDrift, err
 		Livemode         bool    `gorm:"column:livemode"`
 	}
 	if err := r.s.db.WithContext(ctx).Raw(
-		`SELECT user_id, stripe_customer_id, livemode FROM customers WHERE user_id = $1 OR stripe_customer_id = $2 ORDER BY user_id`,
-		userID, c.ID).Scan(&rows).Error; err != nil {
+		`SELECT user_id, stripe_customer_id, livemode FROM customers WHERE livemode = $3 AND (user_id = $1 OR stripe_customer_id = $2) ORDER BY user_id`,
+		userID, c.ID, r.s.livemode).Scan(&rows).Error; err != nil {
 		return nil, fmt.Errorf("load the link of customer %s: %w", c.ID, err)
 	}
 	if len(rows) == 0 {
@@ -553,8 +549,8 @@ func (r *run) flush(ctx context.Context, items []*item) error {
 			}
 		}
 		return tx.Exec(`
-			UPDATE reconcile_runs SET objects = $2, drifted = $3, repaired = $4, errors = $5 WHERE run_id = $1`,
-			r.sum.RunID, r.sum.Objects, r.sum.Drifted, r.sum.Repaired, r.sum.Errors).Error
+			UPDATE reconcile_runs SET objects = $2, drifted = $3, repaired = $4, errors = $5 WHERE run_id = $1 AND livemode = $6`,
+			r.sum.RunID, r.sum.Objects, r.sum.Drifted, r.sum.Repaired, r.sum.Errors, r.s.livemode).Error
 	})
 	if err != nil {
 		return fmt.Errorf("record page %d: %w", r.pages, err)
@@ -591,8 +587,8 @@ func (r *run) finish(ctx context.Context, cause error) {
 	err := r.s.db.WithContext(ctx).Exec(`
 		UPDATE reconcile_runs SET finished_at = $2, objects = $3, drifted = $4, repaired = $5,
 		  missing_at_stripe = $6, errors = $7, error = $8
-		WHERE run_id = $1`,
-		r.sum.RunID, finished, r.sum.Objects, r.sum.Drifted, r.sum.Repaired, r.sum.MissingAtStripe, r.sum.Errors, errText).Error
+		WHERE run_id = $1 AND livemode = $9`,
+		r.sum.RunID, finished, r.sum.Objects, r.sum.Drifted, r.sum.Repaired, r.sum.MissingAtStripe, r.sum.Errors, errText, r.s.livemode).Error
 	if err != nil {
 		r.s.log.ErrorContext(ctx, "reconcile: record the run's outcome", "run_id", r.sum.RunID, "error", err)
 	}

@@ -38,7 +38,7 @@ type DriftView struct {
 // Runs returns the latest runs of both modes, newest first.
 func (s *Service) Runs(ctx context.Context, limit int) ([]RunView, error) {
 	runs := []RunView{}
-	err := s.db.WithContext(ctx).Raw(`
+	err := s.db.WithContext(ctx).Raw(`/* all modes: the admin's list, each run with its mode */
 		SELECT run_id, livemode, dry_run, trigger, started_at, finished_at, objects, drifted, repaired,
 		  missing_at_stripe, errors, error
 		FROM reconcile_runs ORDER BY started_at DESC, run_id DESC LIMIT $1`, limit).Scan(&runs).Error
@@ -51,7 +51,7 @@ func (s *Service) Runs(ctx context.Context, limit int) ([]RunView, error) {
 // RunByID returns one run, nil when unknown.
 func (s *Service) RunByID(ctx context.Context, runID string) (*RunView, error) {
 	var runs []RunView
-	err := s.db.WithContext(ctx).Raw(`
+	err := s.db.WithContext(ctx).Raw(`/* all modes: a run id names one run */
 		SELECT run_id, livemode, dry_run, trigger, started_at, finished_at, objects, drifted, repaired,
 		  missing_at_stripe, errors, error
 		FROM reconcile_runs WHERE run_id = $1`, runID).Scan(&runs).Error
@@ -65,7 +65,7 @@ func (s *Service) RunByID(ctx context.Context, runID string) (*RunView, error) {
 // are more.
 func (s *Service) Drift(ctx context.Context, runID string, limit int) ([]DriftView, bool, error) {
 	drift := []DriftView{}
-	err := s.db.WithContext(ctx).Raw(`
+	err := s.db.WithContext(ctx).Raw(`/* all modes: a run id names one run */
 		SELECT run_id, subscription_id, livemode, field, local, stripe, repaired, reason, created_at
 		FROM reconcile_drift WHERE run_id = $1 ORDER BY id LIMIT $2`, runID, limit+1).Scan(&drift).Error
 	if err != nil {

@@ -192,7 +192,7 @@ SELECT event_id, type, livemode, api_version, status, payload, attempts, receive
 WITH inserted AS (
   INSERT INTO subscriptions AS s (subscription_id, stripe_customer_id, livemode, status, created_at, updated_at)
   VALUES ('sub_bench_' || :g, 'cus_bench_' || :g, false, 'incomplete', now(), now())
-  ON CONFLICT (subscription_id) DO NOTHING
+  ON CONFLICT (subscription_id, livemode) DO NOTHING
   RETURNING s.*
 ), existing AS (
   SELECT s.* FROM subscriptions s WHERE s.subscription_id = 'sub_bench_' || :g FOR UPDATE

@@ -558,7 +558,7 @@ WITH event AS (
   INSERT INTO webhook_events (event_id, source, type, livemode, api_version, status, payload, received_at, failure_reason, event_created)
   VALUES ('evt_pgbench_' || :client_id || '_' || :n, 'stripe', '` + benchEventType + `', false, '2024-06-20', 'received',
     CAST('` + prefix + `' || 'evt_pgbench_' || :client_id || '_' || :n || '` + suffix + `' AS jsonb), now(), NULL, now())
-  ON CONFLICT (event_id) DO NOTHING
+  ON CONFLICT (event_id, livemode) DO NOTHING
   RETURNING event_id, status
 ), job AS (
   INSERT INTO river_job (args, kind, max_attempts, priority, queue, state, scheduled_at)
@@ -585,7 +585,7 @@ INSERT INTO webhook_events (event_id, source, type, livemode, api_version, statu
 VALUES ('evt_pgbench_' || :client_id || '_' || :n, 'stripe', '` + benchEventType + `', false, '2024-06-20', 'received',
   CAST('` + prefix + `' || 'evt_pgbench_' || :client_id || '_' || :n || '` + suffix + `' AS jsonb),
   now(), NULL, now())
-ON CONFLICT (event_id) DO NOTHING;
+ON CONFLICT (event_id, livemode) DO NOTHING;
 WITH raw_job_data AS (
   SELECT
     unnest(ARRAY[0]::bigint[]) AS id,

@@ -66,7 +66,8 @@ func (i *Inbox) listEvents(c echo.Context) error {
 		}
 		limit = n
 	}
-	sql := `SELECT ` + eventColumns + ` FROM webhook_events WHERE source = 'stripe'`
+	// The event log is the admin's, over both modes (each row says its mode).
+	sql := `/* all modes */ SELECT ` + eventColumns + ` FROM webhook_events WHERE source = 'stripe'`
 	args := []any{}
 	if s := q.Get("status"); s != "" {
 		if !eventStatuses[s] {
@@ -98,7 +99,8 @@ func (i *Inbox) getEvent(c echo.Context) error {
 		Raw string `gorm:"column:payload"`
 	}
 	err = i.cfg.DB.WithContext(c.Request().Context()).
-		Raw(`SELECT `+eventColumns+`, payload::text AS payload FROM webhook_events WHERE event_id = $1`, id).Scan(&rows).Error
+		Raw(`/* all modes */ SELECT `+eventColumns+`, payload::text AS payload FROM webhook_events WHERE event_id = $1
+			ORDER BY livemode DESC`, id).Scan(&rows).Error
 	if err != nil {
 		return dbError(err, "load event")
 	}
@@ -122,6 +124,8 @@ func (i *Inbox) replayEvent(c echo.Context) error {
 	switch {
 	case errors.Is(err, gorm.ErrRecordNotFound):
 		return apierr.New(apierr.CodeNotFound, "no event %q", id)
+	case errors.Is(err, ErrAmbiguousEvent):
+		return apierr.New(apierr.CodeAmbiguousEvent, "event %s is stored in both modes", id)
 	case errors.Is(err, ErrNotReplayable) && status == "processed":
 		return apierr.New(apierr.CodeEventProcessed, "event %s is already processed", id)
 	case errors.Is(err, ErrNotReplayable):
@@ -136,33 +140,48 @@ func (i *Inbox) replayEvent(c echo.Context) error {
 	return c.JSON(http.StatusAccepted, map[string]string{"event_id": id, "status": "received"})
 }
 
+// ErrAmbiguousEvent is returned by Replay for an id stored in both modes, neither or both failed.
+var ErrAmbiguousEvent = errors.New("event id is stored in both modes")
+
 // Replay puts a failed event back to received with its attempts reset and queues it again, in
-// one transaction. It returns the event's status before the call.
+// one transaction. It returns the event's status before the call. Ids are unique per mode only:
+// of an id stored in both modes, the one failed event is replayed; ErrAmbiguousEvent when that
+// does not choose one.
 func (i *Inbox) Replay(ctx context.Context, eventID string) (string, error) {
 	var status string
+	var key EventKey
 	err := i.cfg.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		var rows []string
-		if err := tx.Raw(`SELECT status FROM webhook_events WHERE event_id = $1 FOR UPDATE`, eventID).Scan(&rows).Error; err != nil {
+		var rows []struct {
+			Livemode bool
+			Status   string
+		}
+		if err := tx.Raw(`/* all modes */ SELECT livemode, status FROM webhook_events WHERE event_id = $1 ORDER BY livemode FOR UPDATE`,
+			eventID).Scan(&rows).Error; err != nil {
 			return fmt.Errorf("lock event %s: %w", eventID, err)
 		}
-		if len(rows) == 0 {
+		switch {
+		case len(rows) == 0:
 			return gorm.ErrRecordNotFound
+		case len(rows) == 2 && (rows[0].Status == "failed") == (rows[1].Status == "failed"):
+			return ErrAmbiguousEvent
+		case len(rows) == 2 && rows[1].Status == "failed":
+			rows = rows[1:]
 		}
-		status = rows[0]
+		status, key = rows[0].Status, EventKey{eventID, rows[0].Livemode}
 		if status != "failed" {
 			return ErrNotReplayable
 		}
-		if err := tx.Exec(`UPDATE webhook_events SET status = 'received', attempts = 0, failure_reason = NULL, processed_at = NULL WHERE event_id = $1`,
-			eventID).Error; err != nil {
+		if err := tx.Exec(`UPDATE webhook_events SET status = 'received', attempts = 0, failure_reason = NULL, processed_at = NULL
+			WHERE event_id = $1 AND livemode = $2`, key.ID, key.Livemode).Error; err != nil {
 			return fmt.Errorf("reset event %s: %w", eventID, err)
 		}
-		if err := tx.Exec(`DELETE FROM webhook_dead_letters WHERE event_id = $1`, eventID).Error; err != nil {
+		if err := tx.Exec(`DELETE FROM webhook_dead_letters WHERE event_id = $1 AND livemode = $2`, key.ID, key.Livemode).Error; err != nil {
 			return fmt.Errorf("remove dead letter %s: %w", eventID, err)
 		}
-		return i.enqueue(ctx, tx, eventID)
+		return i.enqueue(ctx, tx, key)
 	})
 	if err == nil {
-		i.log.Info("webhook event replayed", "event_id", eventID)
+		i.log.Info("webhook event replayed", "event_id", eventID, "livemode", key.Livemode)
 	}
 	return status, err
 }
@@ -172,7 +191,7 @@ func (i *Inbox) DeadLetters(ctx context.Context, limit int) ([]DeadLetter, error
 	out := []DeadLetter{}
 	err := i.cfg.DB.WithContext(ctx).Raw(`
 		SELECT d.event_id, e.type, e.livemode, d.attempts, d.last_error, d.dead_at
-		FROM webhook_dead_letters d JOIN webhook_events e USING (event_id)
+		FROM webhook_dead_letters d JOIN webhook_events e USING (event_id, livemode) /* all modes */
 		ORDER BY d.dead_at DESC LIMIT $1`, limit).Scan(&out).Error
 	if err != nil {
 		return nil, fmt.Errorf("list dead letters: %w", err)
@@ -219,7 +238,7 @@ func (i *Inbox) RefreshGauges(ctx context.Context) error {
 		DeadLetters int64
 		Pending     int64
 	}
-	err := i.cfg.DB.WithContext(ctx).Raw(`
+	err := i.cfg.DB.WithContext(ctx).Raw(`/* all modes */
 		SELECT (SELECT count(*) FROM webhook_dead_letters) AS dead_letters,
 		       (SELECT count(*) FROM webhook_events WHERE status = 'received') AS pending`).Scan(&n).Error
 	if err != nil {

@@ -14,9 +14,23 @@ import (
 	"billing/internal/database"
 )
 
-// ProcessEventArgs is the River job that processes one stored event.
+// ProcessEventArgs is the River job that processes one stored event. Event ids are unique per
+// mode only, so the job names the mode too; a job queued before modes were part of the key has
+// none (nil), and then its id alone names the event, as it did when it was queued.
 type ProcessEventArgs struct {
-	EventID string `json:"event_id"`
+	EventID  string `json:"event_id"`
+	Livemode *bool  `json:"livemode,omitempty"`
+}
+
+// EventKey names one stored event: an id of one mode.
+type EventKey struct {
+	ID       string
+	Livemode bool
+}
+
+func (k EventKey) args() ProcessEventArgs {
+	live := k.Livemode
+	return ProcessEventArgs{EventID: k.ID, Livemode: &live}
 }
 
 func (ProcessEventArgs) Kind() string { return JobKindProcessEvent }
@@ -87,7 +101,8 @@ func (i *Inbox) process(ctx context.Context, job *river.Job[ProcessEventArgs]) e
 		// pick the status index and walk every received event of a backlog for each attempt.
 		err := tx.Raw(`
 			SELECT event_id, type, livemode, api_version, status, payload, attempts, received_at, event_created
-			FROM webhook_events WHERE event_id = $1 FOR UPDATE`, id).Scan(&ev).Error
+			FROM webhook_events WHERE event_id = $1 AND (CAST($2 AS boolean) IS NULL OR livemode = $2)
+			LIMIT 1 FOR UPDATE`, id, job.Args.Livemode).Scan(&ev).Error
 		if err != nil {
 			return fmt.Errorf("lock event %s: %w", id, err)
 		}
@@ -101,7 +116,7 @@ func (i *Inbox) process(ctx context.Context, job *river.Job[ProcessEventArgs]) e
 		}
 		if err := tx.Exec(`
 			UPDATE webhook_events SET status = 'processed', processed_at = $1, attempts = $2, failure_reason = NULL
-			WHERE event_id = $3`, i.cfg.Now(), attempts, id).Error; err != nil {
+			WHERE event_id = $3 AND livemode = $4`, i.cfg.Now(), attempts, id, ev.Livemode).Error; err != nil {
 			return fmt.Errorf("mark event %s processed: %w", id, err)
 		}
 		return nil
@@ -196,23 +211,18 @@ func (i *Inbox) recordFailure(ctx context.Context, job *river.Job[ProcessEventAr
 	err := i.cfg.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		// Locked by primary key alone, for the same reason as in process.
 		var status []string
-		if err := tx.Raw(`SELECT status FROM webhook_events WHERE event_id = $1 FOR UPDATE`, id).Scan(&status).Error; err != nil {
+		if err := tx.Raw(`SELECT status FROM webhook_events WHERE event_id = $1 AND livemode = $2 FOR UPDATE`, id, ev.Livemode).
+			Scan(&status).Error; err != nil {
 			return err
 		}
 		if stillReceived = len(status) == 1 && status[0] == "received"; !stillReceived {
 			return nil // finished by another job, or deleted, meanwhile: nothing to record
 		}
 		if !dead {
-			return tx.Exec(`UPDATE webhook_events SET attempts = $1, failure_reason = $2 WHERE event_id = $3`, attempts, reason, id).Error
+			return tx.Exec(`UPDATE webhook_events SET attempts = $1, failure_reason = $2 WHERE event_id = $3 AND livemode = $4`,
+				attempts, reason, id, ev.Livemode).Error
 		}
-		if err := tx.Exec(`UPDATE webhook_events SET status = 'failed', attempts = $1, failure_reason = $2 WHERE event_id = $3`,
-			attempts, reason, id).Error; err != nil {
-			return err
-		}
-		return tx.Exec(`
-			INSERT INTO webhook_dead_letters (event_id, attempts, last_error, dead_at) VALUES ($1, $2, $3, $4)
-			ON CONFLICT (event_id) DO UPDATE SET attempts = EXCLUDED.attempts, last_error = EXCLUDED.last_error, dead_at = EXCLUDED.dead_at`,
-			id, attempts, reason, i.cfg.Now()).Error
+		return deadLetter(tx, EventKey{id, ev.Livemode}, attempts, reason, i.cfg.Now())
 	})
 	switch {
 	case err != nil && dead:
@@ -235,6 +245,18 @@ func (i *Inbox) recordFailure(ctx context.Context, job *river.Job[ProcessEventAr
 	i.metrics.dead.WithLabelValues(ev.Type, kind).Inc()
 	i.log.Error("webhook event dead-lettered", "event_id", id, "type", ev.Type, "attempts", attempts, "permanent", permanent, "error", cause)
 	return river.JobCancel(cause)
+}
+
+// deadLetter marks an event failed and writes (or refreshes) its dead letter, in tx.
+func deadLetter(tx *gorm.DB, key EventKey, attempts int, reason string, at time.Time) error {
+	if err := tx.Exec(`UPDATE webhook_events SET status = 'failed', attempts = $1, failure_reason = $2 WHERE event_id = $3 AND livemode = $4`,
+		attempts, reason, key.ID, key.Livemode).Error; err != nil {
+		return err
+	}
+	return tx.Exec(`
+		INSERT INTO webhook_dead_letters (event_id, livemode, attempts, last_error, dead_at) VALUES ($1, $2, $3, $4, $5)
+		ON CONFLICT (event_id, livemode) DO UPDATE SET attempts = EXCLUDED.attempts, last_error = EXCLUDED.last_error, dead_at = EXCLUDED.dead_at`,
+		key.ID, key.Livemode, attempts, reason, at).Error
 }
 
 // failureText is the failure_reason stored for an error: its classified reason first, bounded.

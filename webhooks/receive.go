@@ -92,6 +92,44 @@ func readEvent(body []byte) (envelope, apierr.Code, error) {
 // timestamp or PostgreSQL refuses it (a 500 that Stripe would retry for days).
 const maxCreated = 253402300799
 
+func (e envelope) key() EventKey { return EventKey{ID: e.ID, Livemode: *e.Livemode} }
+
+// duplicate answers a delivery whose id is stored already in its mode. The stored row must be
+// the same event: one of another type under the same id is not Stripe's redelivery but a forgery
+// or a bug, and is refused rather than acknowledged as something it is not.
+func (i *Inbox) duplicate(ctx context.Context, env envelope) (storeResult, error) {
+	var stored string
+	err := i.cfg.DB.Statement.ConnPool.QueryRowContext(ctx,
+		`SELECT type FROM webhook_events WHERE event_id = $1 AND livemode = $2`, env.ID, *env.Livemode).Scan(&stored)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		// Pruned between the conflict and this read: it was stored, so it is a duplicate.
+		return storeResult{ResultDuplicate, ResultDuplicate}, nil
+	case err != nil:
+		return storeResult{}, fmt.Errorf("read stored event %s: %w", env.ID, err)
+	case stored != env.Type:
+		return storeResult{}, apierr.New(apierr.CodeEventIDConflict,
+			"event %s is stored with type %s; this delivery says %s", env.ID, stored, env.Type).With("event_id", env.ID)
+	}
+	return storeResult{ResultDuplicate, ResultDuplicate}, nil
+}
+
+// storedPayload is what is kept of a delivery: the whole body of a handled event, and only the
+// envelope of an ignored one. Nothing reads an ignored event's object, and keeping it would let
+// anyone with a signing secret grow the database by a megabyte a request for the retention's
+// 90 days.
+func storedPayload(env envelope, body []byte, handled bool) string {
+	if handled {
+		return string(body)
+	}
+	b, _ := json.Marshal(map[string]any{
+		"id": env.ID, "object": "event", "type": env.Type, "livemode": *env.Livemode,
+		"created": env.Created, "api_version": env.APIVersion,
+		"body_omitted": true, "body_bytes": len(body),
+	})
+	return string(b)
+}
+
 func (e envelope) apiVersion() string {
 	if e.APIVersion == nil {
 		return ""
@@ -161,11 +199,20 @@ func (i *Inbox) receive(c echo.Context) error {
 		}
 		return apierr.Wrap(err, apierr.CodeInternal, "the event could not be stored; retry later")
 	}
-	i.metrics.received.WithLabelValues(env.Type, mode(*env.Livemode), result.metric).Inc()
+	i.metrics.received.WithLabelValues(i.typeLabel(env.Type), mode(*env.Livemode), result.metric).Inc()
 	return c.JSON(http.StatusOK, map[string]string{"status": result.status, "event_id": env.ID})
 }
 
 type storeResult struct{ status, metric string }
+
+// typeLabel is an event type as a metric label: the handled types by name, every other one as
+// "other", so that signed events of made-up types cannot add series without bound.
+func (i *Inbox) typeLabel(typ string) string {
+	if _, ok := i.cfg.Registry.Lookup(typ); ok {
+		return typ
+	}
+	return "other"
+}
 
 // store inserts the event and, for a handled type, its processing job (or, for an event of
 // another API version, its dead letter), atomically. ON CONFLICT DO NOTHING makes concurrent
@@ -213,7 +260,7 @@ func (i *Inbox) store(ctx context.Context, env envelope, body []byte) (storeResu
 			"budget", i.cfg.InlineTimeout)
 	}
 	// The job's placeholders come last, after the event's ($1 to $9) and the dead letter's ($10).
-	jobSQL, jobArgs, err := processJobInsert(ProcessEventArgs{EventID: env.ID}, 11)
+	jobSQL, jobArgs, err := processJobInsert(env.key().args(), 11)
 	if err != nil {
 		return storeResult{}, err
 	}
@@ -224,16 +271,16 @@ func (i *Inbox) store(ctx context.Context, env envelope, body []byte) (storeResu
 		WITH event AS (
 		  INSERT INTO webhook_events (event_id, source, type, livemode, api_version, status, payload, received_at, failure_reason, event_created)
 		  VALUES ($1, 'stripe', $2, $3, $4, $5, $6, $7, $8, $9)
-		  ON CONFLICT (event_id) DO NOTHING
-		  RETURNING event_id, status
+		  ON CONFLICT (event_id, livemode) DO NOTHING
+		  RETURNING event_id, livemode, status
 		), dead AS (
-		  INSERT INTO webhook_dead_letters (event_id, attempts, last_error, dead_at)
-		  SELECT event_id, 0, CAST($10 AS text), $7 FROM event WHERE status = 'failed'
+		  INSERT INTO webhook_dead_letters (event_id, livemode, attempts, last_error, dead_at)
+		  SELECT event_id, livemode, 0, CAST($10 AS text), $7 FROM event WHERE status = 'failed'
 		), job AS (
 		  `+jobSQL+` FROM event WHERE status = 'received'
 		)
 		SELECT event_id FROM event`,
-		append([]any{env.ID, env.Type, *env.Livemode, env.APIVersion, status, string(body), now, failure, created, deadMsg},
+		append([]any{env.ID, env.Type, *env.Livemode, env.APIVersion, status, storedPayload(env, body, handled), now, failure, created, deadMsg},
 			jobArgs...)...).Scan(&stored)
 	if errors.Is(err, sql.ErrNoRows) {
 		if timedOut {
@@ -241,7 +288,7 @@ func (i *Inbox) store(ctx context.Context, env envelope, body []byte) (storeResu
 			// stored by this very delivery, so it is not called a duplicate.
 			return res, nil
 		}
-		return storeResult{ResultDuplicate, ResultDuplicate}, nil
+		return i.duplicate(ctx, env)
 	}
 	if err != nil {
 		return storeResult{}, fmt.Errorf("store event %s: %w", env.ID, err)
@@ -300,7 +347,7 @@ func (i *Inbox) storeAndApply(ctx context.Context, env envelope, body []byte, cr
 		err := tx.Statement.ConnPool.QueryRowContext(ctx, `
 			INSERT INTO webhook_events (event_id, source, type, livemode, api_version, status, payload, received_at, event_created, processed_at, attempts)
 			VALUES ($1, 'stripe', $2, $3, $4, 'processed', $5, $6, $7, $8, 1)
-			ON CONFLICT (event_id) DO NOTHING
+			ON CONFLICT (event_id, livemode) DO NOTHING
 			RETURNING event_id`,
 			env.ID, env.Type, *env.Livemode, env.APIVersion, string(body), now, created, appliedAt).Scan(&stored)
 		if errors.Is(err, sql.ErrNoRows) {
@@ -317,7 +364,7 @@ func (i *Inbox) storeAndApply(ctx context.Context, env envelope, body []byte, cr
 		i.metrics.lag.WithLabelValues(env.Type).Observe(appliedAt.Sub(now).Seconds())
 		return storeResult{ResultReceived, ResultReceived}, nil
 	case errors.Is(err, errDuplicate):
-		return storeResult{ResultDuplicate, ResultDuplicate}, nil
+		return i.duplicate(outer, env)
 	case outer.Err() != nil:
 		// The request is gone: Stripe gets no 200 and delivers again.
 		return storeResult{}, err
@@ -352,7 +399,7 @@ func (i *Inbox) storeFailed(ctx context.Context, env envelope, body []byte, crea
 		err := tx.Statement.ConnPool.QueryRowContext(ctx, `
 			INSERT INTO webhook_events (event_id, source, type, livemode, api_version, status, payload, received_at, event_created, attempts, failure_reason)
 			VALUES ($1, 'stripe', $2, $3, $4, $5, $6, $7, $8, 1, $9)
-			ON CONFLICT (event_id) DO NOTHING
+			ON CONFLICT (event_id, livemode) DO NOTHING
 			RETURNING event_id`,
 			env.ID, env.Type, *env.Livemode, env.APIVersion, status, string(body), now, created, reason).Scan(&stored)
 		if errors.Is(err, sql.ErrNoRows) {
@@ -363,16 +410,16 @@ func (i *Inbox) storeFailed(ctx context.Context, env envelope, body []byte, crea
 		}
 		inserted = true
 		if permanent {
-			return tx.Exec(`INSERT INTO webhook_dead_letters (event_id, attempts, last_error, dead_at) VALUES ($1, 1, $2, $3)`,
-				env.ID, reason, now).Error
+			return tx.Exec(`INSERT INTO webhook_dead_letters (event_id, livemode, attempts, last_error, dead_at) VALUES ($1, $2, 1, $3, $4)`,
+				env.ID, *env.Livemode, reason, now).Error
 		}
-		return i.enqueueAt(ctx, tx, env.ID, now.Add(backoff(i.cfg.RetryDelay, 1)))
+		return i.enqueueAt(ctx, tx, env.key(), now.Add(backoff(i.cfg.RetryDelay, 1)))
 	})
 	switch {
 	case err != nil:
 		return storeResult{}, err
 	case !inserted:
-		return storeResult{ResultDuplicate, ResultDuplicate}, nil
+		return i.duplicate(ctx, env)
 	}
 	i.metrics.failures.WithLabelValues(env.Type).Inc()
 	switch {
@@ -389,12 +436,12 @@ func (i *Inbox) storeFailed(ctx context.Context, env envelope, body []byte, crea
 // FailureAPIVersionMismatch is the failure reason of an event of another API version.
 const FailureAPIVersionMismatch = "api_version_mismatch"
 
-func (i *Inbox) enqueue(ctx context.Context, tx *gorm.DB, eventID string) error {
-	return i.enqueueAt(ctx, tx, eventID, time.Time{})
+func (i *Inbox) enqueue(ctx context.Context, tx *gorm.DB, key EventKey) error {
+	return i.enqueueAt(ctx, tx, key, time.Time{})
 }
 
 // enqueueAt inserts the processing job of an event in tx, to run at the given time (zero: now).
-func (i *Inbox) enqueueAt(ctx context.Context, tx *gorm.DB, eventID string, at time.Time) error {
+func (i *Inbox) enqueueAt(ctx context.Context, tx *gorm.DB, key EventKey, at time.Time) error {
 	sqlTx, err := jobs.SQLTx(tx)
 	if err != nil {
 		return err
@@ -403,8 +450,8 @@ func (i *Inbox) enqueueAt(ctx context.Context, tx *gorm.DB, eventID string, at t
 	if !at.IsZero() {
 		opts = &river.InsertOpts{ScheduledAt: at}
 	}
-	if _, err := i.jobs.InsertTx(ctx, sqlTx, ProcessEventArgs{EventID: eventID}, opts); err != nil {
-		return fmt.Errorf("enqueue processing of event %s: %w", eventID, err)
+	if _, err := i.jobs.InsertTx(ctx, sqlTx, key.args(), opts); err != nil {
+		return fmt.Errorf("enqueue processing of event %s: %w", key.ID, err)
 	}
 	return nil
 }

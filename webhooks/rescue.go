@@ -59,6 +59,7 @@ func (i *Inbox) RunRescuer(ctx context.Context) {
 func (i *Inbox) RescueStuck(ctx context.Context, stuckAfter time.Duration) (int, error) {
 	type stuck struct {
 		EventID    string `gorm:"column:event_id"`
+		Livemode   bool   `gorm:"column:livemode"`
 		Type       string `gorm:"column:type"`
 		Attempts   int    `gorm:"column:attempts"`
 		JobAttempt int    `gorm:"column:job_attempt"`
@@ -72,9 +73,11 @@ func (i *Inbox) RescueStuck(ctx context.Context, stuckAfter time.Duration) (int,
 		// Straight to the transaction's connection: gorm's Raw takes the @ of @> for a named
 		// argument and drops the others.
 		found, err := tx.Statement.ConnPool.QueryContext(ctx, `
-			SELECT e.event_id, e.type, e.attempts,
+			/* all modes */
+			SELECT e.event_id, e.livemode, e.type, e.attempts,
 			  coalesce((SELECT max(r.attempt) FROM river_job r
-			   WHERE r.state = 'running' AND r.kind = $1 AND r.args->>'event_id' = e.event_id), 0) AS job_attempt
+			   WHERE r.state = 'running' AND r.kind = $1 AND r.args->>'event_id' = e.event_id
+			     AND coalesce(CAST(r.args->>'livemode' AS boolean), e.livemode) = e.livemode), 0) AS job_attempt
 			FROM webhook_events e
 			WHERE e.event_id IN (
 			    SELECT j.args->>'event_id' FROM river_job j
@@ -83,6 +86,7 @@ func (i *Inbox) RescueStuck(ctx context.Context, stuckAfter time.Duration) (int,
 			  AND NOT EXISTS (
 			    SELECT 1 FROM river_job w
 			    WHERE w.args @> jsonb_build_object('event_id', e.event_id)
+			      AND coalesce(CAST(w.args->>'livemode' AS boolean), e.livemode) = e.livemode
 			      AND w.state IN ('available', 'pending', 'retryable', 'scheduled') AND w.kind = $1)
 			ORDER BY e.received_at
 			LIMIT 1000
@@ -99,8 +103,9 @@ func (i *Inbox) RescueStuck(ctx context.Context, stuckAfter time.Duration) (int,
 			var live bool
 			if err := tx.Statement.ConnPool.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM river_job
 				WHERE args @> jsonb_build_object('event_id', CAST($2 AS text))
+				  AND coalesce(CAST(args->>'livemode' AS boolean), $3) = $3
 				  AND state IN ('available', 'pending', 'retryable', 'scheduled') AND kind = $1)`,
-				JobKindProcessEvent, r.EventID).Scan(&live); err != nil {
+				JobKindProcessEvent, r.EventID, r.Livemode).Scan(&live); err != nil {
 				return err
 			}
 			if live {
@@ -110,24 +115,17 @@ func (i *Inbox) RescueStuck(ctx context.Context, stuckAfter time.Duration) (int,
 			attempt := max(r.Attempts+1, r.JobAttempt)
 			if attempt >= i.cfg.MaxAttempts {
 				reason := fmt.Sprintf("%s: the process applying it died %d times", FailureCrashed, attempt)
-				if err := tx.Exec(`UPDATE webhook_events SET status = 'failed', attempts = $1, failure_reason = $2 WHERE event_id = $3`,
-					attempt, reason, r.EventID).Error; err != nil {
-					return err
-				}
-				if err := tx.Exec(`
-					INSERT INTO webhook_dead_letters (event_id, attempts, last_error, dead_at) VALUES ($1, $2, $3, $4)
-					ON CONFLICT (event_id) DO UPDATE SET attempts = EXCLUDED.attempts, last_error = EXCLUDED.last_error, dead_at = EXCLUDED.dead_at`,
-					r.EventID, attempt, reason, i.cfg.Now()).Error; err != nil {
+				if err := deadLetter(tx, EventKey{r.EventID, r.Livemode}, attempt, reason, i.cfg.Now()); err != nil {
 					return err
 				}
 				i.metrics.dead.WithLabelValues(r.Type, FailureCrashed).Inc()
 				dead++
 				continue
 			}
-			if err := tx.Exec(`UPDATE webhook_events SET attempts = $1 WHERE event_id = $2`, attempt, r.EventID).Error; err != nil {
+			if err := tx.Exec(`UPDATE webhook_events SET attempts = $1 WHERE event_id = $2 AND livemode = $3`, attempt, r.EventID, r.Livemode).Error; err != nil {
 				return err
 			}
-			if err := i.enqueue(ctx, tx, r.EventID); err != nil {
+			if err := i.enqueue(ctx, tx, EventKey{r.EventID, r.Livemode}); err != nil {
 				return err
 			}
 			rescued++

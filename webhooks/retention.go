@@ -46,14 +46,15 @@ func (i *Inbox) Prune(ctx context.Context, cutoff time.Time, batch int) (int, er
 	total := 0
 	for {
 		res := i.cfg.DB.WithContext(ctx).Exec(`
+			/* all modes: retention prunes both worlds alike */
 			WITH doomed AS (
-			  SELECT event_id FROM webhook_events
+			  SELECT event_id, livemode FROM webhook_events
 			  WHERE status IN ('processed', 'ignored') AND received_at < $1
 			  ORDER BY received_at
 			  LIMIT $2
 			  FOR UPDATE SKIP LOCKED
 			)
-			DELETE FROM webhook_events e USING doomed d WHERE e.event_id = d.event_id`, cutoff, batch)
+			DELETE FROM webhook_events e USING doomed d WHERE e.event_id = d.event_id AND e.livemode = d.livemode`, cutoff, batch)
 		if res.Error != nil {
 			return total, fmt.Errorf("prune webhook events: %w", res.Error)
 		}

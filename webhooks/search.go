@@ -147,7 +147,7 @@ func (i *Inbox) SearchEvents(ctx context.Context, q EventQuery) (*EventPage, err
 		order = `ASC`
 	}
 	args = append(args, q.Limit+1)
-	sql := `SELECT ` + loggedColumns + ` FROM webhook_events e WHERE ` + strings.Join(where, ` AND `) +
+	sql := `/* all modes */ SELECT ` + loggedColumns + ` FROM webhook_events e WHERE ` + strings.Join(where, ` AND `) +
 		` ORDER BY e.received_at ` + order + `, e.event_id COLLATE "C" ` + order + ` LIMIT $` + strconv.Itoa(len(args))
 	rows := []LoggedEvent{}
 	if err := i.cfg.DB.WithContext(ctx).Raw(sql, args...).Scan(&rows).Error; err != nil {
@@ -188,8 +188,9 @@ func (i *Inbox) EventDetail(ctx context.Context, eventID string) (*EventDetail, 
 	err := i.cfg.DB.WithContext(ctx).Raw(`
 		SELECT `+loggedColumns+`, e.payload::text AS payload_text,
 		       d.last_error, d.dead_at, d.attempts AS dead_attempts
-		FROM webhook_events e LEFT JOIN webhook_dead_letters d ON d.event_id = e.event_id
-		WHERE e.event_id = $1`, eventID).Scan(&rows).Error
+		FROM webhook_events e LEFT JOIN webhook_dead_letters d ON d.event_id = e.event_id AND d.livemode = e.livemode
+		WHERE e.event_id = $1 /* all modes: the live one first when an id is in both */
+		ORDER BY e.livemode DESC`, eventID).Scan(&rows).Error
 	if err != nil {
 		return nil, fmt.Errorf("load event %s: %w", eventID, err)
 	}
@@ -218,7 +219,7 @@ func (i *Inbox) EventsNaming(ctx context.Context, objectID string, limit int) ([
 		LoggedEvent
 		ObjectText *string `gorm:"column:object_text"`
 	}
-	err := i.cfg.DB.WithContext(ctx).Raw(`
+	err := i.cfg.DB.WithContext(ctx).Raw(`/* all modes */
 		SELECT `+loggedColumns+`, (e.payload->'data'->'object')::text AS object_text
 		FROM webhook_events e
 		WHERE e.source = 'stripe' AND `+namesObject(1)+`
@@ -253,7 +254,7 @@ type InboxStats struct {
 // Stats counts the backlog and measures the lag of the events received since since.
 func (i *Inbox) Stats(ctx context.Context, since time.Time) (*InboxStats, error) {
 	var s InboxStats
-	err := i.cfg.DB.WithContext(ctx).Raw(`
+	err := i.cfg.DB.WithContext(ctx).Raw(`/* all modes */
 		SELECT (SELECT count(*) FROM webhook_dead_letters) AS dead_letters,
 		       w.waiting, w.oldest_waiting, l.lag_events, l.lag_median, l.lag_max
 		FROM (SELECT count(*) AS waiting, min(received_at) AS oldest_waiting
@@ -287,7 +288,7 @@ func (i *Inbox) DeadLetterList(ctx context.Context, q DeadLetterQuery) ([]DeadLe
 	out := []DeadLetter{}
 	err := i.cfg.DB.WithContext(ctx).Raw(`
 		SELECT d.event_id, e.type, e.livemode, d.attempts, d.last_error, d.dead_at
-		FROM webhook_dead_letters d JOIN webhook_events e USING (event_id)`+sql+`
+		FROM webhook_dead_letters d JOIN webhook_events e USING (event_id, livemode) /* all modes */`+sql+`
 		ORDER BY d.dead_at DESC, d.event_id DESC LIMIT $`+strconv.Itoa(len(args)), args...).Scan(&out).Error
 	if err != nil {
 		return nil, fmt.Errorf("list dead letters: %w", err)
@@ -324,7 +325,7 @@ func (i *Inbox) DeadLetterTypes(ctx context.Context) ([]DeadLetterType, error) {
 	out := []DeadLetterType{}
 	err := i.cfg.DB.WithContext(ctx).Raw(`
 		SELECT e.type, count(*) AS count, max(d.dead_at) AS newest
-		FROM webhook_dead_letters d JOIN webhook_events e USING (event_id)
+		FROM webhook_dead_letters d JOIN webhook_events e USING (event_id, livemode) /* all modes */
 		GROUP BY e.type ORDER BY count(*) DESC, e.type`).Scan(&out).Error
 	if err != nil {
 		return nil, fmt.Errorf("count dead letters: %w", err)
@@ -336,7 +337,7 @@ func (i *Inbox) DeadLetterTypes(ctx context.Context) ([]DeadLetterType, error) {
 func (i *Inbox) CountDeadLetters(ctx context.Context, q DeadLetterQuery) (int64, error) {
 	sql, args := deadLetterWhere(q)
 	var n int64
-	err := i.cfg.DB.WithContext(ctx).Raw(`SELECT count(*) FROM webhook_dead_letters d JOIN webhook_events e USING (event_id)`+sql, args...).
+	err := i.cfg.DB.WithContext(ctx).Raw(`/* all modes */ SELECT count(*) FROM webhook_dead_letters d JOIN webhook_events e USING (event_id, livemode)`+sql, args...).
 		Scan(&n).Error
 	if err != nil {
 		return 0, fmt.Errorf("count dead letters: %w", err)

@@ -59,14 +59,16 @@ func (i *Inbox) PeriodicJobs() []*river.PeriodicJob {
 // Sweep enqueues a job for every event received more than minAge ago that is still `received`
 // and has no job that could still run. It returns how many it enqueued.
 func (i *Inbox) Sweep(ctx context.Context, minAge time.Duration) (int, error) {
-	var ids []string
+	var ids []EventKey
 	err := i.cfg.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		err := tx.Raw(`
-			SELECT e.event_id FROM webhook_events e
+			/* all modes */
+			SELECT e.event_id AS id, e.livemode FROM webhook_events e
 			WHERE e.status = 'received' AND e.received_at < $1
 			  AND NOT EXISTS (
 			    SELECT 1 FROM river_job j
 			    WHERE j.kind = $2 AND j.args->>'event_id' = e.event_id
+			      AND coalesce(CAST(j.args->>'livemode' AS boolean), e.livemode) = e.livemode
 			      AND j.state IN ('available', 'pending', 'retryable', 'running', 'scheduled'))
 			ORDER BY e.received_at
 			LIMIT 1000

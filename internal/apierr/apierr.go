@@ -49,6 +49,8 @@ const (
 	CodeAmbiguousJSON Code = "ambiguous_json"
 	// A verified event whose livemode is not the mode of the secret that signed it.
 	CodeLivemodeMismatch Code = "livemode_mismatch"
+	// A verified event whose id is stored, in its mode, with another type: not a redelivery.
+	CodeEventIDConflict Code = "event_id_conflict"
 
 	// Money.
 	CodeIdempotencyConflict   Code = "idempotency_conflict"
@@ -64,6 +66,8 @@ const (
 	CodeAlreadyCanceled Code = "subscription_already_canceled"
 	CodeEventProcessed  Code = "event_already_processed"
 	CodeEventNotFailed  Code = "event_not_failed"
+	// An admin action named an event id that is stored in both modes without saying which.
+	CodeAmbiguousEvent Code = "ambiguous_event_id"
 	// A reconcile run of the mode is going; one runs at a time.
 	CodeReconcileRunning Code = "reconcile_running"
 
@@ -122,6 +126,8 @@ var statuses = map[Code]int{
 	CodeNotAnEvent:            http.StatusBadRequest,
 	CodeAmbiguousJSON:         http.StatusBadRequest,
 	CodeLivemodeMismatch:      http.StatusBadRequest,
+	CodeEventIDConflict:       http.StatusConflict,
+	CodeAmbiguousEvent:        http.StatusConflict,
 	CodeIdempotencyConflict:   http.StatusConflict,
 	CodeCardDeclined:          http.StatusPaymentRequired,
 	CodeAuthenticationRequire: http.StatusPaymentRequired,
