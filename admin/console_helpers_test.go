@@ -159,7 +159,7 @@ func (c *console) process(t *testing.T, ids ...string) {
 func (c *console) deadLetter(t *testing.T, id, lastError string) {
 	t.Helper()
 	c.exec(t, `UPDATE webhook_events SET status = 'failed', attempts = 3, failure_reason = 'handler_error' WHERE event_id = $1`, id)
-	c.exec(t, `INSERT INTO webhook_dead_letters (event_id, attempts, last_error) VALUES ($1, 3, $2)`, id, lastError)
+	c.exec(t, `INSERT INTO webhook_dead_letters (event_id, livemode, attempts, last_error) SELECT event_id, livemode, 3, $2 FROM webhook_events WHERE event_id = $1`, id, lastError)
 }
 
 func (c *console) exec(t *testing.T, sql string, args ...any) {

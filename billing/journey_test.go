@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/stripe/stripe-go/v79"
@@ -15,8 +16,14 @@ import (
 // invoiceRow is everything stored about an invoice, for before/after checks ("[]" when none).
 func (e *env) invoiceRow(t *testing.T, id string) string {
 	t.Helper()
+	return e.invoiceRowIn(t, id, false)
+}
+
+// invoiceRowIn is invoiceRow of the given world.
+func (e *env) invoiceRowIn(t *testing.T, id string, live bool) string {
+	t.Helper()
 	var row []map[string]any
-	if err := e.db.Raw(`SELECT to_jsonb(i) - 'updated_at' AS r FROM invoices i WHERE invoice_id = $1`, id).Scan(&row).Error; err != nil {
+	if err := e.db.Raw(`SELECT to_jsonb(i) - 'updated_at' AS r FROM invoices i WHERE invoice_id = $1 AND livemode = $2`, id, live).Scan(&row).Error; err != nil {
 		t.Fatal(err)
 	}
 	b, _ := json.Marshal(row)
@@ -341,7 +348,7 @@ func TestInvoiceRowIsOrdered(t *testing.T) {
 }
 
 // The list shows only invoices of the customer's own mode, and an invoice event of the other mode
-// naming a linked customer is refused.
+// naming a linked customer, or this world's invoice id, is kept in the other world only.
 func TestInvoicesOfTheOtherMode(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -357,13 +364,19 @@ func TestInvoicesOfTheOtherMode(t *testing.T) {
 		t.Errorf("paging after the other mode's invoice: %d, want 400", code)
 	}
 	// A live one-off invoice naming the test customer, and a live event about a test invoice.
-	assertMismatch(t, e.handle(t, inMode(invEv("x1", EventInvoicePaid, 20, invObj{ID: "in_x", Customer: "cus_1", Created: 20, Status: "paid"}), true)), "one-off")
 	before := e.invoiceRow(t, "in_own")
-	assertMismatch(t, e.handle(t, inMode(invEv("x2", EventInvoiceVoided, 30, invObj{ID: "in_own", Customer: "cus_9", Created: 10, Status: "void"}), true)), "voided")
+	e.mustHandle(t, inMode(invEv("x1", EventInvoicePaid, 20, invObj{ID: "in_x", Customer: "cus_1", Created: 20, Status: "paid"}), true),
+		inMode(invEv("x2", EventInvoiceVoided, 30, invObj{ID: "in_own", Customer: "cus_9", Created: 10, Status: "void"}), true))
 	if after := e.invoiceRow(t, "in_own"); after != before {
 		t.Errorf("invoice changed:\nbefore %s\nafter  %s", before, after)
 	}
 	if got := e.invoiceRow(t, "in_x"); got != "null" && got != "[]" {
-		t.Errorf("the other mode's invoice was stored: %s", got)
+		t.Errorf("the other mode's invoice is in this world: %s", got)
+	}
+	if got := e.invoiceRowIn(t, "in_own", true); !strings.Contains(got, `\"status\": \"void\"`) {
+		t.Errorf("the other mode's voided invoice is not in its own world: %s", got)
+	}
+	if _, p := e.listInvoices(t, "u1", ""); invoiceIDs(p) != "[in_own] has_more=false" {
+		t.Errorf("list after the other mode's events: %s", invoiceIDs(p))
 	}
 }

@@ -36,30 +36,34 @@ func inMode(ev webhooks.Event, live bool) webhooks.Event {
 	return ev
 }
 
-// modeRow is everything an event could change about a subscription, for before/after checks.
-func (e *env) modeRow(t *testing.T, id string) string {
+// modeRow is everything an event could change about a subscription of one world, for
+// before/after checks.
+func (e *env) modeRow(t *testing.T, id string, live bool) string {
 	t.Helper()
 	var row []map[string]any
-	if err := e.db.Raw(`SELECT to_jsonb(s) - 'updated_at' AS r FROM subscriptions s WHERE subscription_id = $1`, id).Scan(&row).Error; err != nil {
+	if err := e.db.Raw(`SELECT to_jsonb(s) - 'updated_at' AS r FROM subscriptions s WHERE subscription_id = $1 AND livemode = $2`, id, live).
+		Scan(&row).Error; err != nil {
 		t.Fatal(err)
 	}
 	b, _ := json.Marshal(row)
 	return string(b)
 }
 
-func assertMismatch(t *testing.T, err error, what string) {
+// entitlementIn is the user's entitlement answer as a deployment of the given mode reads it.
+func (e *env) entitlementIn(t *testing.T, userID string, live bool) string {
 	t.Helper()
-	if err == nil {
-		t.Fatalf("%s: applied, want a livemode_mismatch failure", what)
+	svc := New(Deps{DB: e.db, Livemode: live, Now: e.clock.Now, PastDueEntitled: true, PausedCollectionEntitled: true})
+	ent, err := svc.Entitlement(context.Background(), userID)
+	if err != nil && !errors.Is(err, ErrNoCustomer) {
+		t.Fatalf("entitlement of %s: %v", userID, err)
 	}
-	if !webhooks.IsPermanent(err) {
-		t.Fatalf("%s: %v is not permanent (it would be retried instead of dead-lettered)", what, err)
-	}
-	if !strings.Contains(err.Error(), "mode") {
-		t.Fatalf("%s: %v does not say what is wrong", what, err)
-	}
+	b, _ := json.Marshal(ent)
+	return string(b)
 }
 
+// Every handled type, signed in the other mode and naming the very ids of this world's
+// subscription, invoice and customer, is applied to the other world only: this world's rows,
+// entitlement and notices are as they were.
 func TestEventOfTheOtherModeChangesNothing(t *testing.T) {
 	t.Parallel()
 	sub := subObj{ID: "sub_m", Customer: "cus_m", Status: StatusTrialing, Price: "price_m", TrialStart: 1, TrialEnd: 9 * 86400, PeriodEnd: 9 * 86400}
@@ -98,31 +102,35 @@ func TestEventOfTheOtherModeChangesNothing(t *testing.T) {
 					t.Fatal(err)
 				}
 				e.mustHandle(t, inMode(created("own_created", 1, sub), storedLive), inMode(failed("own_failed", 2, inv), storedLive))
-				before := e.modeRow(t, "sub_m")
-				invBefore := e.invoiceRow(t, "in_m")
-				entBefore := e.entitlement(t, "u_m")
+				before := e.modeRow(t, "sub_m", storedLive)
+				invBefore := e.invoiceRowIn(t, "in_m", storedLive)
+				entBefore := e.entitlementIn(t, "u_m", storedLive)
 
-				assertMismatch(t, e.handle(t, inMode(attack, !storedLive)), attack.Type)
+				if err := e.handle(t, inMode(attack, !storedLive)); err != nil {
+					t.Fatalf("the other mode's event is not applied to its own world: %v", err)
+				}
 
-				if after := e.modeRow(t, "sub_m"); after != before {
+				if after := e.modeRow(t, "sub_m", storedLive); after != before {
 					t.Errorf("row changed:\nbefore %s\nafter  %s", before, after)
 				}
-				if after := e.invoiceRow(t, "in_m"); after != invBefore {
+				if after := e.invoiceRowIn(t, "in_m", storedLive); after != invBefore {
 					t.Errorf("invoice changed:\nbefore %s\nafter  %s", invBefore, after)
 				}
-				if entAfter := e.entitlement(t, "u_m"); entAfter != entBefore {
+				if entAfter := e.entitlementIn(t, "u_m", storedLive); entAfter != entBefore {
 					t.Errorf("entitlement changed: %s → %s", entBefore, entAfter)
 				}
-				if rows, jobs := e.totalNotices(t); rows != 1 || jobs != 1 {
-					t.Errorf("notices: %d rows, %d jobs; want only the own failure's", rows, jobs)
+				var mine int64
+				if err := e.db.Raw(`SELECT count(*) FROM notices WHERE livemode = $1`, storedLive).Scan(&mine).Error; err != nil || mine != 1 {
+					t.Errorf("notices of this world: %d (%v); want only the own failure's", mine, err)
 				}
 			})
 		}
 	}
 }
 
-// A new subscription of the other mode naming a linked customer is refused too: it would attach
-// to that customer's user.
+// A new subscription of the other mode naming a linked customer's id attaches to nobody: the
+// link is of this world, the subscription of the other, and no answer of either mode shows it
+// as the user's.
 func TestNewSubscriptionNamingACustomerOfTheOtherMode(t *testing.T) {
 	t.Parallel()
 	for _, customerLive := range []bool{false, true} {
@@ -130,21 +138,25 @@ func TestNewSubscriptionNamingACustomerOfTheOtherMode(t *testing.T) {
 		if err := e.db.Exec(`INSERT INTO customers (user_id, stripe_customer_id, email, livemode) VALUES ($1, $2, $3, $4)`, "u_c", "cus_c", "c@example.com", customerLive).Error; err != nil {
 			t.Fatal(err)
 		}
-		ent := e.entitlement(t, "u_c")
+		own, other := e.entitlementIn(t, "u_c", customerLive), e.entitlementIn(t, "u_c", !customerLive)
 		s := subObj{ID: "sub_new", Customer: "cus_c", Status: StatusActive, Price: "price_x", PeriodEnd: 30 * 86400}
-		assertMismatch(t, e.handle(t, inMode(created("evt_new", 1, s), !customerLive)), "created")
-		assertMismatch(t, e.handle(t, inMode(failed("evt_inv", 2, invObj{ID: "in_x", Customer: "cus_c", Subscription: "sub_other"}), !customerLive)), "payment_failed")
-		if n := e.countSubs(t); n != 0 {
-			t.Errorf("customer live=%v: %d subscription rows made by the other mode", customerLive, n)
+		e.mustHandle(t, inMode(created("evt_new", 1, s), !customerLive),
+			inMode(failed("evt_inv", 2, invObj{ID: "in_x", Customer: "cus_c", Subscription: "sub_other"}), !customerLive))
+		var n int64
+		if err := e.db.Raw(`SELECT count(*) FROM subscriptions WHERE livemode = $1`, customerLive).Scan(&n).Error; err != nil || n != 0 {
+			t.Errorf("customer live=%v: %d subscription rows in the customer's world (%v)", customerLive, n, err)
 		}
-		if got := e.entitlement(t, "u_c"); got != ent {
-			t.Errorf("customer live=%v: entitlement changed: %s → %s", customerLive, ent, got)
+		if got := e.entitlementIn(t, "u_c", customerLive); got != own || !strings.Contains(got, `"entitled":false`) {
+			t.Errorf("customer live=%v: entitlement changed: %s → %s", customerLive, own, got)
+		}
+		if got := e.entitlementIn(t, "u_c", !customerLive); got != other {
+			t.Errorf("customer live=%v: the other world's answer changed: %s → %s", customerLive, other, got)
 		}
 	}
 }
 
-// Rows of the other mode that share a customer id (written before the checks existed, or by
-// hand) never reach the entitlement, the customer view or the holds' user.
+// Rows of the other mode that share a customer id never reach the entitlement, the customer
+// view or the holds' user.
 func TestReadsShowOnlyTheCustomersOwnMode(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -160,6 +172,10 @@ func TestReadsShowOnlyTheCustomersOwnMode(t *testing.T) {
 	if view, err := e.svc.Customer(context.Background(), "u_r"); err != nil || len(view.Subscriptions) != 0 {
 		t.Errorf("customer view: %+v, %v", view, err)
 	}
+	// A live deployment does not know the test-mode link at all.
+	if got := e.entitlementIn(t, "u_r", true); got != "null" {
+		t.Errorf("a live deployment answers for a test-mode link: %s", got)
+	}
 	holds, err := e.svc.Holds(context.Background())
 	if err != nil || len(holds) != 1 {
 		t.Fatalf("holds: %+v %v", holds, err)
@@ -169,43 +185,41 @@ func TestReadsShowOnlyTheCustomersOwnMode(t *testing.T) {
 	}
 }
 
-// Through the real inbox: the other mode's event is acknowledged, then dead-lettered with the
-// reason livemode_mismatch, and the state is untouched.
-func TestOtherModeEventIsDeadLetteredThroughTheInbox(t *testing.T) {
+// Through the real inbox: the other mode's event, naming this world's subscription, is stored and
+// applied to its own world, and this world's answer is untouched.
+func TestOtherModeEventLeavesThisWorldAlone(t *testing.T) {
 	t.Parallel()
 	p := newWebhookPath(t)
-	if err := p.db.Exec(`INSERT INTO customers (user_id, stripe_customer_id, email, livemode) VALUES ('u_l', 'cus_l', 'l@example.com', true)`).Error; err != nil {
+	if err := p.db.Exec(`INSERT INTO customers (user_id, stripe_customer_id, email, livemode) VALUES ('u_l', 'cus_l', 'l@example.com', false)`).Error; err != nil {
 		t.Fatal(err)
 	}
 	t0 := time.Now().UTC().Truncate(time.Second).Add(-time.Hour)
 	sub := stripeevents.Subscription{ID: "sub_l", Customer: "cus_l", Status: StatusActive, PriceID: "price_l",
 		CurrentPeriodStart: t0, CurrentPeriodEnd: t0.AddDate(0, 1, 0)}
-	if got := p.deliverMode(stripeevents.SubscriptionEvent("evt_l1", EventSubscriptionCreated, t0, true, sub), true); got != "received" {
-		t.Fatalf("live delivery: %q", got)
+	if got := p.deliverMode(stripeevents.SubscriptionEvent("evt_l1", EventSubscriptionCreated, t0, false, sub), false); got != "received" {
+		t.Fatalf("test delivery: %q", got)
 	}
 	p.processed("evt_l1")
 	var before Entitlement
 	p.get("/v1/customers/u_l/entitlement", &before)
 	if !before.Entitled {
-		t.Fatalf("the live subscription does not entitle its user: %+v", before)
+		t.Fatalf("the subscription does not entitle its user: %+v", before)
 	}
 
 	sub.Status = StatusCanceled
-	if got := p.deliverMode(stripeevents.SubscriptionEvent("evt_t1", EventSubscriptionDeleted, t0.Add(time.Minute), false, sub), false); got != "received" {
-		t.Fatalf("test delivery: %q", got)
+	if got := p.deliverMode(stripeevents.SubscriptionEvent("evt_t1", EventSubscriptionDeleted, t0.Add(time.Minute), true, sub), true); got != "received" {
+		t.Fatalf("live delivery: %q", got)
 	}
-	p.waitFor("dead letter", `SELECT count(*) FROM webhook_dead_letters WHERE event_id = 'evt_t1'`, 1)
-	var reason string
-	if err := p.db.Raw(`SELECT failure_reason FROM webhook_events WHERE event_id = 'evt_t1' AND status = 'failed'`).Scan(&reason).Error; err != nil {
-		t.Fatal(err)
-	}
-	if !strings.HasPrefix(reason, webhooks.FailureLivemodeMismatch+": ") {
-		t.Errorf("failure_reason %q, want it to start with %s", reason, webhooks.FailureLivemodeMismatch)
-	}
+	p.waitFor("the live event applied to the live world",
+		`SELECT count(*) FROM subscriptions WHERE subscription_id = 'sub_l' AND livemode AND status = 'canceled'`, 1)
 	var after Entitlement
 	p.get("/v1/customers/u_l/entitlement", &after)
 	if !after.Entitled || after.Status != StatusActive {
-		t.Errorf("a test-mode event took the live entitlement away: %+v", after)
+		t.Errorf("an event of the other mode took the entitlement away: %+v", after)
+	}
+	var dead int64
+	if err := p.db.Raw(`SELECT count(*) FROM webhook_dead_letters`).Scan(&dead).Error; err != nil || dead != 0 {
+		t.Errorf("dead letters: %d (%v); the other world's event is no failure", dead, err)
 	}
 }
 

@@ -58,11 +58,11 @@ type Deps struct {
 type Service struct {
 	db       *gorm.DB
 	livemode bool
-	log     *slog.Logger
-	now     func() time.Time
-	policy  Policy
-	notices *notices.Enqueuer
-	rereads *rereads
+	log      *slog.Logger
+	now      func() time.Time
+	policy   Policy
+	notices  *notices.Enqueuer
+	rereads  *rereads
 
 	events *prometheus.CounterVec
 }
@@ -86,10 +86,10 @@ func New(d Deps) *Service {
 		db:       d.DB,
 		livemode: d.Livemode,
 		log:      log,
-		now:     d.Now,
-		policy:  Policy{PastDueEntitled: d.PastDueEntitled, PeriodGrace: d.PeriodGrace},
-		rereads: newRereads(d),
-		notices: notices.NewEnqueuer(notices.EnqueuerConfig{Jobs: d.Jobs, Logger: log, Now: d.Now, Registerer: d.Registerer}),
+		now:      d.Now,
+		policy:   Policy{PastDueEntitled: d.PastDueEntitled, PeriodGrace: d.PeriodGrace},
+		rereads:  newRereads(d),
+		notices:  notices.NewEnqueuer(notices.EnqueuerConfig{Jobs: d.Jobs, Logger: log, Now: d.Now, Registerer: d.Registerer}),
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "billing_subscription_events_total",
 			Help: "Subscription and invoice events handled, by type and outcome (applied, stale, terminal, one_off). Counted per attempt: a rolled-back attempt counts too.",

@@ -259,14 +259,24 @@ func TestCheckoutValidation(t *testing.T) {
 	}
 }
 
-// A user linked in the other mode gets 409 livemode_conflict before any call.
-func TestCheckoutRefusesAUserOfTheOtherMode(t *testing.T) {
+// A user linked in the other mode is a new user to this mode: Checkout links the user in this
+// world (a customer of its own) and opens the session, and the other world's link is untouched.
+func TestCheckoutOfAUserLinkedInTheOtherMode(t *testing.T) {
 	t.Parallel()
 	v := defaultEnv(t)
 	v.link("u1", "cus_live", true)
-	expectError(t, v.post(checkoutPath("u1"), body("r1")), http.StatusConflict, "livemode_conflict")
-	if n := len(v.proxy.Requests()); n != 0 {
-		t.Errorf("%d Stripe calls", n)
+	if rec := v.post(checkoutPath("u1"), body("r1")); rec.Code != http.StatusCreated {
+		t.Fatalf("checkout: %d %s, want 201", rec.Code, rec.Body)
+	}
+	var links []struct {
+		StripeCustomerID string
+		Livemode         bool
+	}
+	if err := v.db.Raw(`SELECT stripe_customer_id, livemode FROM customers WHERE user_id = 'u1' ORDER BY livemode`).Scan(&links).Error; err != nil {
+		t.Fatal(err)
+	}
+	if len(links) != 2 || links[0].Livemode || links[0].StripeCustomerID == "cus_live" || links[1].StripeCustomerID != "cus_live" {
+		t.Errorf("links: %+v, want a test one of its own beside the live one", links)
 	}
 }
 

@@ -75,8 +75,14 @@ func (v *env) doAs(token, method, path string, body any) *httptest.ResponseRecor
 
 func (v *env) row(userID string) Customer {
 	v.t.Helper()
+	return v.rowIn(userID, v.livemode)
+}
+
+// rowIn is the user's customer row of the given world (zero when none).
+func (v *env) rowIn(userID string, live bool) Customer {
+	v.t.Helper()
 	var c Customer
-	if err := v.db.Raw(`SELECT * FROM customers WHERE user_id = $1`, userID).Scan(&c).Error; err != nil {
+	if err := v.db.Raw(`SELECT * FROM customers WHERE user_id = $1 AND livemode = $2`, userID, live).Scan(&c).Error; err != nil {
 		v.t.Fatalf("load customer %s: %v", userID, err)
 	}
 	return c

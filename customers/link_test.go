@@ -110,7 +110,8 @@ func TestLinkExistingCustomerRefusals(t *testing.T) {
 		{"deleted at Stripe", "u1", body{"stripe_customer_id": "cus_deleted"}, http.StatusNotFound, "not_found"},
 		{"a customer of the other mode", "u1", body{"stripe_customer_id": "cus_live"}, http.StatusConflict, "livemode_conflict"},
 		{"user linked to another customer", "u4", body{"stripe_customer_id": "cus_foreign"}, http.StatusConflict, "conflict"},
-		{"user linked in the other mode", "u5", body{"stripe_customer_id": "cus_foreign"}, http.StatusConflict, "livemode_conflict"},
+		// A link of the other world does not count: the customer's own owner decides.
+		{"user linked in the other mode", "u5", body{"stripe_customer_id": "cus_foreign"}, http.StatusConflict, "customer_belongs_to_other_user"},
 		{"not a customer id", "u1", body{"stripe_customer_id": "sub_1"}, http.StatusBadRequest, "invalid_customer_id"},
 		{"with an email", "u1", body{"stripe_customer_id": "cus_foreign", "email": "a@example.com"}, http.StatusBadRequest, "invalid_request"},
 	} {

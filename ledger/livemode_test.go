@@ -5,9 +5,10 @@ import (
 	"testing"
 )
 
-// The service runs in test mode here (sk_test_ key, Livemode false): state of live mode — a user
-// linked to a live customer, a live charge — is refused with 409 livemode_conflict, before any
-// call to Stripe, and nothing is written.
+// The service runs in test mode here (sk_test_ key, Livemode false): a user linked only in live
+// mode is unknown to it (404, link the user in this world first), and an order id already used in
+// live mode on this database is refused with 409 livemode_conflict, before any call to Stripe,
+// and nothing is written.
 func TestLedgerRefusesTheOtherMode(t *testing.T) {
 	t.Parallel()
 	v := newEnv(t)
@@ -19,7 +20,7 @@ func TestLedgerRefusesTheOtherMode(t *testing.T) {
 	v.exec(`INSERT INTO charges (order_id, user_id, stripe_customer_id, amount, currency, request_hash, idempotency_key, livemode, state, status, payment_intent_id, answer)
 		VALUES ('o_live_paid', 'u_test', 'cus_u_test', 100, 'usd', 'h', 'charge-o_live_paid', true, 'completed', 'succeeded', 'pi_live', '{"body":{}}')`)
 
-	expectError(t, v.charge("o_new", "u_live", 100, "usd"), http.StatusConflict, "livemode_conflict")
+	expectError(t, v.charge("o_new", "u_live", 100, "usd"), http.StatusNotFound, "customer_not_found")
 	expectError(t, v.charge("o_live_pending", "u_test", 100, "usd"), http.StatusConflict, "livemode_conflict")
 	expectError(t, v.refund("o_live_paid", map[string]any{"refund_id": "r1", "amount": 10}), http.StatusConflict, "livemode_conflict")
 

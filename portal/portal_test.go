@@ -290,14 +290,14 @@ func TestAnswers503WhenTheDatabaseIsDown(t *testing.T) {
 	}
 }
 
-// A service of one mode opens no portal for a user linked in the other.
+// A service of one mode opens no portal for a user linked in the other: that user is unknown here.
 func TestPortalRefusesACustomerOfTheOtherMode(t *testing.T) {
 	t.Parallel()
 	v := newEnv(t, defaultURL, nil)
 	v.exec(`INSERT INTO customers (user_id, stripe_customer_id, email, livemode) VALUES ('u_live', 'cus_live', 'l@example.com', true)`)
 	v.exec(`INSERT INTO subscriptions (subscription_id, stripe_customer_id, livemode, status) VALUES ('sub_live', 'cus_live', true, 'active')`)
-	expectError(t, v.post(appToken, "/v1/customers/u_live/portal-sessions", ""), http.StatusConflict, "livemode_conflict")
-	expectError(t, v.post(appToken, cancelPath("u_live", "sub_live"), ""), http.StatusConflict, "livemode_conflict")
+	expectError(t, v.post(appToken, "/v1/customers/u_live/portal-sessions", ""), http.StatusNotFound, "customer_not_found")
+	expectError(t, v.post(appToken, cancelPath("u_live", "sub_live"), ""), http.StatusNotFound, "customer_not_found")
 	// A live row under a test customer's id is not that test customer's subscription.
 	v.exec(`INSERT INTO subscriptions (subscription_id, stripe_customer_id, livemode, status) VALUES ('sub_live_u1', 'cus_u1', true, 'active')`)
 	expectError(t, v.post(appToken, cancelPath("u1", "sub_live_u1"), ""), http.StatusNotFound, "not_found")

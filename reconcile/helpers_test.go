@@ -162,10 +162,16 @@ func (e *env) deliverSub(typ, id string, created time.Time) {
 	e.deliver(typ, e.acct.Subscription(id), created)
 }
 
-// local returns the local row of a subscription (nil when unknown).
+// local returns the local row of a test-mode subscription (nil when unknown).
 func (e *env) local(id string) *billing.Subscription {
 	e.t.Helper()
-	s, err := e.subs.Subscription(context.Background(), id, false)
+	return e.localIn(id, false)
+}
+
+// localIn returns the local row of a subscription of the given world (nil when unknown).
+func (e *env) localIn(id string, live bool) *billing.Subscription {
+	e.t.Helper()
+	s, err := e.subs.Subscription(context.Background(), id, live)
 	if err != nil {
 		e.t.Fatal(err)
 	}

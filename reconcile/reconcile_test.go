@@ -306,7 +306,7 @@ func TestEmptyDatabaseBackfill(t *testing.T) {
 }
 
 // A run of test mode neither reads nor changes the live-mode state, even where a test customer
-// names a user linked in live mode.
+// names a user linked in live mode: that user's test-mode link is made in the test world.
 func TestCustomersOfTheOtherModeAreNotTouched(t *testing.T) {
 	e := newEnv(t)
 	start, end := period()
@@ -326,8 +326,8 @@ func TestCustomersOfTheOtherModeAreNotTouched(t *testing.T) {
 	sT := e.acct.PutSubscription(stripetest.SubscriptionSpec{Customer: cT, Status: "active", PriceID: "price_a", CurrentPeriodStart: start, CurrentPeriodEnd: end})
 
 	sum := e.run(false)
-	wantSummary(t, sum, 1, 1, 0, 0, 0, ExitDrift)
-	if l := e.local("sub_live1"); l == nil || !l.Livemode || l.Status != billing.StatusActive {
+	wantSummary(t, sum, 1, 1, 1, 0, 0, ExitClean)
+	if l := e.localIn("sub_live1", true); l == nil || !l.Livemode || l.Status != billing.StatusActive {
 		t.Fatalf("live subscription changed: %+v", l)
 	}
 	if l := e.local(sT); l == nil || l.Livemode {
@@ -336,12 +336,12 @@ func TestCustomersOfTheOtherModeAreNotTouched(t *testing.T) {
 	if n := e.count(`SELECT count(*) FROM customers WHERE user_id = 'u9' AND stripe_customer_id = 'cus_live9' AND livemode`); n != 1 {
 		t.Fatal("the live link of u9 changed")
 	}
-	if n := e.count(`SELECT count(*) FROM customers`); n != 1 {
-		t.Fatalf("%d customer rows, want the live one only", n)
+	if n := e.count(`SELECT count(*) FROM customers WHERE user_id = 'u9' AND NOT livemode AND stripe_customer_id = '` + cT + `'`); n != 1 {
+		t.Fatalf("u9 has %d test-mode links to %s, want 1", n, cT)
 	}
 	drift := e.driftOf(sum.RunID, sT)
-	if r, ok := drift[FieldCustomerLink]; !ok || r {
-		t.Errorf("drift of %s = %v, want an unrepaired customer_link", sT, drift)
+	if r, ok := drift[FieldCustomerLink]; !ok || !r {
+		t.Errorf("drift of %s = %v, want a repaired customer_link", sT, drift)
 	}
 	if len(e.driftOf(sum.RunID, "sub_live1")) != 0 {
 		t.Error("the live subscription was reported")

@@ -273,8 +273,8 @@ func benchFlatSeed(b *testing.B, d *benchDB, events, subs int) {
 				CASE WHEN g % 20 >= 18 THEN 'ignored' WHEN g % 500 = 1 THEN 'failed' ELSE 'processed' END AS status
 			FROM generate_series(1, $1::int) g) e
 		JOIN pad p ON p.i = e.g % 1000`, events, subs)
-	d.exec(b, `INSERT INTO webhook_dead_letters (event_id, attempts, last_error, dead_at)
-		SELECT event_id, 3, 'handler_error: seeded failure', received_at + interval '5 minutes'
+	d.exec(b, `INSERT INTO webhook_dead_letters (event_id, livemode, attempts, last_error, dead_at)
+		SELECT event_id, livemode, 3, 'handler_error: seeded failure', received_at + interval '5 minutes'
 		FROM webhook_events WHERE status = 'failed' AND event_id LIKE 'evt_1%'`)
 	d.exec(b, `INSERT INTO river_job (args, kind, max_attempts, priority, queue, state, scheduled_at, attempted_at, finalized_at, attempt, created_at)
 		SELECT jsonb_build_object('event_id', event_id), 'webhook_event', 25, 1, 'webhooks', 'completed', received_at, received_at,

@@ -559,14 +559,14 @@ WITH event AS (
   VALUES ('evt_pgbench_' || :client_id || '_' || :n, 'stripe', '` + benchEventType + `', false, '2024-06-20', 'received',
     CAST('` + prefix + `' || 'evt_pgbench_' || :client_id || '_' || :n || '` + suffix + `' AS jsonb), now(), NULL, now())
   ON CONFLICT (event_id, livemode) DO NOTHING
-  RETURNING event_id, status
+  RETURNING event_id, livemode, status
 ), job AS (
   INSERT INTO river_job (args, kind, max_attempts, priority, queue, state, scheduled_at)
   SELECT CAST('{"event_id": "' || event_id || '"}' AS jsonb), 'webhook_event', CAST(25 AS smallint), CAST(1 AS smallint), 'webhooks', 'available', now()
   FROM event WHERE status = 'received'
 ), dead AS (
-  INSERT INTO webhook_dead_letters (event_id, attempts, last_error, dead_at)
-  SELECT event_id, 0, CAST(NULL AS text), now() FROM event WHERE status = 'failed'
+  INSERT INTO webhook_dead_letters (event_id, livemode, attempts, last_error, dead_at)
+  SELECT event_id, livemode, 0, CAST(NULL AS text), now() FROM event WHERE status = 'failed'
 )
 SELECT event_id FROM event;
 `

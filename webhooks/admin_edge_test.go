@@ -81,7 +81,7 @@ func TestBacklogGaugesAreCountedByAJobNotByScrapes(t *testing.T) {
 		('evt_p1', 'stripe', 't', false, 'processed', '{}'),
 		('evt_f1', 'stripe', 't', false, 'failed', '{}'),
 		('evt_f2', 'stripe', 't', false, 'failed', '{}')`)
-	exec(`INSERT INTO webhook_dead_letters (event_id, attempts, last_error) VALUES ('evt_f1', 3, 'boom')`)
+	exec(`INSERT INTO webhook_dead_letters (event_id, livemode, attempts, last_error) VALUES ('evt_f1', false, 3, 'boom')`)
 
 	logger := slog.New(slog.DiscardHandler)
 	clk := &clock{t: time.Now()}
@@ -141,7 +141,7 @@ func TestBacklogGaugesAreCountedByAJobNotByScrapes(t *testing.T) {
 	expectBacklog(t, "after the periodic count", scrape(t, e), 1, 2)
 
 	// A later count sees the changes.
-	exec(`INSERT INTO webhook_dead_letters (event_id, attempts, last_error) VALUES ('evt_f2', 3, 'boom')`)
+	exec(`INSERT INTO webhook_dead_letters (event_id, livemode, attempts, last_error) VALUES ('evt_f2', false, 3, 'boom')`)
 	exec(`UPDATE webhook_events SET status = 'processed' WHERE event_id = 'evt_r1'`)
 	expectBacklog(t, "before the next count", scrape(t, e), 1, 2)
 	if err := inbox.RefreshGauges(context.Background()); err != nil {

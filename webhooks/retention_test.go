@@ -34,7 +34,7 @@ func TestPruneKeepsWhatIsStillNeeded(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := h.db.Exec(`INSERT INTO webhook_dead_letters (event_id, attempts, last_error) VALUES ('evt_old_failed', 3, 'x')`).Error; err != nil {
+	if err := h.db.Exec(`INSERT INTO webhook_dead_letters (event_id, livemode, attempts, last_error) VALUES ('evt_old_failed', false, 3, 'x')`).Error; err != nil {
 		t.Fatal(err)
 	}
 	// Batches of 2 make the loop run more than once (4 rows to delete).

@@ -56,7 +56,7 @@ func logEvents(t *testing.T, h *harness) time.Time {
 	h.exec(t, `UPDATE webhook_events SET status = 'processed', processed_at = received_at + interval '2 seconds'
 		WHERE event_id IN ('evt_1', 'evt_3', 'evt_4a')`)
 	h.exec(t, `UPDATE webhook_events SET status = 'failed', attempts = 3, failure_reason = 'handler_error' WHERE event_id = 'evt_2'`)
-	h.exec(t, `INSERT INTO webhook_dead_letters (event_id, attempts, last_error, dead_at) VALUES ('evt_2', 3, 'boom', $1)`, base.Add(3*time.Hour))
+	h.exec(t, `INSERT INTO webhook_dead_letters (event_id, livemode, attempts, last_error, dead_at) VALUES ('evt_2', false, 3, 'boom', $1)`, base.Add(3*time.Hour))
 	return base
 }
 
@@ -215,8 +215,8 @@ func TestReplayDeadLettersOfAType(t *testing.T) {
 	ctx := context.Background()
 	// Dead letters: evt_2 (failingType, 03:00), evt_5 (failingType, 05:00), evt_4b (effectType).
 	h.exec(t, `UPDATE webhook_events SET status = 'failed', attempts = 3 WHERE event_id IN ('evt_5', 'evt_4b')`)
-	h.exec(t, `INSERT INTO webhook_dead_letters (event_id, attempts, last_error, dead_at) VALUES
-		('evt_5', 3, 'boom', $1), ('evt_4b', 3, 'other', $2)`, base.Add(5*time.Hour), base.Add(6*time.Hour))
+	h.exec(t, `INSERT INTO webhook_dead_letters (event_id, livemode, attempts, last_error, dead_at) VALUES
+		('evt_5', false, 3, 'boom', $1), ('evt_4b', false, 3, 'other', $2)`, base.Add(5*time.Hour), base.Add(6*time.Hour))
 
 	types, err := h.inbox.DeadLetterTypes(ctx)
 	if err != nil || len(types) != 2 || types[0].Type != failingType || types[0].Count != 2 || types[1].Count != 1 {
@@ -240,7 +240,7 @@ func TestReplayDeadLettersOfAType(t *testing.T) {
 
 	// With a limit, what is left is counted.
 	h.exec(t, `UPDATE webhook_events SET status = 'failed' WHERE event_id = 'evt_3'`)
-	h.exec(t, `INSERT INTO webhook_dead_letters (event_id, attempts, last_error, dead_at) VALUES ('evt_3', 3, 'x', $1)`, base.Add(5*time.Hour))
+	h.exec(t, `INSERT INTO webhook_dead_letters (event_id, livemode, attempts, last_error, dead_at) VALUES ('evt_3', false, 3, 'x', $1)`, base.Add(5*time.Hour))
 	q = webhooks.DeadLetterQuery{Type: effectType}
 	replayed, remaining, err = h.inbox.ReplayDeadLetters(ctx, q, 1)
 	if err != nil || replayed != 1 || remaining != 1 {
