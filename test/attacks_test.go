@@ -11,11 +11,17 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"encoding/pem"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
 	"net/url"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -235,9 +241,10 @@ func TestAttacks(t *testing.T) {
 	t.Parallel()
 	a := startAttackService(t)
 
-	// 1. An event of one mode naming an object of the other is acknowledged (Stripe must not
-	// retry it for days) but dead-lettered with livemode_mismatch, and changes nothing.
-	t.Run("cross-mode events are dead-lettered", func(t *testing.T) {
+	// 1. An event of one mode naming objects of the other is applied to its own mode's world only:
+	// acknowledged and processed, and nothing of the other world changes (this deployment is of
+	// test mode: its answers are the test world's).
+	t.Run("cross-mode events stay in their own world", func(t *testing.T) {
 		t.Parallel()
 		const (
 			testUser, testCus, testSub = "xm_test_user", "cus_xm_test", "sub_xm_test"
@@ -266,7 +273,7 @@ func TestAttacks(t *testing.T) {
 		}
 		views := func() map[string]string {
 			out := map[string]string{}
-			for _, u := range []string{testUser, liveUser} {
+			for _, u := range []string{testUser} {
 				for _, suffix := range []string{"", "/entitlement"} {
 					ans := a.app(t, http.MethodGet, "/v1/customers/"+u+suffix, nil)
 					if ans.Status != http.StatusOK {
@@ -277,9 +284,9 @@ func TestAttacks(t *testing.T) {
 			}
 			return out
 		}
-		subsRows := func() string {
+		subsRows := func(live bool) string {
 			rows, err := a.db.Query(`SELECT subscription_id, stripe_customer_id, livemode, status, coalesce(sub_event_id, ''),
-				payment_hold, coalesce(inv_event_id, '') FROM subscriptions WHERE subscription_id LIKE 'sub_xm_%' ORDER BY 1`)
+				payment_hold, coalesce(inv_event_id, '') FROM subscriptions WHERE subscription_id LIKE 'sub_xm_%' AND livemode = $1 ORDER BY 1`, live)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -295,8 +302,11 @@ func TestAttacks(t *testing.T) {
 			}
 			return b.String()
 		}
-		before, rowsBefore := views(), subsRows()
-		for _, u := range []string{testUser, liveUser} {
+		before, testRows, liveRows := views(), subsRows(false), subsRows(true)
+		if ans := a.app(t, http.MethodGet, "/v1/customers/"+liveUser+"/entitlement", nil); ans.Status != http.StatusNotFound {
+			t.Errorf("a test-mode deployment answers for a live-mode user: %s", ans)
+		}
+		for _, u := range []string{testUser} {
 			var e struct {
 				Entitled bool   `json:"entitled"`
 				Status   string `json:"status"`
@@ -344,30 +354,36 @@ func TestAttacks(t *testing.T) {
 				func(id string) []byte { return atkInvoiceFailed(id, false, liveSub, liveCus, at) }, atkTestSecret},
 		}
 		for _, tc := range attacks {
+			live := tc.secret == atkLiveSecret
 			ans := a.deliverSigned(t, tc.body(tc.id), tc.secret, time.Now())
 			if ans.Status != http.StatusOK || ans.field("status") != "received" {
 				t.Errorf("%s: delivery answered %s, want 200 received", tc.name, ans)
 				continue
 			}
-			v := a.waitProcessed(t, tc.id)
-			if v.Status != "failed" || v.FailureReason == nil || !strings.HasPrefix(*v.FailureReason, "livemode_mismatch") {
-				t.Errorf("%s: event is %s with failure_reason %v, want failed with livemode_mismatch…", tc.name, v.Status, strPtr(v.FailureReason))
+			if st := a.settled(t, tc.id, live); st != "processed" {
+				t.Errorf("%s: event is %s, want processed in its own world", tc.name, st)
 			}
-			if n := a.count(t, `SELECT count(*) FROM webhook_dead_letters WHERE event_id = $1`, tc.id); n != 1 {
-				t.Errorf("%s: %d dead letters, want 1", tc.name, n)
+			if live {
+				// Live-signed: the test world (this deployment's answers) is untouched.
+				after := views()
+				for k, b := range before {
+					if after[k] != b {
+						t.Errorf("%s: GET /v1/customers/%s changed:\nbefore %s\nafter  %s", tc.name, k, b, after[k])
+					}
+				}
+				if rows := subsRows(false); rows != testRows {
+					t.Errorf("%s: test-mode subscriptions changed:\nbefore\n%safter\n%s", tc.name, testRows, rows)
+				}
+			} else if rows := subsRows(true); rows != liveRows {
+				t.Errorf("%s: live-mode subscriptions changed:\nbefore\n%safter\n%s", tc.name, liveRows, rows)
 			}
 		}
-		after := views()
-		for k, b := range before {
-			if after[k] != b {
-				t.Errorf("GET /v1/customers/%s changed:\nbefore %s\nafter  %s", k, b, after[k])
-			}
+		if n := a.count(t, `SELECT count(*) FROM webhook_dead_letters WHERE event_id LIKE 'evt_xm_%'`); n != 0 {
+			t.Errorf("%d dead letters: an event of the other world is no failure", n)
 		}
-		if rowsAfter := subsRows(); rowsAfter != rowsBefore {
-			t.Errorf("subscriptions changed:\nbefore\n%safter\n%s", rowsBefore, rowsAfter)
-		}
-		if n := a.count(t, `SELECT count(*) FROM notices WHERE stripe_customer_id IN ($1, $2)`, testCus, liveCus); n != 0 {
-			t.Errorf("%d notices for the attacked customers, want 0", n)
+		// Notices belong to the world of their event: none reached the attacked worlds' users.
+		if n := a.count(t, `SELECT count(*) FROM notices WHERE (stripe_customer_id = $1 AND livemode) OR (stripe_customer_id = $2 AND NOT livemode)`, testCus, liveCus); n != 0 {
+			t.Errorf("%d notices crossed into the other world", n)
 		}
 	})
 
@@ -968,5 +984,262 @@ func TestAttackConfiguration(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// startLiveAttackService is the attack target of a live deployment: stripe.mode live with both
+// modes' webhook secrets, its Stripe API behind a TLS proxy in front of stripe-mock (a live key
+// only travels over https), trusted through SSL_CERT_FILE.
+func startLiveAttackService(t *testing.T) *atkEnv {
+	t.Helper()
+	target, err := url.Parse(testenv.StripeMockURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tlsStripe := httptest.NewTLSServer(httputil.NewSingleHostReverseProxy(target))
+	t.Cleanup(tlsStripe.Close)
+	certFile := filepath.Join(t.TempDir(), "stripe.pem")
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: tlsStripe.Certificate().Raw}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a := &atkEnv{
+		dbURL: testenv.DatabaseURL(t),
+		client: &http.Client{
+			Timeout:       60 * time.Second,
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		},
+	}
+	a.db = openDB(t, a.dbURL)
+	a.p = start(t, t.TempDir(), map[string]string{
+		"BILLING_DATABASE_URL":                a.dbURL,
+		"BILLING_STRIPE_MODE":                 "live",
+		"BILLING_STRIPE_SECRET_KEY":           "sk_live_attacks0123456789",
+		"BILLING_STRIPE_API_URL":              tlsStripe.URL,
+		"BILLING_STRIPE_WEBHOOK_SECRETS_TEST": atkTestSecret,
+		"BILLING_STRIPE_WEBHOOK_SECRETS_LIVE": atkLiveSecret,
+		"BILLING_WORKER_RETRY_DELAY":          "10ms",
+		"BILLING_LOG_LEVEL":                   "info",
+		"SSL_CERT_FILE":                       certFile,
+	})
+	return a
+}
+
+// atkCheckoutCompleted is checkout.session.completed of a subscription Checkout for userID.
+func atkCheckoutCompleted(id string, live bool, userID, cus, sub string, created time.Time) []byte {
+	return stripeevents.Event(id, "checkout.session.completed", created, live, map[string]any{
+		"id": "cs_" + id, "object": "checkout.session", "mode": "subscription", "status": "complete",
+		"payment_status": "paid", "client_reference_id": userID, "customer": cus, "subscription": sub,
+		"metadata": map[string]any{"user_id": userID}, "livemode": live,
+	}, nil)
+}
+
+// settled waits until the event of one mode is no longer waiting ("received").
+func (a *atkEnv) settled(t *testing.T, id string, live bool) string {
+	t.Helper()
+	var status string
+	if !waitUntil(30*time.Second, func() bool {
+		status = ""
+		_ = a.db.QueryRow(`SELECT status FROM webhook_events WHERE event_id = $1 AND livemode = $2`, id, live).Scan(&status)
+		return status != "" && status != "received"
+	}) {
+		t.Fatalf("event %s (live=%v) still %q after 30s", id, live, status)
+	}
+	return status
+}
+
+// liveAnswers is every /v1 read of the given users and orders, as the app would see them.
+func (a *atkEnv) liveAnswers(t *testing.T, users, orders []string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, u := range users {
+		for _, suffix := range []string{"", "/entitlement", "/invoices"} {
+			ans := a.app(t, http.MethodGet, "/v1/customers/"+u+suffix, nil)
+			out[u+suffix] = fmt.Sprintf("%d %s", ans.Status, ans.Body)
+		}
+	}
+	for _, o := range orders {
+		ans := a.app(t, http.MethodGet, "/v1/charges/"+o, nil)
+		out["charge "+o] = fmt.Sprintf("%d %s", ans.Status, ans.Body)
+	}
+	return out
+}
+
+// A live deployment that also holds the test secret (a leaked CI or laptop secret): no event
+// signed with it may show in, or block, any answer of the live world.
+func TestAttacksOnALiveDeployment(t *testing.T) {
+	t.Parallel()
+	a := startLiveAttackService(t)
+
+	// The first finding of the third round: a test-signed Checkout and subscription for a user
+	// with no link yet entitled that user in production, and then locked the user out of paying.
+	t.Run("test-signed checkout entitles nobody and locks nobody out", func(t *testing.T) {
+		t.Parallel()
+		const user = "victim_live"
+		at := time.Now().Add(-time.Minute)
+		for _, ev := range []struct {
+			id   string
+			body []byte
+		}{
+			{"evt_lv_checkout", atkCheckoutCompleted("evt_lv_checkout", false, user, "cus_lv_attacker", "sub_lv_attacker", at)},
+			{"evt_lv_sub", atkSubEvent("evt_lv_sub", "customer.subscription.created", false, "sub_lv_attacker", "cus_lv_attacker", "active", at)},
+		} {
+			if ans := a.deliverSigned(t, ev.body, atkTestSecret, time.Now()); ans.Status != http.StatusOK {
+				t.Fatalf("%s: %s", ev.id, ans)
+			}
+			a.settled(t, ev.id, false)
+		}
+		if ans := a.app(t, http.MethodGet, "/v1/customers/"+user+"/entitlement", nil); ans.Status != http.StatusNotFound || ans.code() != "not_found" {
+			t.Errorf("entitlement after test-signed events: %s, want 404 not_found (the live world knows no such user)", ans)
+		}
+		if ans := a.app(t, http.MethodGet, "/v1/customers/"+user, nil); ans.Status != http.StatusNotFound {
+			t.Errorf("customer view after test-signed events: %s, want 404", ans)
+		}
+		put := a.app(t, http.MethodPut, "/v1/customers/"+user, []byte(`{"email":"victim@example.com","name":"Victim"}`))
+		if put.Status != http.StatusCreated || put.field("stripe_customer_id") == "cus_lv_attacker" {
+			t.Fatalf("live PUT of the user: %s, want 201 with a customer of its own", put)
+		}
+		ent := a.app(t, http.MethodGet, "/v1/customers/"+user+"/entitlement", nil)
+		if e, err := entitlementOf(ent.Body); err != nil || ent.Status != http.StatusOK || e.Entitled || e.Status != "none" {
+			t.Errorf("entitlement once linked live: %s, want not entitled, status none", ent)
+		}
+		co := a.app(t, http.MethodPost, "/v1/customers/"+user+"/checkout-sessions",
+			[]byte(`{"request_id":"r1","price_id":"price_1","success_url":"https://app.example/ok","cancel_url":"https://app.example/no"}`))
+		if co.code() == "livemode_conflict" || co.code() == "already_subscribed" {
+			t.Errorf("live Checkout of the user: %s; the test world must not block it", co)
+		}
+	})
+
+	// Event ids are unique per mode only: a test-signed event cannot squat a live event's id,
+	// and a delivery of one id with another type is not called its duplicate.
+	t.Run("event ids per mode", func(t *testing.T) {
+		t.Parallel()
+		const id = "evt_lv_squat"
+		if ans := a.deliverSigned(t, atkPlainEvent(id, false), atkTestSecret, time.Now()); ans.Status != http.StatusOK || ans.field("status") != "ignored" {
+			t.Fatalf("test-signed squatter: %s, want 200 ignored", ans)
+		}
+		live := atkSubEvent(id, "customer.subscription.created", true, "sub_lv_squat", "cus_lv_squat", "active", time.Now())
+		if ans := a.deliverSigned(t, live, atkLiveSecret, time.Now()); ans.Status != http.StatusOK || ans.field("status") != "received" {
+			t.Fatalf("live event with the squatted id: %s, want 200 received", ans)
+		}
+		if st := a.settled(t, id, true); st != "processed" {
+			t.Errorf("the live event is %s, want processed", st)
+		}
+		other := atkSubEvent(id, "customer.subscription.deleted", true, "sub_lv_squat", "cus_lv_squat", "canceled", time.Now())
+		if ans := a.deliverSigned(t, other, atkLiveSecret, time.Now()); ans.Status != http.StatusConflict || ans.code() != "event_id_conflict" {
+			t.Errorf("same id and mode, another type: %s, want 409 event_id_conflict", ans)
+		}
+		if ans := a.deliverSigned(t, live, atkLiveSecret, time.Now()); ans.Status != http.StatusOK || ans.field("status") != "duplicate" {
+			t.Errorf("the live event again: %s, want 200 duplicate", ans)
+		}
+	})
+
+	// Signed floods of made-up types: one metric series for all of them, and their bodies are not
+	// kept (only the envelope).
+	t.Run("signed floods of unhandled types stay small", func(t *testing.T) {
+		t.Parallel()
+		pad := strings.Repeat("x", 200_000)
+		var types []string
+		for i := range 20 {
+			typ := fmt.Sprintf("made.up.%d.%s", i, strings.Repeat("q", 200))
+			types = append(types, typ)
+			body := stripeevents.Event(fmt.Sprintf("evt_lv_flood_%d", i), typ, time.Now(), false,
+				map[string]any{"id": fmt.Sprintf("obj_%d", i), "pad": pad}, nil)
+			if ans := a.deliverSigned(t, body, atkTestSecret, time.Now()); ans.Status != http.StatusOK || ans.field("status") != "ignored" {
+				t.Fatalf("flood event %d: %s", i, ans)
+			}
+		}
+		if n := a.count(t, `SELECT coalesce(max(octet_length(payload::text)), 0) FROM webhook_events WHERE event_id LIKE 'evt_lv_flood_%'`); n == 0 || n > 2048 {
+			t.Errorf("largest stored flood payload: %d bytes, want only the envelope (≤ 2 KiB)", n)
+		}
+		m := a.do(t, http.MethodGet, "/metrics", nil, nil)
+		for _, typ := range types {
+			if strings.Contains(string(m.Body), typ) {
+				t.Fatalf("/metrics has a series for the made-up type %.40s…", typ)
+			}
+		}
+		if !strings.Contains(string(m.Body), `billing_webhook_events_received_total{mode="test",result="ignored",type="other"}`) {
+			t.Errorf("/metrics does not count the flood as type \"other\"")
+		}
+	})
+}
+
+// No sequence of test-signed events, whatever ids, users, types and order it names, changes an
+// answer of a live deployment: random sequences against one live world's answers.
+func TestTestSignedEventsNeverChangeALiveAnswer(t *testing.T) {
+	t.Parallel()
+	a := startLiveAttackService(t)
+	at := time.Now().Add(-10 * time.Minute)
+	// The live world: a subscriber, a linked user without subscription, and nobody.
+	const liveUser, liveCus, liveSub = "prop_live", "cus_prop_live", "sub_prop_live"
+	if _, err := a.db.Exec(`INSERT INTO customers (user_id, stripe_customer_id, email, livemode) VALUES ($1, $2, 'p@example.com', true), ('prop_plain', 'cus_prop_plain', 'q@example.com', true)`,
+		liveUser, liveCus); err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range []struct {
+		id   string
+		body []byte
+	}{
+		{"evt_prop_live_sub", atkSubEvent("evt_prop_live_sub", "customer.subscription.created", true, liveSub, liveCus, "active", at)},
+		{"evt_prop_live_fail", atkInvoiceFailed("evt_prop_live_fail", true, liveSub, liveCus, at.Add(time.Second))},
+	} {
+		if ans := a.deliverSigned(t, ev.body, atkLiveSecret, time.Now()); ans.Status != http.StatusOK {
+			t.Fatalf("%s: %s", ev.id, ans)
+		}
+		a.settled(t, ev.id, true)
+	}
+	users := []string{liveUser, "prop_plain", "prop_nobody"}
+	before := a.liveAnswers(t, users, []string{"order_prop"})
+	if !strings.HasPrefix(before[liveUser+"/entitlement"], "200 ") || !strings.Contains(before[liveUser+"/entitlement"], `"on_hold":true`) {
+		t.Fatalf("the live subscriber's answer before the attack: %s", before[liveUser+"/entitlement"])
+	}
+
+	seed := time.Now().UnixNano()
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(uint64(seed), 0))
+	pick := func(xs ...string) string { return xs[rng.IntN(len(xs))] }
+	var ids []string
+	for round := range 3 {
+		for i := range 25 {
+			id := fmt.Sprintf("evt_prop_%d_%d", round, i)
+			if i%7 == 6 {
+				id = pick("evt_prop_live_sub", "evt_prop_live_fail") // a live event's id
+			}
+			user, cus, sub := pick(users...), pick(liveCus, "cus_prop_plain", "cus_prop_new"), pick(liveSub, "sub_prop_new")
+			created := at.Add(time.Duration(rng.IntN(3600)) * time.Second)
+			var body []byte
+			switch rng.IntN(6) {
+			case 0:
+				body = atkCheckoutCompleted(id, false, user, cus, sub, created)
+			case 1:
+				body = atkSubEvent(id, pick("customer.subscription.created", "customer.subscription.updated"), false, sub, cus,
+					pick("active", "trialing", "past_due"), created)
+			case 2:
+				body = atkSubEvent(id, "customer.subscription.deleted", false, sub, cus, "canceled", created)
+			case 3:
+				body = atkInvoiceFailed(id, false, sub, cus, created)
+			case 4:
+				body = stripeevents.Event(id, pick("invoice.payment_succeeded", "invoice.paid"), created, false, map[string]any{
+					"id": "in_" + id, "object": "invoice", "customer": cus, "subscription": sub, "status": "paid",
+					"attempt_count": 1, "amount_due": 2000, "amount_paid": 2000, "currency": "usd", "created": created.Unix()}, nil)
+			default:
+				body = stripeevents.Event(id, pick("customer.updated", "customer.deleted"), created, false, map[string]any{
+					"id": cus, "object": "customer", "email": "attacker@example.com", "name": "Attacker",
+					"metadata": map[string]any{"user_id": user}}, nil)
+			}
+			ans := a.deliverSigned(t, body, atkTestSecret, time.Now())
+			if ans.Status != http.StatusOK && ans.code() != "event_id_conflict" {
+				t.Fatalf("seed %d: delivery %s: %s", seed, id, ans)
+			}
+			ids = append(ids, id)
+		}
+		for _, id := range ids {
+			a.settled(t, id, false)
+		}
+		after := a.liveAnswers(t, users, []string{"order_prop"})
+		for k, b := range before {
+			if after[k] != b {
+				t.Errorf("seed %d, round %d: live answer %s changed:\nbefore %s\nafter  %s", seed, round, k, b, after[k])
+			}
+		}
 	}
 }
