@@ -108,11 +108,13 @@ func (i *Inbox) duplicate(ctx context.Context, env envelope) (storeResult, error
 	case err != nil:
 		return storeResult{}, fmt.Errorf("read stored event %s: %w", env.ID, err)
 	case stored != env.Type:
-		return storeResult{}, apierr.New(apierr.CodeEventIDConflict,
-			"event %s is stored with type %s; this delivery says %s", env.ID, stored, env.Type).With("event_id", env.ID)
+		return storeResult{}, fmt.Errorf("%w: event %s is stored with type %s; this delivery says %s", errEventIDConflict, env.ID, stored, env.Type)
 	}
 	return storeResult{ResultDuplicate, ResultDuplicate}, nil
 }
+
+// errEventIDConflict: a delivery's id is stored, in its mode, with another type.
+var errEventIDConflict = errors.New("event id taken by another event")
 
 // storedPayload is what is kept of a delivery: the whole body of a handled event, and only the
 // envelope of an ignored one. Nothing reads an ignored event's object, and keeping it would let
@@ -187,6 +189,9 @@ func (i *Inbox) receive(c echo.Context) error {
 	}
 
 	result, err := i.store(c.Request().Context(), env, body)
+	if errors.Is(err, errEventIDConflict) {
+		return i.reject(apierr.CodeEventIDConflict, err, "%s", err.Error())
+	}
 	if err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "22") {
