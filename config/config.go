@@ -25,6 +25,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/spf13/viper"
+
+	"billing/internal/auth"
 )
 
 const envPrefix = "BILLING"
@@ -511,13 +513,27 @@ func (c *Config) validate() *Error {
 		return errorf("stripe.webhook_tolerance", "must be at most %s, got %s", MaxWebhookTolerance, c.Stripe.WebhookTolerance)
 	}
 
-	// An empty token would let an empty bearer authenticate; a short one can be guessed.
+	// An empty token would let an empty bearer authenticate; a short one can be guessed. An admin
+	// entry may be "name:TOKEN" (auth.SplitAdminToken): the rules hold for its token.
+	adminTokens := make([]string, len(c.Auth.AdminTokens))
+	adminNames := map[string]int{}
+	for i, e := range c.Auth.AdminTokens {
+		name, token := auth.SplitAdminToken(e)
+		adminTokens[i] = token
+		if name == "" {
+			continue
+		}
+		if j, dup := adminNames[name]; dup {
+			return errorf("auth.admin_tokens", "entries %d and %d have the same name %q; give each admin token its own name", j, i+1, name)
+		}
+		adminNames[name] = i + 1
+	}
 	for _, s := range []struct {
 		key  string
 		list []string
 	}{
 		{"auth.api_tokens", c.Auth.APITokens},
-		{"auth.admin_tokens", c.Auth.AdminTokens},
+		{"auth.admin_tokens", adminTokens},
 	} {
 		for i, t := range s.list {
 			if strings.TrimSpace(t) == "" {
@@ -530,8 +546,8 @@ func (c *Config) validate() *Error {
 	}
 	// A token in both lists would authenticate as admin only, so the app backend holding it would
 	// be refused: whoever configured it meant one role or the other.
-	for i, t := range c.Auth.AdminTokens {
-		if slices.Contains(c.Auth.APITokens, t) {
+	for i, t := range adminTokens {
+		if slices.Contains(c.Auth.APITokens, t) || slices.Contains(c.Auth.APITokens, c.Auth.AdminTokens[i]) {
 			return errorf("auth.admin_tokens", "entry %d is also in auth.api_tokens; a token must have one role", i+1)
 		}
 	}

@@ -8,6 +8,8 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"billing/internal/apierr"
+	"billing/internal/audit"
+	"billing/internal/auth"
 	"billing/internal/database"
 	"billing/internal/ids"
 )
@@ -76,7 +78,7 @@ func (s *Service) startRun(c echo.Context) error {
 		}
 		dry = b
 	}
-	runID, err := s.Start(RunOptions{DryRun: dry, Trigger: TriggerAdmin})
+	runID, err := s.Start(RunOptions{DryRun: dry, Trigger: TriggerAdmin, Actor: adminActor(c)})
 	switch {
 	case errors.Is(err, ErrRunning):
 		return apierr.New(apierr.CodeReconcileRunning, "a reconcile run of %s mode is going; try again when it has finished", modeName(s.livemode))
@@ -96,4 +98,13 @@ func limitParam(c echo.Context, def, maxLimit int) (int, error) {
 		return 0, apierr.New(apierr.CodeInvalidRequest, "limit must be an integer from 1 to %d", maxLimit)
 	}
 	return n, nil
+}
+
+// adminActor is who made the request, for the audit log: never empty, since an admin route always
+// has one (auth.Require).
+func adminActor(c echo.Context) string {
+	if a := auth.Actor(c.Request().Context()); a != "" {
+		return a
+	}
+	return audit.SystemActor
 }

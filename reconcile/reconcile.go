@@ -30,6 +30,7 @@ import (
 	"gorm.io/gorm"
 
 	"billing/billing"
+	"billing/internal/audit"
 	"billing/internal/database"
 )
 
@@ -135,6 +136,9 @@ type RunOptions struct {
 	Trigger string
 	// Progress receives a line per page (the command's stderr); nil: the log only.
 	Progress io.Writer
+	// Actor is the admin who asked for the run (auth.Actor of the request), "" for none: the
+	// start, or its refusal, is then recorded in the audit log, with the run's own record.
+	Actor string
 }
 
 // Summary is the outcome of a run.
@@ -199,6 +203,12 @@ func (s *Service) Start(opts RunOptions) (string, error) {
 	}
 	lk, err := s.lock(ctx)
 	if err != nil {
+		if errors.Is(err, ErrRunning) && opts.Actor != "" {
+			if aerr := audit.RecordBy(ctx, s.db, opts.Actor, audit.ActionReconcileStart, "reconcile "+modeName(s.livemode)+" mode",
+				s.livemode, "refused: a run is going"); aerr != nil {
+				s.log.Error("record a refused reconcile start", "error", aerr)
+			}
+		}
 		return "", err
 	}
 	r, err := s.begin(ctx, lk, opts)

@@ -15,6 +15,7 @@ import (
 	"gorm.io/gorm"
 
 	"billing/billing"
+	"billing/internal/audit"
 	"billing/internal/database"
 	"billing/internal/ids"
 	"billing/webhooks"
@@ -63,9 +64,19 @@ func (s *Service) begin(ctx context.Context, lk *runLock, opts RunOptions) (*run
 			WHERE livemode = $2 AND finished_at IS NULL`, now, s.livemode).Error; err != nil {
 			return err
 		}
-		return tx.Exec(`
+		if err := tx.Exec(`
 			INSERT INTO reconcile_runs (run_id, livemode, dry_run, trigger, started_at) VALUES ($1, $2, $3, $4, $5)`,
-			r.sum.RunID, s.livemode, opts.DryRun, opts.Trigger, now).Error
+			r.sum.RunID, s.livemode, opts.DryRun, opts.Trigger, now).Error; err != nil {
+			return err
+		}
+		if opts.Actor == "" {
+			return nil
+		}
+		result := "started"
+		if opts.DryRun {
+			result = "started (dry run)"
+		}
+		return audit.RecordBy(ctx, tx, opts.Actor, audit.ActionReconcileStart, r.sum.RunID, s.livemode, result)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("reconcile: record the run: %w", err)

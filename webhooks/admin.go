@@ -17,6 +17,8 @@ import (
 	"gorm.io/gorm"
 
 	"billing/internal/apierr"
+	"billing/internal/audit"
+	"billing/internal/auth"
 	"billing/internal/database"
 )
 
@@ -144,10 +146,15 @@ func (i *Inbox) replayEvent(c echo.Context) error {
 var ErrAmbiguousEvent = errors.New("event id is stored in both modes")
 
 // Replay puts a failed event back to received with its attempts reset and queues it again, in
-// one transaction. It returns the event's status before the call. Ids are unique per mode only:
-// of an id stored in both modes, the one failed event is replayed; ErrAmbiguousEvent when that
-// does not choose one.
+// one transaction, which also records the replay in the audit log. It returns the event's status
+// before the call; a refusal (the event is not failed) is recorded too. Ids are unique per mode
+// only: of an id stored in both modes, the one failed event is replayed; ErrAmbiguousEvent when
+// that does not choose one.
 func (i *Inbox) Replay(ctx context.Context, eventID string) (string, error) {
+	return i.replay(ctx, eventID, audit.ActionReplay, "replayed: queued again")
+}
+
+func (i *Inbox) replay(ctx context.Context, eventID, action, result string) (string, error) {
 	var status string
 	var key EventKey
 	err := i.cfg.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
@@ -178,12 +185,29 @@ func (i *Inbox) Replay(ctx context.Context, eventID string) (string, error) {
 		if err := tx.Exec(`DELETE FROM webhook_dead_letters WHERE event_id = $1 AND livemode = $2`, key.ID, key.Livemode).Error; err != nil {
 			return fmt.Errorf("remove dead letter %s: %w", eventID, err)
 		}
+		if err := audit.Record(ctx, tx, action, eventID, key.Livemode, result); err != nil {
+			return err
+		}
 		return i.enqueue(ctx, tx, key)
 	})
-	if err == nil {
-		i.log.Info("webhook event replayed", "event_id", eventID, "livemode", key.Livemode)
+	switch {
+	case err == nil:
+		i.log.Info("webhook event replayed", "event_id", eventID, "livemode", key.Livemode, "actor", auditActor(ctx))
+	case errors.Is(err, ErrNotReplayable) && action == audit.ActionReplay:
+		// Replay-all passes over events another admin replayed meanwhile: only a replay asked for
+		// by name records its refusal.
+		if aerr := audit.Record(ctx, i.cfg.DB, action, eventID, key.Livemode, "refused: the event is "+status); aerr != nil {
+			i.log.Error("record a refused replay", "event_id", eventID, "error", aerr)
+		}
 	}
 	return status, err
+}
+
+func auditActor(ctx context.Context) string {
+	if a := auth.Actor(ctx); a != "" {
+		return a
+	}
+	return audit.SystemActor
 }
 
 // DeadLetters lists dead-lettered events, newest first.

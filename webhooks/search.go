@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"gorm.io/gorm"
+
+	"billing/internal/audit"
 )
 
 // The reads of the admin console: the event log with filters, search and keyset paging, one
@@ -275,7 +277,9 @@ type DeadLetterQuery struct {
 	Type string
 	// DeadAtOrBefore leaves out events dead-lettered later (again, after a replay).
 	DeadAtOrBefore time.Time
-	Limit          int
+	// Before pages: only dead letters older than this (dead_at, event_id).
+	Before *EventCursor
+	Limit  int
 }
 
 // DeadLetterList lists dead letters, newest first.
@@ -306,6 +310,10 @@ func deadLetterWhere(q DeadLetterQuery) (string, []any) {
 	if !q.DeadAtOrBefore.IsZero() {
 		args = append(args, q.DeadAtOrBefore)
 		where = append(where, `d.dead_at <= $`+strconv.Itoa(len(args)))
+	}
+	if q.Before != nil {
+		args = append(args, q.Before.ReceivedAt, q.Before.EventID)
+		where = append(where, `(d.dead_at, d.event_id) < ($`+strconv.Itoa(len(args)-1)+`, $`+strconv.Itoa(len(args))+`)`)
 	}
 	if len(where) == 0 {
 		return "", nil
@@ -362,7 +370,7 @@ func (i *Inbox) ReplayDeadLetters(ctx context.Context, q DeadLetterQuery, limit 
 		}
 		progress := false
 		for _, d := range list {
-			_, err := i.Replay(ctx, d.EventID)
+			_, err := i.replay(ctx, d.EventID, audit.ActionReplayType, "replayed with every dead letter of type "+q.Type)
 			switch {
 			case errors.Is(err, ErrNotReplayable), errors.Is(err, gorm.ErrRecordNotFound):
 				continue
