@@ -23,6 +23,7 @@ import (
 	"billing/checkout"
 	"billing/config"
 	"billing/customers"
+	"billing/internal/audit"
 	"billing/internal/auth"
 	"billing/internal/database"
 	"billing/internal/httpserver"
@@ -196,7 +197,8 @@ func newApp(opts appOptions) (*App, error) {
 	// /admin group.
 	admin.New(admin.Deps{
 		Holds: subs, DeadLetters: inbox, Events: inbox, Subscriptions: subs, Charges: charges,
-		Reconcile: admin.NewReconcileReader(db), Livemode: livemode, Logger: logger, Now: now,
+		Reconcile: admin.NewReconcileReader(db), People: customers.NewDirectory(db), Accounts: subs, Runs: rec,
+		Audit: audit.NewLog(db), Livemode: livemode, Logger: logger, Now: now,
 	}).Mount(adminAPI)
 	inbox.MountAdmin(adminAPI)
 	rec.Mount(adminAPI)

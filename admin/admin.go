@@ -1,6 +1,6 @@
 // Package admin is the operator console under /admin: server-rendered pages that work without
-// JavaScript (overview, holds, event log, event detail, subscription, dead letters) and GET
-// /admin/holds. It owns no state: it reads the domain packages through the small interfaces it
+// JavaScript (overview, holds, event log, event detail, subscription, customer, charges,
+// reconciliation, audit log, dead letters), GET /admin/holds and GET /admin/audit. It owns no state: it reads the domain packages through the small interfaces it
 // declares below, and imports them only for their types.
 //
 // Each page is a handler here, registered in Mount, with its template in templates/admin/ (one
@@ -18,7 +18,10 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"billing/billing"
+	"billing/customers"
+	"billing/internal/audit"
 	"billing/ledger"
+	"billing/reconcile"
 	"billing/webhooks"
 )
 
@@ -54,9 +57,42 @@ type SubscriptionSource interface {
 	SubscriptionInvoices(ctx context.Context, subscriptionID string, livemode bool, limit int) ([]billing.InvoiceRow, error)
 }
 
-// ChargeSource lists a customer's ledger rows: ledger.Service.
+// ChargeSource is the ledger as the console reads it: ledger.Service.
 type ChargeSource interface {
 	CustomerCharges(ctx context.Context, stripeCustomerID string, livemode bool, limit int) ([]ledger.ChargeRow, error)
+	SearchCharges(ctx context.Context, q ledger.ChargeQuery) (*ledger.ChargePage, error)
+	UserCharges(ctx context.Context, userID string, livemode bool, before *ledger.ChargeCursor, limit int) ([]ledger.ChargeRow, error)
+	Charge(ctx context.Context, orderID string, livemode bool) (*ledger.ChargeRow, error)
+	ChargeRefunds(ctx context.Context, orderID string, livemode bool) ([]ledger.RefundRow, error)
+	RefundsOf(ctx context.Context, orderIDs []string, livemode bool) ([]ledger.RefundRow, error)
+	FindCharges(ctx context.Context, id string, livemode bool, limit int) ([]ledger.ChargeRow, error)
+}
+
+// PeopleSource finds the app's users by id, email or name: customers.Directory.
+type PeopleSource interface {
+	Person(ctx context.Context, userID string, livemode bool) (*customers.Person, error)
+	Find(ctx context.Context, text string, livemode bool, limit int) ([]customers.Person, error)
+}
+
+// AccountSource is billing as the customer page reads it: billing.Service.
+type AccountSource interface {
+	CustomerAccount(ctx context.Context, userID, stripeCustomerID string, livemode bool) (*billing.Account, error)
+	CustomerInvoices(ctx context.Context, stripeCustomerID string, livemode bool, before *billing.PageCursor, limit int) ([]billing.InvoiceRow, error)
+	CustomerNotices(ctx context.Context, stripeCustomerID string, livemode bool, before *billing.PageCursor, limit int) ([]billing.NoticeRow, error)
+}
+
+// RunSource is reconciliation as its page reads and starts it: reconcile.Service.
+type RunSource interface {
+	RunPage(ctx context.Context, before string, limit int) ([]reconcile.RunView, bool, error)
+	RunByID(ctx context.Context, runID string) (*reconcile.RunView, error)
+	DriftFields(ctx context.Context, runID string) ([]reconcile.FieldCount, error)
+	DriftPage(ctx context.Context, runID, field string, after int64, limit int) ([]reconcile.DriftView, bool, error)
+	Start(opts reconcile.RunOptions) (string, error)
+}
+
+// AuditSource reads the audit log: audit.Log.
+type AuditSource interface {
+	List(ctx context.Context, q audit.Query) (*audit.Page, error)
 }
 
 // ReconcileSource reads the last reconciliation run: NewReconcileReader.
@@ -74,6 +110,10 @@ type Deps struct {
 	Subscriptions SubscriptionSource
 	Charges       ChargeSource
 	Reconcile     ReconcileSource
+	People        PeopleSource
+	Accounts      AccountSource
+	Runs          RunSource
+	Audit         AuditSource
 	// Livemode is stripe.mode: the mode the console says it runs in.
 	Livemode bool
 	Logger   *slog.Logger
@@ -111,6 +151,10 @@ const (
 	pathDeadLetters = "/admin/ui/dead-letters"
 	pathFind        = "/admin/ui/find"
 	pathSubs        = "/admin/ui/subscriptions"
+	pathCustomers   = "/admin/ui/customers"
+	pathCharges     = "/admin/ui/charges"
+	pathReconcile   = "/admin/ui/reconcile"
+	pathAudit       = "/admin/ui/audit"
 )
 
 // Mount adds, on the /admin group (admin auth applied by the caller):
@@ -121,7 +165,13 @@ const (
 //	GET  /ui/events, /ui/events/{id}         → the event log and one event
 //	POST /ui/events/{id}/replay              → replay a failed event, back to its page
 //	GET  /ui/subscriptions/{id}              → one subscription: state, reason, timeline, …
-//	GET  /ui/find?q=                         → where an id leads (subscription, customer, user, event)
+//	GET  /ui/customers/{user_id}             → one user: both modes' links, subscriptions, money, notices
+//	GET  /ui/charges, /ui/charges/{order_id} → the charges (filters, search, paging) and one charge
+//	GET  /ui/reconcile, /ui/reconcile/{id}   → reconcile runs, one run's drift by field
+//	POST /ui/reconcile                       → start a run
+//	GET  /ui/audit                           → the audit log
+//	GET  /audit                              → {"entries": [audit.Entry], "next_before"}
+//	GET  /ui/find?q=                         → where an id, email or name leads
 //	GET  /ui/dead-letters                    → dead letters by type
 //	POST /ui/dead-letters/replay             → replay one
 //	GET  /ui/dead-letters/replay-type?type=  → confirm replaying every dead letter of a type
@@ -136,6 +186,14 @@ func (c *Console) Mount(admin *echo.Group) {
 	admin.POST("/ui/events/:id/replay", c.postEventReplay)
 	admin.GET("/ui/subscriptions/:id", c.getSubscription)
 	admin.GET("/ui/find", c.getFind)
+	admin.GET("/ui/customers/:id", c.getCustomer)
+	admin.GET("/ui/charges", c.getCharges)
+	admin.GET("/ui/charges/:id", c.getCharge)
+	admin.GET("/ui/reconcile", c.getRuns)
+	admin.GET("/ui/reconcile/:id", c.getRun)
+	admin.POST("/ui/reconcile", c.postReconcile)
+	admin.GET("/ui/audit", c.getAuditPage)
+	admin.GET("/audit", c.getAudit)
 	admin.GET("/ui/dead-letters", c.getDeadLetters)
 	admin.POST("/ui/dead-letters/replay", c.postDeadLetterReplay)
 	admin.GET("/ui/dead-letters/replay-type", c.getReplayType)

@@ -15,18 +15,18 @@ import (
 	"billing/webhooks"
 )
 
-// deadLettersShown is how many dead letters the page lists; replayTypeMax is how many one
-// "replay all of a type" replays (each in its own transaction; the page says what is left).
+// deadLettersShown is the dead-letter page's page size; replayTypeMax is how many one "replay
+// all of a type" replays (each in its own transaction; the page says what is left).
 const (
-	deadLettersShown = 200
+	deadLettersShown = 100
 	replayTypeMax    = 1000
 )
 
 type deadLettersPage struct {
-	Type  string
-	Types []webhooks.DeadLetterType
-	Rows  []webhooks.DeadLetter
-	More  bool
+	Type                string
+	Types               []webhooks.DeadLetterType
+	Rows                []webhooks.DeadLetter
+	NewestURL, OlderURL string
 }
 
 func (c *Console) getDeadLetters(ec echo.Context) error {
@@ -39,11 +39,25 @@ func (c *Console) getDeadLetters(ec echo.Context) error {
 	if v.Types, err = c.d.Events.DeadLetterTypes(ctx); err != nil {
 		return database.APIError(err, "count dead letters")
 	}
-	if v.Rows, err = c.d.Events.DeadLetterList(ctx, webhooks.DeadLetterQuery{Type: v.Type, Limit: deadLettersShown + 1}); err != nil {
+	dq := webhooks.DeadLetterQuery{Type: v.Type, Limit: deadLettersShown + 1}
+	problem := ""
+	if s := ec.QueryParam("before"); s != "" {
+		cur, err := webhooks.ParseEventCursor(s)
+		if err != nil {
+			problem = "The page link is damaged: showing the newest dead letters."
+		} else {
+			dq.Before = &cur
+			v.NewestURL = withQuery(pathDeadLetters, url.Values{"type": {v.Type}})
+		}
+	}
+	if v.Rows, err = c.d.Events.DeadLetterList(ctx, dq); err != nil {
 		return database.APIError(err, "list dead letters")
 	}
 	if len(v.Rows) > deadLettersShown {
-		v.Rows, v.More = v.Rows[:deadLettersShown], true
+		v.Rows = v.Rows[:deadLettersShown]
+		last := v.Rows[len(v.Rows)-1]
+		v.OlderURL = withQuery(pathDeadLetters, url.Values{"type": {v.Type},
+			"before": {webhooks.EventCursor{ReceivedAt: last.DeadAt, EventID: last.EventID}.String()}})
 	}
 	q := ec.QueryParams()
 	flash := ""
@@ -53,7 +67,7 @@ func (c *Console) getDeadLetters(ec echo.Context) error {
 	case q.Has("replayed_type"):
 		flash = "Replayed " + q.Get("n") + " dead letters of type " + q.Get("replayed_type") + "; " + q.Get("left") + " of those confirmed are left."
 	}
-	return c.render(ec, http.StatusOK, "deadletters", "dead-letters", "Dead letters", v, flash, "")
+	return c.render(ec, http.StatusOK, "deadletters", "dead-letters", "Dead letters", v, flash, problem)
 }
 
 func (c *Console) postDeadLetterReplay(ec echo.Context) error {

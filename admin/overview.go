@@ -29,6 +29,9 @@ type overview struct {
 	HoldsShown   []holdRow
 	HoldsMore    int
 	HoldsByCause []countLink
+	// HoldsByStatus counts the held subscriptions by Stripe status: a past_due hold reason and a
+	// past_due status are different things (a failed payment holds an active subscription too).
+	HoldsByStatus []countLink
 
 	DeadLettersAvailable bool
 	DeadLettersError     string
@@ -108,6 +111,13 @@ func (c *Console) getOverview(ec echo.Context) error {
 	}
 	for _, r := range []string{billing.HoldPaymentFailed, billing.HoldPastDue, billing.HoldUnpaid} {
 		v.HoldsByCause = append(v.HoldsByCause, countLink{Label: r, Count: byReason[r], URL: pathHolds + "?reason=" + r})
+	}
+	byStatus := map[string]int{billing.StatusPastDue: 0, billing.StatusUnpaid: 0}
+	for _, h := range holds {
+		byStatus[h.Status]++
+	}
+	for _, st := range sortedKeys(byStatus) {
+		v.HoldsByStatus = append(v.HoldsByStatus, countLink{Label: st, Count: byStatus[st], URL: pathHolds + "?status=" + st})
 	}
 
 	if c.d.DeadLetters != nil {

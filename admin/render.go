@@ -22,7 +22,8 @@ import (
 type pageTemplate = htmltemplate.Template
 
 // pageNames are the page files under templates/admin/, each defining "content" (and "title").
-var pageNames = []string{"overview", "holds", "events", "event", "subscription", "find", "deadletters", "confirm", "message"}
+var pageNames = []string{"overview", "holds", "events", "event", "subscription", "find", "deadletters", "confirm", "message",
+	"customer", "charges", "charge", "runs", "run", "audit"}
 
 func parsePages() map[string]*pageTemplate {
 	base, err := htmltemplate.New("").Funcs(funcs).ParseFS(templates.FS, "admin/layout.html")
@@ -89,16 +90,21 @@ func (c *Console) unavailable(ec echo.Context, section, what string) error {
 const timeLayout = "2006-01-02 15:04:05 UTC"
 
 var funcs = htmltemplate.FuncMap{
-	"when":      when,
-	"str":       deref,
-	"amount":    func(a *int64, cur *string) string { return display.Amount(a, deref(cur)) },
-	"money":     func(a int64, cur string) string { return display.Amount(&a, cur) },
-	"subURL":    subURL,
-	"eventURL":  eventURL,
-	"findURL":   findURL,
-	"searchURL": func(id string) string { return pathEvents + "?q=" + url.QueryEscape(id) },
-	"dashboard": dashboardURL,
-	"safeURL":   display.SafeURL,
+	"when":        when,
+	"str":         deref,
+	"amount":      func(a *int64, cur *string) string { return display.Amount(a, deref(cur)) },
+	"money":       func(a int64, cur string) string { return display.Amount(&a, cur) },
+	"subURL":      subURL,
+	"eventURL":    eventURL,
+	"findURL":     findURL,
+	"customerURL": customerURL,
+	"chargeURL":   chargeURL,
+	"runURL":      runURL,
+	"targetURL":   targetURL,
+	"plural":      plural,
+	"searchURL":   func(id string) string { return pathEvents + "?q=" + url.QueryEscape(id) },
+	"dashboard":   dashboardURL,
+	"safeURL":     display.SafeURL,
 	"mode": func(live bool) string {
 		if live {
 			return "live"
@@ -168,6 +174,29 @@ func dashboardURL(kind, id string, live bool) string {
 		u += "/test"
 	}
 	return u + "/" + kind + "/" + url.PathEscape(id)
+}
+
+// plural is "1 attempt", "2 attempts": n and the word that fits it. n is an int, int64 or
+// *int64 (nil: "").
+func plural(n any, one, many string) string {
+	var v int64
+	switch t := n.(type) {
+	case int:
+		v = int64(t)
+	case int64:
+		v = t
+	case *int64:
+		if t == nil {
+			return ""
+		}
+		v = *t
+	default:
+		return ""
+	}
+	if v == 1 {
+		return "1 " + one
+	}
+	return strconv.FormatInt(v, 10) + " " + many
 }
 
 func deref(p *string) string {

@@ -8,9 +8,9 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"billing/billing"
+	"billing/customers"
 	"billing/internal/database"
 	"billing/ledger"
-	"billing/webhooks"
 )
 
 // How much of a subscription's history its page lists.
@@ -94,13 +94,20 @@ func section[T any](ctx context.Context, c *Console, what string, read func(cont
 }
 
 type findPage struct {
-	Q             string
+	Q string
+	// People are users whose id, Stripe customer id, email or name (a prefix) the text names.
+	People []customers.Person
+	// Charges are charges whose order id, PaymentIntent or refund the text names.
+	Charges       []ledger.ChargeRow
 	Subscriptions []billing.SubscriptionRef
-	Event         *webhooks.EventDetail
+	// More says a list was cut at findResults.
+	More bool
 }
 
-// getFind leads from any id to its page: an event to the event, a subscription, or the only
-// subscription of a customer or user, to the subscription; several to a list.
+// getFind leads from what an operator has in hand to its page: an event id to the event; a
+// user id, a Stripe customer id, or an email or name (a case-insensitive prefix) to the user's
+// customer page; an order id, PaymentIntent or refund id to the charge; a subscription id to
+// the subscription. Several matches make a list; the deployment's mode comes first.
 func (c *Console) getFind(ec echo.Context) error {
 	ctx := ec.Request().Context()
 	q := strings.TrimSpace(ec.QueryParam("q"))
@@ -117,15 +124,51 @@ func (c *Console) getFind(ec echo.Context) error {
 			return ec.Redirect(http.StatusSeeOther, eventURL(ev.EventID))
 		}
 	}
+	users := map[string]bool{}
+	for _, live := range []bool{c.d.Livemode, !c.d.Livemode} {
+		if c.d.People != nil {
+			people, err := c.d.People.Find(ctx, q, live, findResults+1)
+			if err != nil {
+				return database.APIError(err, "find")
+			}
+			if len(people) > findResults {
+				people, v.More = people[:findResults], true
+			}
+			for _, p := range people {
+				users[p.UserID] = true
+			}
+			v.People = append(v.People, people...)
+		}
+		if c.d.Charges != nil {
+			charges, err := c.d.Charges.FindCharges(ctx, q, live, findResults+1)
+			if err != nil {
+				return database.APIError(err, "find")
+			}
+			if len(charges) > findResults {
+				charges, v.More = charges[:findResults], true
+			}
+			v.Charges = append(v.Charges, charges...)
+		}
+	}
 	if c.d.Subscriptions != nil {
 		refs, err := c.d.Subscriptions.FindSubscriptions(ctx, q, findResults)
 		if err != nil {
 			return database.APIError(err, "find")
 		}
-		if len(refs) == 1 {
-			return ec.Redirect(http.StatusSeeOther, subURL(refs[0].SubscriptionID))
+		for _, r := range refs {
+			if r.SubscriptionID == q {
+				return ec.Redirect(http.StatusSeeOther, subURL(r.SubscriptionID))
+			}
 		}
 		v.Subscriptions = refs
+	}
+	switch {
+	case len(users) == 1 && len(v.Charges) == 0:
+		return ec.Redirect(http.StatusSeeOther, customerURL(v.People[0].UserID))
+	case len(users) == 0 && len(v.Charges) == 1:
+		return ec.Redirect(http.StatusSeeOther, chargeURL(v.Charges[0].OrderID, v.Charges[0].Livemode))
+	case len(users) == 0 && len(v.Charges) == 0 && len(v.Subscriptions) == 1:
+		return ec.Redirect(http.StatusSeeOther, subURL(v.Subscriptions[0].SubscriptionID))
 	}
 	return c.render(ec, http.StatusOK, "find", "", "Find "+q, v, "", "")
 }

@@ -89,13 +89,15 @@ func (s *Service) FindSubscriptions(ctx context.Context, id string, limit int) (
 
 // NoticeRow is one customer notice of a subscription.
 type NoticeRow struct {
-	ID        int64      `gorm:"column:id"`
-	EventID   string     `gorm:"column:event_id"`
-	Kind      string     `gorm:"column:kind"`
-	Recipient string     `gorm:"column:recipient"`
-	CreatedAt time.Time  `gorm:"column:created_at"`
-	Delivery  *string    `gorm:"column:delivery"`
-	SentAt    *time.Time `gorm:"column:sent_at"`
+	ID      int64  `gorm:"column:id"`
+	EventID string `gorm:"column:event_id"`
+	Kind    string `gorm:"column:kind"`
+	// SubscriptionID is set on the customer page's list (the subscription page's are its own).
+	SubscriptionID *string    `gorm:"column:subscription_id"`
+	Recipient      string     `gorm:"column:recipient"`
+	CreatedAt      time.Time  `gorm:"column:created_at"`
+	Delivery       *string    `gorm:"column:delivery"`
+	SentAt         *time.Time `gorm:"column:sent_at"`
 }
 
 // SubscriptionNotices lists the notices of a subscription, newest first.
@@ -114,6 +116,7 @@ func (s *Service) SubscriptionNotices(ctx context.Context, subscriptionID string
 // InvoiceRow is one invoice of a subscription as stored from the invoice events.
 type InvoiceRow struct {
 	InvoiceID        string     `gorm:"column:invoice_id"`
+	SubscriptionID   *string    `gorm:"column:subscription_id"`
 	Number           *string    `gorm:"column:number"`
 	Status           *string    `gorm:"column:status"`
 	AmountDue        *int64     `gorm:"column:amount_due"`

@@ -24,6 +24,8 @@ type RunView struct {
 
 // DriftView is one row of GET /admin/reconcile/drift.
 type DriftView struct {
+	// ID orders a run's drift (the order found) and pages it.
+	ID             int64     `json:"-" gorm:"column:id"`
 	RunID          string    `json:"run_id" gorm:"column:run_id"`
 	SubscriptionID string    `json:"subscription_id" gorm:"column:subscription_id"`
 	Livemode       bool      `json:"livemode" gorm:"column:livemode"`
@@ -128,3 +130,70 @@ func (s *Service) firstCheck(ctx context.Context) (time.Time, error) {
 	}
 	return at[0], nil
 }
+
+// RunPage returns up to limit runs of the service's mode, newest first, those started before the
+// run named by before when it is set (keyset on (started_at, run_id)), and whether there are more.
+func (s *Service) RunPage(ctx context.Context, before string, limit int) ([]RunView, bool, error) {
+	runs := []RunView{}
+	q := `SELECT run_id, livemode, dry_run, trigger, started_at, finished_at, objects, drifted, repaired,
+		  missing_at_stripe, errors, error
+		FROM reconcile_runs WHERE livemode = $1`
+	args := []any{s.livemode, limit + 1}
+	if before != "" {
+		q += ` AND (started_at, run_id) < (SELECT started_at, run_id FROM reconcile_runs WHERE run_id = $3 AND livemode = $1)`
+		args = append(args, before)
+	}
+	if err := s.db.WithContext(ctx).Raw(q+` ORDER BY started_at DESC, run_id DESC LIMIT $2`, args...).Scan(&runs).Error; err != nil {
+		return nil, false, fmt.Errorf("list reconcile runs: %w", err)
+	}
+	more := len(runs) > limit
+	if more {
+		runs = runs[:limit]
+	}
+	return runs, more, nil
+}
+
+// FieldCount is how many drift rows of a run name one field, and how many of them were repaired.
+type FieldCount struct {
+	Field    string `gorm:"column:field"`
+	Count    int64  `gorm:"column:count"`
+	Repaired int64  `gorm:"column:repaired"`
+}
+
+// DriftFields counts a run's drift by field, the most frequent first.
+func (s *Service) DriftFields(ctx context.Context, runID string) ([]FieldCount, error) {
+	out := []FieldCount{}
+	err := s.db.WithContext(ctx).Raw(`
+		SELECT field, count(*) AS count, count(*) FILTER (WHERE repaired) AS repaired
+		FROM reconcile_drift WHERE run_id = $1 AND livemode = $2
+		GROUP BY field ORDER BY count(*) DESC, field`, runID, s.livemode).Scan(&out).Error
+	if err != nil {
+		return nil, fmt.Errorf("count drift of run %s: %w", runID, err)
+	}
+	return out, nil
+}
+
+// DriftPage returns up to limit drift rows of a run in the order found, of one field when field is
+// set, after the row id after (0: from the start), and whether there are more.
+func (s *Service) DriftPage(ctx context.Context, runID, field string, after int64, limit int) ([]DriftView, bool, error) {
+	drift := []DriftView{}
+	q := `SELECT id, run_id, subscription_id, livemode, field, local, stripe, repaired, reason, created_at
+		FROM reconcile_drift WHERE run_id = $1 AND livemode = $2 AND id > $3`
+	args := []any{runID, s.livemode, after, limit + 1}
+	if field != "" {
+		q += ` AND field = $5`
+		args = append(args, field)
+	}
+	if err := s.db.WithContext(ctx).Raw(q+` ORDER BY id LIMIT $4`, args...).Scan(&drift).Error; err != nil {
+		return nil, false, fmt.Errorf("list drift of run %s: %w", runID, err)
+	}
+	more := len(drift) > limit
+	if more {
+		drift = drift[:limit]
+	}
+	return drift, more, nil
+}
+
+// Livemode is the mode the service reconciles.
+func (s *Service) Livemode() bool { return s.livemode }
+
