@@ -21,16 +21,25 @@ import (
 	"gorm.io/gorm"
 
 	"billing/billing"
+	"billing/customers"
+	"billing/internal/audit"
 	"billing/internal/auth"
 	"billing/internal/httpserver"
+	"billing/internal/stripeclient"
 	"billing/internal/stripeevents"
+	"billing/internal/stripetest"
 	"billing/internal/testenv"
 	"billing/ledger"
+	"billing/reconcile"
 	"billing/webhooks"
 )
 
 const (
+	// The console's admin token is named (name:TOKEN in auth.admin_tokens); the other is not, so
+	// its actor is its fingerprint.
+	consoleAdminName  = "alice"
 	consoleAdminToken = "admin-console-0123456789abcdef0123456789"
+	consoleOtherToken = "admin-other-0123456789abcdef0123456789ab"
 	consoleAppToken   = "app-console-0123456789abcdef0123456789ab"
 	consoleTestSecret = "whsec_console_test"
 	consoleLiveSecret = "whsec_console_live"
@@ -44,6 +53,8 @@ type console struct {
 	svc    *billing.Service
 	reg    *webhooks.Registry
 	inbox  *webhooks.Inbox
+	rec    *reconcile.Service
+	acct   *stripetest.Account
 	echo   *echo.Echo
 	server *httptest.Server
 }
@@ -74,13 +85,26 @@ func newConsole(t *testing.T) *console {
 
 	c.echo = httpserver.New(httpserver.Options{Logger: logger, Registry: prometheus.NewRegistry(), Ready: func(context.Context) error { return nil }})
 	c.inbox.MountWebhook(c.echo)
-	tokens := auth.New([]string{consoleAppToken}, []string{consoleAdminToken})
+	// A reconciler of test mode against an account of the Stripe double (empty unless a test
+	// fills it).
+	proxy := stripetest.New(t, testenv.StripeMockURL(t))
+	c.acct = stripetest.NewAccount(proxy, false)
+	c.rec = reconcile.New(reconcile.Deps{DB: db, Stripe: stripeclient.New(proxy.URL, "sk_test_console", logger),
+		Billing: c.svc, Logger: logger})
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = c.rec.Stop(ctx)
+	})
+	tokens := auth.New([]string{consoleAppToken}, []string{consoleAdminName + ":" + consoleAdminToken, consoleOtherToken})
 	group := c.echo.Group("/admin", tokens.Require(auth.RoleAdmin, true))
 	New(Deps{
 		Holds: c.svc, DeadLetters: c.inbox, Events: c.inbox, Subscriptions: c.svc,
-		Charges: ledger.New(ledger.Deps{DB: db}), Reconcile: NewReconcileReader(db), Logger: logger,
+		Charges: ledger.New(ledger.Deps{DB: db}), Reconcile: NewReconcileReader(db),
+		People: customers.NewDirectory(db), Accounts: c.svc, Runs: c.rec, Audit: audit.NewLog(db), Logger: logger,
 	}).Mount(group)
 	c.inbox.MountAdmin(group)
+	c.rec.Mount(group)
 	c.server = httptest.NewServer(c.echo)
 	t.Cleanup(c.server.Close)
 	return c
@@ -236,7 +260,7 @@ func csrf(t *testing.T, page string) string {
 // markup in it, sub_2 of an unlinked customer, unpaid, and a live-mode subscription.
 func (c *console) story(t *testing.T) {
 	t.Helper()
-	c.exec(t, `INSERT INTO customers (user_id, stripe_customer_id, email) VALUES ('user-1', 'cus_1', 'u1@example.com')`)
+	c.exec(t, `INSERT INTO customers (user_id, stripe_customer_id, email, name) VALUES ('user-1', 'cus_1', 'u1@example.com', 'Ursula One')`)
 	sub := stripeevents.Subscription{ID: "sub_1", Customer: "cus_1", Status: billing.StatusActive, PriceID: "price_pro",
 		CurrentPeriodStart: at(0), CurrentPeriodEnd: at(30 * 86400)}
 	inv := stripeevents.Invoice{ID: "in_1", Customer: "cus_1", CustomerEmail: "u1@example.com", Subscription: "sub_1", Status: "open",
@@ -261,4 +285,36 @@ func (c *console) story(t *testing.T) {
 	// An earlier invoice, paid, as the invoice events store it.
 	c.exec(t, `INSERT INTO invoices (invoice_id, livemode, stripe_customer_id, subscription_id, number, status, amount_due, amount_paid, currency, created)
 		VALUES ('in_0', false, 'cus_1', 'sub_1', 'INV-0001', 'paid', 2500, 2500, 'usd', $1) ON CONFLICT (invoice_id, livemode) DO NOTHING`, at(-86400*30))
+}
+
+// money adds to the story: people found by email and name (Carol and Caroline share a prefix),
+// a linked user without any subscription, a user linked in live mode, and ledger rows of user-1
+// with a refund, plus a live-mode charge.
+func (c *console) money(t *testing.T) {
+	t.Helper()
+	c.exec(t, `INSERT INTO customers (user_id, stripe_customer_id, email, name) VALUES
+		('user-carol', 'cus_carol', 'Carol@Example.com', 'Carol Danvers'),
+		('user-caroline', 'cus_caroline', 'caroline@example.com', 'Caroline Forbes'),
+		('user-nosub', 'cus_nosub', 'nosub@example.com', 'Nobody Subscribed')`)
+	c.exec(t, `INSERT INTO customers (user_id, stripe_customer_id, email, name, livemode) VALUES ('user-live', 'cus_live', 'live@example.com', 'Liv Live', true)`)
+	charge := func(order, user, cus string, live bool, amount int64, state, status, pi string, created time.Time) {
+		t.Helper()
+		var st, p, answer any
+		if status != "" {
+			st, answer = status, `{"body": {}}`
+		}
+		if pi != "" {
+			p = pi
+		}
+		c.exec(t, `INSERT INTO charges (order_id, user_id, stripe_customer_id, amount, currency, request_hash, idempotency_key,
+			livemode, state, status, payment_intent_id, answer, attempts, created_at)
+			VALUES ($1, $2, $3, $4, 'usd', 'h', 'charge-' || $1, $5, $6, $7, $8, $9, 1, $10)`,
+			order, user, cus, amount, live, state, st, p, answer, created)
+	}
+	charge("order-1", "user-1", "cus_1", false, 4200, "completed", "succeeded", "pi_1", at(100))
+	charge("order-2", "user-1", "cus_1", false, 1000, "completed", "declined", "pi_2", at(200))
+	charge("order-3", "user-1", "cus_1", false, 1500, "pending", "", "", at(300))
+	charge("order-live", "user-live", "cus_live", true, 9900, "completed", "succeeded", "pi_live", at(400))
+	c.exec(t, `INSERT INTO refunds (order_id, refund_id, livemode, amount, request_hash, idempotency_key, state, status, stripe_refund_id, answer, created_at)
+		VALUES ('order-1', 'refund-a', false, 1200, 'h', 'refund-order-1-refund-a', 'completed', 'succeeded', 're_1', '{"body": {}}', $1)`, at(150))
 }

@@ -4,6 +4,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 
@@ -148,13 +149,24 @@ func TestConsolePagesShowWhatHappened(t *testing.T) {
 	c.html(t, "/admin/ui/subscriptions/"+url.PathEscape("sub_<b>3</b>"), http.StatusNotFound)
 }
 
-// From any id, one request leads to its page.
+// From any id, email, name or order id, one request leads to its page; several matches make a
+// list.
 func TestFindLeadsToThePage(t *testing.T) {
 	t.Parallel()
 	c := newConsole(t)
 	c.story(t)
+	c.money(t)
 	for q, want := range map[string]string{
-		"user-1": "/admin/ui/subscriptions/sub_1", "cus_1": "/admin/ui/subscriptions/sub_1", "sub_2": "/admin/ui/subscriptions/sub_2",
+		"user-1": "/admin/ui/customers/user-1", "cus_1": "/admin/ui/customers/user-1",
+		"u1@EXAMPLE": "/admin/ui/customers/user-1", "ursula": "/admin/ui/customers/user-1", "Ursula On": "/admin/ui/customers/user-1",
+		"user-nosub": "/admin/ui/customers/user-nosub",
+		"carol@":     "/admin/ui/customers/user-carol",
+		"user-live":  "/admin/ui/customers/user-live",
+		"order-1":    "/admin/ui/charges/order-1?mode=test", "pi_2": "/admin/ui/charges/order-2?mode=test",
+		"refund-a": "/admin/ui/charges/order-1?mode=test", "re_1": "/admin/ui/charges/order-1?mode=test",
+		"order-live": "/admin/ui/charges/order-live?mode=live",
+		"sub_2":      "/admin/ui/subscriptions/sub_2", "cus_2": "/admin/ui/subscriptions/sub_2",
+		"sub_1":    "/admin/ui/subscriptions/sub_1",
 		"evt_dead": "/admin/ui/events/evt_dead",
 	} {
 		resp := c.do(t, http.MethodGet, "/admin/ui/find?q="+url.QueryEscape(q), nil, nil)
@@ -163,8 +175,16 @@ func TestFindLeadsToThePage(t *testing.T) {
 			t.Errorf("find %s: %d → %q, want %s", q, resp.StatusCode, resp.Header.Get("Location"), want)
 		}
 	}
-	if doc := parse(t, c.html(t, "/admin/ui/find?q=nobody", http.StatusOK)); !strings.Contains(byID(doc, "nothing-found"), "nobody") {
-		t.Error("nothing found is not said")
+	// A prefix that two people share lists both, by email; a prefix inside a word matches nothing.
+	doc := parse(t, c.html(t, "/admin/ui/find?q=CAROL", http.StatusOK))
+	if got := rowsOf(doc, "found-people", "data-user-id"); !slices.Equal(got, []string{"user-carol", "user-caroline"}) {
+		t.Errorf("find CAROL: %v", got)
+	}
+	// LIKE's wildcards are plain characters here.
+	for _, q := range []string{"zed", "arol", "%", "_"} {
+		if doc := parse(t, c.html(t, "/admin/ui/find?q="+url.QueryEscape(q), http.StatusOK)); !strings.Contains(byID(doc, "nothing-found"), q) {
+			t.Errorf("find %q: nothing found is not said", q)
+		}
 	}
 }
 

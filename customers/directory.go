@@ -63,11 +63,11 @@ func (d *Directory) Find(ctx context.Context, text string, livemode bool, limit 
 		  (SELECT `+personColumns+` FROM customers WHERE livemode = $1 AND (user_id = $2 OR stripe_customer_id = $2))
 		  UNION
 		  (SELECT `+personColumns+` FROM customers WHERE livemode = $1
-		     AND lower(email) ~>=~ lower($2) AND lower(email) ~<~ lower($2) || chr(1114111)
+		     AND lower(email) ~>=~ lower($2) AND lower(email) ~<~ (lower($2) || chr(1114111))
 		   ORDER BY lower(email) LIMIT $3)
 		  UNION
 		  (SELECT `+personColumns+` FROM customers WHERE livemode = $1
-		     AND lower(name) ~>=~ lower($2) AND lower(name) ~<~ lower($2) || chr(1114111)
+		     AND lower(name) ~>=~ lower($2) AND lower(name) ~<~ (lower($2) || chr(1114111))
 		   ORDER BY lower(name) LIMIT $3)
 		) found
 		ORDER BY lower(email), user_id LIMIT $3`, livemode, text, limit).Scan(&out).Error
