@@ -355,3 +355,67 @@ func TestReconcilePage(t *testing.T) {
 		t.Errorf("audit of the starts: %v", results)
 	}
 }
+
+// "Latest failed invoice" only while the payment hold holds; counts are pluralised; the
+// overview counts holds by subscription status apart from hold reasons.
+func TestConsoleWording(t *testing.T) {
+	t.Parallel()
+	c := newConsole(t)
+	c.story(t)
+	page := c.html(t, "/admin", http.StatusOK)
+	statuses, reasons := map[string]string{}, map[string]string{}
+	walk(parse(t, page), func(n *html.Node) {
+		switch {
+		case attr(n, "class") == "status-count":
+			statuses[attr(n, "data-status")] = text(n)
+		case attr(n, "class") == "hold-count":
+			reasons[attr(n, "data-reason")] = text(n)
+		}
+	})
+	if statuses["past_due"] != "0" || statuses["unpaid"] != "1" || reasons["payment_failed"] != "1" || reasons["unpaid"] != "1" ||
+		!strings.Contains(page, "by subscription status") || !strings.Contains(page, "by hold reason") {
+		t.Errorf("overview counts: statuses %v, reasons %v", statuses, reasons)
+	}
+
+	page = c.html(t, "/admin/ui/subscriptions/sub_1", http.StatusOK)
+	if got := byID(parse(t, page), "latest-invoice"); !strings.Contains(page, "Latest failed invoice") || !strings.Contains(got, "2 attempts") {
+		t.Errorf("held: %q", got)
+	}
+	c.exec(t, `UPDATE subscriptions SET attempt_count = 1 WHERE subscription_id = 'sub_1' AND livemode = false`)
+	if got := byID(parse(t, c.html(t, "/admin/ui/subscriptions/sub_1", http.StatusOK)), "latest-invoice"); !strings.Contains(got, "1 attempt ·") {
+		t.Errorf("one attempt: %q", got)
+	}
+	c.exec(t, `UPDATE subscriptions SET payment_hold = false WHERE subscription_id = 'sub_1' AND livemode = false`)
+	page = c.html(t, "/admin/ui/subscriptions/sub_1", http.StatusOK)
+	if got := byID(parse(t, page), "latest-invoice"); strings.Contains(page, "Latest failed invoice") || got != "in_1 paid after 1 attempt" {
+		t.Errorf("paid: %q", got)
+	}
+
+}
+
+// The dead-letter page pages instead of stopping at a fixed number.
+func TestDeadLettersPage(t *testing.T) {
+	t.Parallel()
+	c := newConsole(t)
+	for i := range deadLettersShown + 3 {
+		id := fmt.Sprintf("evt_dl_%03d", i)
+		c.exec(t, `INSERT INTO webhook_events (event_id, source, type, livemode, status, payload, attempts, failure_reason)
+			VALUES ($1, 'stripe', 'customer.subscription.updated', false, 'failed', '{}', 3, 'handler_error')`, id)
+		c.exec(t, `INSERT INTO webhook_dead_letters (event_id, attempts, last_error, dead_at) VALUES ($1, 3, 'x', $2)`, id, at(int64(i)))
+	}
+	doc := parse(t, c.html(t, "/admin/ui/dead-letters", http.StatusOK))
+	first := rowsOf(doc, "dead-letters", "data-event-id")
+	var older string
+	walk(doc, func(n *html.Node) {
+		if attr(n, "id") == "older" {
+			older = attr(n, "href")
+		}
+	})
+	if len(first) != deadLettersShown || older == "" {
+		t.Fatalf("first page: %d rows, older %q", len(first), older)
+	}
+	rest := rowsOf(parse(t, c.html(t, older, http.StatusOK)), "dead-letters", "data-event-id")
+	if !slices.Equal(rest, []string{"evt_dl_002", "evt_dl_001", "evt_dl_000"}) {
+		t.Errorf("second page: %v", rest)
+	}
+}

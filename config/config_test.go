@@ -495,6 +495,9 @@ func TestLoadAccepts(t *testing.T) {
 		ok   func(*Config) bool
 	}{
 		{"rk_test_ in test mode", map[string]string{"BILLING_STRIPE_SECRET_KEY": "rk_test_x"}, func(c *Config) bool { return c.Stripe.SecretKey == "rk_test_x" }},
+		{"named admin tokens", map[string]string{"BILLING_AUTH_ADMIN_TOKENS": "alice:" + admTok + ",bob:" + admTk2}, func(c *Config) bool {
+			return len(c.Auth.AdminTokens) == 2 && c.Auth.AdminTokens[0] == "alice:"+admTok
+		}},
 		{"sk_test_ in test mode", map[string]string{"BILLING_STRIPE_SECRET_KEY": "sk_test_x"}, func(c *Config) bool { return c.Stripe.SecretKey == "sk_test_x" }},
 		{"sk_live_ in live mode", map[string]string{"BILLING_STRIPE_MODE": "live", "BILLING_STRIPE_SECRET_KEY": "sk_live_x", "BILLING_DATABASE_URL": "postgres://db/billing"}, func(c *Config) bool { return c.Stripe.Mode == "live" }},
 		{"rk_live_ with upper-case mode", map[string]string{"BILLING_STRIPE_MODE": "LIVE", "BILLING_STRIPE_SECRET_KEY": "rk_live_x", "BILLING_DATABASE_URL": "postgres://db/billing"}, func(c *Config) bool { return c.Stripe.Mode == "live" }},
@@ -571,6 +574,9 @@ func TestValidate(t *testing.T) {
 		{"short api token", func(c *Config) { c.Auth.APITokens = []string{"x"} }, "auth.api_tokens"},
 		{"31 multi-byte characters", func(c *Config) { c.Auth.AdminTokens = []string{strings.Repeat("é", 31)} }, "auth.admin_tokens"},
 		{"shared token", func(c *Config) { c.Auth.APITokens = []string{tokA}; c.Auth.AdminTokens = []string{tokA} }, "auth.admin_tokens"},
+		{"named admin token that is short", func(c *Config) { c.Auth.AdminTokens = []string{"alice:" + tokA[:31]} }, "auth.admin_tokens"},
+		{"named admin token shared with the app", func(c *Config) { c.Auth.APITokens = []string{tokA}; c.Auth.AdminTokens = []string{"alice:" + tokA} }, "auth.admin_tokens"},
+		{"two admin tokens of one name", func(c *Config) { c.Auth.AdminTokens = []string{"alice:" + tokA, "alice:" + tokB} }, "auth.admin_tokens"},
 		{"live over http", func(c *Config) {
 			c.Stripe.Mode = "live"
 			c.Database.URL = "postgres://db/billing"

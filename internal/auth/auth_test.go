@@ -144,3 +144,43 @@ func TestRequireCSRF(t *testing.T) {
 		})
 	}
 }
+
+// A named admin token ("name:TOKEN") authenticates with its token and acts as its name; an
+// unnamed one acts as its fingerprint, never as itself.
+func TestAdminActors(t *testing.T) {
+	t.Parallel()
+	const alice, other = "alice-0123456789abcdef0123456789abcd", "other-0123456789abcdef0123456789abcd"
+	// A token that merely contains a colon is a token, not a name.
+	const colon = "not a name:0123456789abcdef0123456789abcdef"
+	tokens := auth.New(nil, []string{"alice:" + alice, other, colon})
+	e := httpserver.New(httpserver.Options{Logger: slog.New(slog.DiscardHandler), Registry: prometheus.NewRegistry()})
+	e.GET("/admin/who", func(c echo.Context) error { return c.String(200, auth.Actor(c.Request().Context())) },
+		tokens.Require(auth.RoleAdmin, true))
+	for _, tc := range []struct {
+		token, want string
+		status      int
+	}{
+		{alice, "alice", 200},
+		{"alice:" + alice, "alice", 200}, // the whole entry still works, as the same actor
+		{other, auth.Fingerprint(other), 200},
+		{colon, auth.Fingerprint(colon), 200},
+		{"alice", "", 401},
+	} {
+		req := httptest.NewRequest(http.MethodGet, "/admin/who", nil)
+		req.Header.Set("Authorization", "Bearer "+tc.token)
+		rec := httptest.NewRecorder()
+		e.ServeHTTP(rec, req)
+		if rec.Code != tc.status || (tc.status == 200 && rec.Body.String() != tc.want) {
+			t.Errorf("token %q: %d %q, want %d %q", tc.token, rec.Code, rec.Body, tc.status, tc.want)
+		}
+		if strings.Contains(rec.Body.String(), "0123456789") {
+			t.Errorf("actor %q shows the token", rec.Body)
+		}
+	}
+	if fp := auth.Fingerprint(other); !strings.HasPrefix(fp, "token:") || len(fp) != len("token:")+12 || fp == auth.Fingerprint(alice) {
+		t.Errorf("fingerprint %q", fp)
+	}
+	if n, tok := auth.SplitAdminToken("bob:" + alice); n != "bob" || tok != alice {
+		t.Errorf("split: %q %q", n, tok)
+	}
+}
