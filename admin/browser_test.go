@@ -91,11 +91,14 @@ func shot(name string) chromedp.Action[chromedp.Void] {
 
 // TestConsoleInABrowser drives every page as an admin would: logs in with the admin token as the
 // Basic password, follows the navigation and the links between ids, filters and searches, and
-// replays dead letters through the forms (CSRF token included), reading what the page shows.
+// replays dead letters through the forms (CSRF token included), finds a user by email, opens
+// their customer page, follows a charge, starts a reconcile run and sees it in the audit log,
+// reading what the page shows.
 func TestConsoleInABrowser(t *testing.T) {
 	t.Parallel()
 	c := newConsole(t)
 	c.story(t)
+	c.money(t)
 	c.deadLetter(t, "evt_waiting", "connection reset by peer")
 	ctx := browser(t)
 	base := c.server.URL
@@ -262,12 +265,72 @@ func TestConsoleInABrowser(t *testing.T) {
 		t.Errorf("evt_waiting is %s after the replay, want received", s)
 	}
 
-	// The find box leads from a user id to the user's subscription.
-	run("find a user",
-		chromedp.SendKeys(chromedp.CSS(`header input[name="q"]`), "user-1"),
+	// The find box leads from an email to the person: their customer page.
+	run("find a user by email",
+		chromedp.SendKeys(chromedp.CSS(`header input[name="q"]`), "U1@example"),
 		chromedp.Submit(chromedp.CSS(`header input[name="q"]`)),
-		chromedp.WaitVisible(chromedp.CSS("#entitlement")))
-	if loc := location(); loc != "/admin/ui/subscriptions/sub_1" {
-		t.Errorf("find user-1 led to %s", loc)
+		chromedp.WaitVisible(chromedp.CSS("#test-entitlement")))
+	if loc := location(); loc != "/admin/ui/customers/user-1" {
+		t.Errorf("find U1@example led to %s", loc)
 	}
+	expect("#test-link", "Ursula One")
+	expect("#test-entitlement", "Entitled: the subscription is active.")
+	expect(`#test-subscriptions tr[data-subscription-id="sub_1"]`, "payment_failed")
+	expect(`#test-charges tr[data-order-id="order-1"]`, "42.00 USD")
+	expect(`#test-charges tr[data-refund-id="refund-a"]`, "−12.00 USD")
+	run("customer screenshot", shot("customer"))
+
+	// Follow a charge, then back to its customer.
+	run("open order-1",
+		chromedp.Click(chromedp.CSS(`#test-charges tr[data-order-id="order-1"] td.order a`)),
+		chromedp.WaitVisible(chromedp.CSS("#charge")))
+	expect("#charge-amount", "42.00 USD · refunded 12.00 USD")
+	expect("#refunds", "re_1")
+	run("charge screenshot", shot("charge"))
+	run("back to the customer",
+		chromedp.Click(chromedp.CSS(`#charge-user a`)),
+		chromedp.WaitVisible(chromedp.CSS("#test-entitlement")))
+
+	// The charges page: filter by status; each row leads to its customer.
+	run("open charges",
+		chromedp.Click(chromedp.CSS(`header nav a[href="/admin/ui/charges"]`)),
+		chromedp.WaitVisible(chromedp.CSS("#charges-filter")))
+	expect("#charges", "order-3")
+	run("charges screenshot", shot("charges"))
+	run("filter charges by status",
+		chromedp.SetValue(chromedp.CSS(`#charges-filter select[name="status"]`), "declined"),
+		chromedp.Click(chromedp.CSS(`#charges-filter button[type="submit"]`)),
+		chromedp.WaitReady(chromedp.CSS(`#charges-filter option[value="declined"][selected]`)))
+	if rows := read("#charges tbody"); !strings.Contains(rows, "order-2") || strings.Contains(rows, "order-1") {
+		t.Errorf("declined charges: %q", rows)
+	}
+
+	// A name prefix two people share is a list.
+	run("find by name",
+		chromedp.SendKeys(chromedp.CSS(`header input[name="q"]`), "carol"),
+		chromedp.Submit(chromedp.CSS(`header input[name="q"]`)),
+		chromedp.WaitVisible(chromedp.CSS("#found-people")))
+	expect("#found-people", "Carol Danvers")
+	expect("#found-people", "Caroline Forbes")
+	run("find screenshot", shot("find"))
+
+	// Start a reconcile run through the form, then find it in the audit log with who started it.
+	run("open reconcile",
+		chromedp.Click(chromedp.CSS(`header nav a[href="/admin/ui/reconcile"]`)),
+		chromedp.WaitVisible(chromedp.CSS("#reconcile-form")))
+	run("start a run",
+		chromedp.Click(chromedp.CSS(`#reconcile-form input[name="dry_run"]`)),
+		chromedp.Click(chromedp.CSS(`#reconcile-form button[type="submit"]`)),
+		chromedp.WaitVisible(chromedp.CSS("#flash")))
+	expect("#flash", "started")
+	expect("#runs", "dry run")
+	run("reconcile screenshot", shot("reconcile"))
+	run("open the audit log",
+		chromedp.Click(chromedp.CSS(`header nav a[href="/admin/ui/audit"]`)),
+		chromedp.WaitVisible(chromedp.CSS("#audit")))
+	expect(`#audit tr[data-action="reconcile_start"]`, "alice")
+	expect(`#audit tr[data-action="reconcile_start"]`, "started (dry run)")
+	expect(`#audit tr[data-target="evt_dead"]`, "alice")
+	expect(`#audit tr[data-target="evt_waiting"]`, "replay_type")
+	run("audit screenshot", shot("audit"))
 }
