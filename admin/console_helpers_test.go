@@ -288,15 +288,17 @@ func (c *console) story(t *testing.T) {
 }
 
 // money adds to the story: people found by email and name (Carol and Caroline share a prefix),
-// a linked user without any subscription, a user linked in live mode, and ledger rows of user-1
-// with a refund, plus a live-mode charge.
+// a linked user without any subscription, a user linked in live mode, user-1 linked in live mode
+// too (with nothing there), and ledger rows of user-1 with a refund, plus a live-mode charge.
 func (c *console) money(t *testing.T) {
 	t.Helper()
 	c.exec(t, `INSERT INTO customers (user_id, stripe_customer_id, email, name) VALUES
 		('user-carol', 'cus_carol', 'Carol@Example.com', 'Carol Danvers'),
 		('user-caroline', 'cus_caroline', 'caroline@example.com', 'Caroline Forbes'),
 		('user-nosub', 'cus_nosub', 'nosub@example.com', 'Nobody Subscribed')`)
-	c.exec(t, `INSERT INTO customers (user_id, stripe_customer_id, email, name, livemode) VALUES ('user-live', 'cus_live', 'live@example.com', 'Liv Live', true)`)
+	c.exec(t, `INSERT INTO customers (user_id, stripe_customer_id, email, name, livemode) VALUES
+		('user-live', 'cus_live', 'live@example.com', 'Liv Live', true),
+		('user-1', 'cus_1live', 'u1@example.com', 'Ursula One', true)`)
 	charge := func(order, user, cus string, live bool, amount int64, state, status, pi string, created time.Time) {
 		t.Helper()
 		var st, p, answer any

@@ -30,8 +30,17 @@ func TestCustomerPage(t *testing.T) {
 	if got := byID(doc, "test-entitlement"); !strings.HasPrefix(got, "Entitled: the subscription is active.") {
 		t.Errorf("entitlement: %q", got)
 	}
-	if ids := ids(doc); ids["live-link"] || !ids["test-link"] {
-		t.Errorf("user-1 is linked in test mode only; worlds shown: %v", ids)
+	// user-1 is linked in both modes: both worlds, the deployment's (test) first, each with its
+	// own customer; the live one has no subscription.
+	var worlds []string
+	walk(doc, func(n *html.Node) {
+		if n.Data == "section" && attr(n, "data-mode") != "" {
+			worlds = append(worlds, attr(n, "data-mode"))
+		}
+	})
+	if !slices.Equal(worlds, []string{"test", "live"}) || !strings.Contains(byID(doc, "live-link"), "cus_1live") ||
+		!strings.Contains(byID(doc, "live-no-subscriptions"), "never subscribed") || strings.Contains(byID(doc, "live-link"), "cus_1 ") {
+		t.Errorf("user-1's worlds %v: live %q", worlds, byID(doc, "live-link"))
 	}
 	if got := byID(doc, "test-link"); !strings.Contains(got, "cus_1") || !strings.Contains(got, "u1@example.com") || !strings.Contains(got, "Ursula One") {
 		t.Errorf("link: %q", got)
@@ -401,7 +410,7 @@ func TestDeadLettersPage(t *testing.T) {
 		id := fmt.Sprintf("evt_dl_%03d", i)
 		c.exec(t, `INSERT INTO webhook_events (event_id, source, type, livemode, status, payload, attempts, failure_reason)
 			VALUES ($1, 'stripe', 'customer.subscription.updated', false, 'failed', '{}', 3, 'handler_error')`, id)
-		c.exec(t, `INSERT INTO webhook_dead_letters (event_id, attempts, last_error, dead_at) VALUES ($1, 3, 'x', $2)`, id, at(int64(i)))
+		c.exec(t, `INSERT INTO webhook_dead_letters (event_id, livemode, attempts, last_error, dead_at) VALUES ($1, false, 3, 'x', $2)`, id, at(int64(i)))
 	}
 	doc := parse(t, c.html(t, "/admin/ui/dead-letters", http.StatusOK))
 	first := rowsOf(doc, "dead-letters", "data-event-id")

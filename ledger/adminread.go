@@ -32,21 +32,20 @@ type ChargeRow struct {
 	CreatedAt        time.Time `gorm:"column:created_at"`
 }
 
-// chargeColumns select a ChargeRow from charges c. Refunds count once completed and not failed
-// or canceled.
-const chargeColumns = `c.order_id, c.user_id, c.stripe_customer_id, c.livemode, c.amount, c.currency, c.description,
+// chargeFrom selects ChargeRows of charges c of the mode $1; a statement goes on with AND. Refunds
+// count once completed and not failed or canceled.
+const chargeFrom = `SELECT c.order_id, c.user_id, c.stripe_customer_id, c.livemode, c.amount, c.currency, c.description,
 	c.state, c.status, c.payment_intent_id, c.error_code, c.decline_code, c.attempts, c.created_at,
 	coalesce((SELECT sum(r.amount) FROM refunds r
 	          WHERE r.order_id = c.order_id AND r.livemode = c.livemode
-	            AND r.state = 'completed' AND r.status NOT IN ('failed', 'canceled')), 0) AS refunded`
+	            AND r.state = 'completed' AND r.status NOT IN ('failed', 'canceled')), 0) AS refunded
+	FROM charges c WHERE c.livemode = $1`
 
 // CustomerCharges lists the ledger rows of a Stripe customer of one mode, newest first.
 func (s *Service) CustomerCharges(ctx context.Context, stripeCustomerID string, livemode bool, limit int) ([]ChargeRow, error) {
 	out := []ChargeRow{}
-	err := s.db.WithContext(ctx).Raw(`SELECT `+chargeColumns+`
-		FROM charges c
-		WHERE c.stripe_customer_id = $1 AND c.livemode = $2
-		ORDER BY c.created_at DESC, c.order_id DESC LIMIT $3`, stripeCustomerID, livemode, limit).Scan(&out).Error
+	err := s.db.WithContext(ctx).Raw(chargeFrom+` AND c.stripe_customer_id = $2
+		ORDER BY c.created_at DESC, c.order_id DESC LIMIT $3`, livemode, stripeCustomerID, limit).Scan(&out).Error
 	if err != nil {
 		return nil, fmt.Errorf("list charges of %s: %w", stripeCustomerID, err)
 	}
@@ -109,7 +108,7 @@ func (s *Service) SearchCharges(ctx context.Context, q ChargeQuery) (*ChargePage
 		q.Limit = 50
 	}
 	args := []any{q.Livemode}
-	where := []string{`c.livemode = $1`}
+	var where []string
 	add := func(cond string, vs ...any) {
 		for _, v := range vs {
 			args = append(args, v)
@@ -143,7 +142,11 @@ func (s *Service) SearchCharges(ctx context.Context, q ChargeQuery) (*ChargePage
 	}
 	args = append(args, q.Limit+1)
 	rows := []ChargeRow{}
-	err := s.db.WithContext(ctx).Raw(`SELECT `+chargeColumns+` FROM charges c WHERE `+strings.Join(where, ` AND `)+
+	sql := chargeFrom
+	for _, w := range where {
+		sql += ` AND ` + w
+	}
+	err := s.db.WithContext(ctx).Raw(sql+
 		` ORDER BY c.created_at `+order+`, c.order_id `+order+` LIMIT $`+strconv.Itoa(len(args)), args...).Scan(&rows).Error
 	if err != nil {
 		return nil, fmt.Errorf("search charges: %w", err)
@@ -168,8 +171,8 @@ func (s *Service) SearchCharges(ctx context.Context, q ChargeQuery) (*ChargePage
 // UserCharges lists a user's charges of the mode, newest first, those before the cursor when one
 // is given (charges_user_idx).
 func (s *Service) UserCharges(ctx context.Context, userID string, livemode bool, before *ChargeCursor, limit int) ([]ChargeRow, error) {
-	q := `SELECT ` + chargeColumns + ` FROM charges c WHERE c.user_id = $1 AND c.livemode = $2`
-	args := []any{userID, livemode, limit}
+	q := chargeFrom + ` AND c.user_id = $2`
+	args := []any{livemode, userID, limit}
 	if before != nil {
 		q += ` AND (c.created_at, c.order_id) < ($4, $5)`
 		args = append(args, before.CreatedAt, before.OrderID)
@@ -184,8 +187,7 @@ func (s *Service) UserCharges(ctx context.Context, userID string, livemode bool,
 // Charge returns one charge of the mode, nil when unknown.
 func (s *Service) Charge(ctx context.Context, orderID string, livemode bool) (*ChargeRow, error) {
 	var out []ChargeRow
-	if err := s.db.WithContext(ctx).Raw(`SELECT `+chargeColumns+` FROM charges c WHERE c.order_id = $1 AND c.livemode = $2`,
-		orderID, livemode).Scan(&out).Error; err != nil {
+	if err := s.db.WithContext(ctx).Raw(chargeFrom+` AND c.order_id = $2`, livemode, orderID).Scan(&out).Error; err != nil {
 		return nil, fmt.Errorf("load charge %s: %w", orderID, err)
 	}
 	if len(out) == 0 {
@@ -245,8 +247,7 @@ func (s *Service) RefundsOf(ctx context.Context, orderIDs []string, livemode boo
 // or a refund's id (the app's refund_id, or Stripe's re_…); at most limit, newest first.
 func (s *Service) FindCharges(ctx context.Context, id string, livemode bool, limit int) ([]ChargeRow, error) {
 	out := []ChargeRow{}
-	err := s.db.WithContext(ctx).Raw(`SELECT `+chargeColumns+` FROM charges c
-		WHERE c.livemode = $1 AND (c.order_id = $2 OR c.payment_intent_id = $2
+	err := s.db.WithContext(ctx).Raw(chargeFrom+` AND (c.order_id = $2 OR c.payment_intent_id = $2
 		   OR c.order_id = ANY (ARRAY(SELECT r.order_id FROM refunds r
 		                              WHERE r.livemode = $1 AND (r.refund_id = $2 OR r.stripe_refund_id = $2))))
 		ORDER BY c.created_at DESC, c.order_id DESC LIMIT $3`, livemode, id, limit).Scan(&out).Error
