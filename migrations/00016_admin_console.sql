@@ -32,6 +32,10 @@ CREATE INDEX CONCURRENTLY charges_mode_created_idx ON charges (livemode, created
 DROP INDEX CONCURRENTLY IF EXISTS charges_mode_status_created_idx;
 CREATE INDEX CONCURRENTLY charges_mode_status_created_idx ON charges (livemode, status, created_at DESC, order_id DESC);
 
+-- The subscription page's charges of its customer (without it, a scan of every charge).
+DROP INDEX CONCURRENTLY IF EXISTS charges_customer_created_idx;
+CREATE INDEX CONCURRENTLY charges_customer_created_idx ON charges (stripe_customer_id, livemode, created_at DESC, order_id DESC);
+
 -- Find by the app's refund id (unique per order only).
 DROP INDEX CONCURRENTLY IF EXISTS refunds_refund_id_idx;
 CREATE INDEX CONCURRENTLY refunds_refund_id_idx ON refunds (refund_id, livemode);
@@ -43,6 +47,7 @@ CREATE INDEX CONCURRENTLY notices_customer_created_idx ON notices (stripe_custom
 -- +goose Down
 DROP INDEX CONCURRENTLY IF EXISTS notices_customer_created_idx;
 DROP INDEX CONCURRENTLY IF EXISTS refunds_refund_id_idx;
+DROP INDEX CONCURRENTLY IF EXISTS charges_customer_created_idx;
 DROP INDEX CONCURRENTLY IF EXISTS charges_mode_status_created_idx;
 DROP INDEX CONCURRENTLY IF EXISTS charges_mode_created_idx;
 DROP INDEX CONCURRENTLY IF EXISTS customers_name_prefix_idx;
