@@ -23,7 +23,7 @@ import (
 	"billing/webhooks"
 )
 
-const devSecret = "whsec_devloop_test_secret_0123456789"
+const devSecret = "whsec_devloop_test_secret_0123456789abcdef0123456789"
 
 // devService is the service as `make run` assembles it: newApp on a test database, calling the
 // dev Stripe (the proxy in Dev mode in front of stripe-mock), served over HTTP.

@@ -33,7 +33,7 @@ func newDoctorEnv(t *testing.T) *doctorEnv {
 	cfg.Stripe.Mode = "test"
 	cfg.Stripe.SecretKey = "sk_test_setup"
 	cfg.Stripe.APIURL = a.proxy.URL
-	cfg.Stripe.WebhookSecrets.Test = []string{"whsec_doctor"}
+	cfg.Stripe.WebhookSecrets.Test = []string{"whsec_doctor_0123456789abcdef0123456789abcdef"}
 	e := &doctorEnv{
 		stripeAccount: a,
 		opts: doctorOptions{
@@ -120,7 +120,7 @@ func TestDoctorFailsEachCheck(t *testing.T) {
 		}, map[string]string{"database": "billing migrate"}},
 		{"key of the other mode", func(t *testing.T, e *doctorEnv) {
 			e.opts.Config.Stripe.Mode = "live"
-			e.opts.Config.Stripe.WebhookSecrets.Live = []string{"whsec_live"}
+			e.opts.Config.Stripe.WebhookSecrets.Live = []string{"whsec_live_0123456789abcdef0123456789abcdef"}
 		}, map[string]string{"stripe secret key": "not a live-mode key", endpointCheck: "not checked", "customer portal": "not checked"}},
 		{"Stripe answers in the other mode", func(t *testing.T, e *doctorEnv) {
 			e.proxy.Mutate(http.MethodGet, "/v1/balance", -1, func(_ stripetest.Request, obj map[string]any) { obj["livemode"] = true })
@@ -139,7 +139,7 @@ func TestDoctorFailsEachCheck(t *testing.T) {
 		}, map[string]string{"stripe secret key": "cannot reach Stripe", endpointCheck: "not checked", "customer portal": "not checked"}},
 		{"no webhook secret", func(t *testing.T, e *doctorEnv) {
 			e.opts.Config.Stripe.WebhookSecrets.Test = nil
-			e.opts.Config.Stripe.WebhookSecrets.Live = []string{"whsec_live"}
+			e.opts.Config.Stripe.WebhookSecrets.Live = []string{"whsec_live_0123456789abcdef0123456789abcdef"}
 		}, map[string]string{"webhook secret": "stripe.webhook_secrets.test is empty"}},
 		{"endpoint missing", func(t *testing.T, e *doctorEnv) {
 			e.opts.URL = "https://elsewhere.example/webhooks/stripe"
@@ -256,7 +256,7 @@ func TestStartupChecksWarnPerFailure(t *testing.T) {
 	}
 
 	logs = lockedBuffer{}
-	e.opts.Config.Stripe.WebhookSecrets.Test = []string{"whsec_doctor"}
+	e.opts.Config.Stripe.WebhookSecrets.Test = []string{"whsec_doctor_0123456789abcdef0123456789abcdef"}
 	unreachable := stripeclient.New("http://127.0.0.1:1", "sk_test_setup", apitest.Logger(t, slog.LevelError))
 	startupChecks(context.Background(), e.opts.Config, unreachable, logger)
 	s = logs.String()

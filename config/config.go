@@ -38,6 +38,15 @@ const ConfigEnv = "BILLING_CONFIG"
 // random token cannot be guessed over the network.
 const MinTokenLength = 32
 
+// MinTokenDistinct is the fewest distinct characters an API or admin token may have: 32 copies of
+// one character, or a word repeated, are long but guessable. A random token of 32 hex digits has
+// about 14 (fewer than 8 once in hundreds of thousands).
+const MinTokenDistinct = 8
+
+// MinWebhookSecretLength is the shortest accepted webhook signing secret after its whsec_ prefix:
+// Stripe's own are 32 characters (the Dashboard's) or 64 (the CLI's).
+const MinWebhookSecretLength = 32
+
 // MaxWebhookTolerance caps stripe.webhook_tolerance: a longer window only widens the time in
 // which a captured signed request can be replayed.
 const MaxWebhookTolerance = time.Hour
@@ -132,6 +141,13 @@ func (e *Error) Error() string {
 	return oneLine.Replace("config: " + e.Key + ": " + e.Msg)
 }
 
+// secretKeys are the keys that hold secrets: each also reads its value from the file named by
+// "<key>_file" (YAML) or BILLING_<KEY>_FILE (environment).
+var secretKeys = []string{
+	"database.url", "stripe.secret_key", "stripe.webhook_secrets.test", "stripe.webhook_secrets.live",
+	"auth.api_tokens", "auth.admin_tokens", "mail.smtp_url",
+}
+
 // EnvNames returns the environment variable of every configuration key, sorted (the secrets
 // also read NAME_FILE).
 func EnvNames() []string {
@@ -200,18 +216,24 @@ func Load(path string) (*Config, error) {
 	if path == "" {
 		path = os.Getenv(ConfigEnv)
 	}
+	if err := checkEnvNames(os.Environ()); err != nil {
+		return nil, err
+	}
 	if path != "" {
 		v.SetConfigFile(path)
 		v.SetConfigType("yaml") // the file is YAML whatever its extension
 		if err := v.ReadInConfig(); err != nil {
 			return nil, errorf("config", "reading %s: %v", path, err)
 		}
+		if err := checkFileKeys(path); err != nil {
+			return nil, err
+		}
 	}
 
 	l := &loader{v: v}
 	c := &Config{}
 	c.HTTP.Addr = l.str("http.addr")
-	c.HTTP.DebugAddr = l.str("http.debug_addr")
+	c.HTTP.DebugAddr = loopbackAlias(l.str("http.debug_addr"))
 	c.Database.URL = l.secret("database.url")
 	c.Stripe.Mode = strings.ToLower(l.str("stripe.mode"))
 	c.Stripe.SecretKey = l.secret("stripe.secret_key")
@@ -246,6 +268,130 @@ func Load(path string) (*Config, error) {
 		return nil, err
 	}
 	return c, nil
+}
+
+// knownKey reports whether key (dotted, lower case) is a configuration key or a secret's _file.
+func knownKey(key string) bool {
+	if _, ok := defaults[key]; ok {
+		return true
+	}
+	base, ok := strings.CutSuffix(key, "_file")
+	return ok && slices.Contains(secretKeys, base)
+}
+
+// knownSection reports whether key is a section of keys (stripe, stripe.webhook_secrets).
+func knownSection(key string) bool {
+	for k := range defaults {
+		if strings.HasPrefix(k, key+".") {
+			return true
+		}
+	}
+	return false
+}
+
+// checkFileKeys refuses a key of the YAML file that the service does not read: a misspelt key
+// (stripe: {mod: live}) or block (databse:) would otherwise leave its default in force silently,
+// and for database.url the default is a throwaway embedded cluster. A second reader sees the
+// file's keys alone, without the defaults and the environment.
+func checkFileKeys(path string) *Error {
+	f := viper.New()
+	f.SetConfigFile(path)
+	f.SetConfigType("yaml")
+	if err := f.ReadInConfig(); err != nil {
+		return errorf("config", "reading %s: %v", path, err)
+	}
+	keys := f.AllKeys()
+	slices.Sort(keys)
+	for _, k := range keys {
+		if knownKey(k) {
+			continue
+		}
+		// An empty block ("database:" with every key commented out) sets nothing.
+		if knownSection(k) {
+			if f.Get(k) == nil {
+				continue
+			}
+			return errorf(k, "in %s is a block of keys (%s.…), not a value", path, k)
+		}
+		return errorf(k, "unknown key in %s%s", path, suggest(k, fileKeys()))
+	}
+	return nil
+}
+
+// checkEnvNames refuses a BILLING_ variable that names no key (BILLING_STRIPE_MOD): the operator
+// meant something by it. Empty ones are unset, as everywhere in the environment.
+func checkEnvNames(environ []string) *Error {
+	known := map[string]bool{ConfigEnv: true}
+	for k := range defaults {
+		known[envName(k)] = true
+	}
+	for _, k := range secretKeys {
+		known[envName(k)+"_FILE"] = true
+	}
+	var unknown []string
+	for _, kv := range environ {
+		name, val, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(name, envPrefix+"_") && val != "" && !known[name] {
+			unknown = append(unknown, name)
+		}
+	}
+	if len(unknown) == 0 {
+		return nil
+	}
+	slices.Sort(unknown)
+	names := make([]string, 0, len(known))
+	for n := range known {
+		names = append(names, n)
+	}
+	return errorf(unknown[0], "unknown environment variable: no configuration key has this name%s", suggest(unknown[0], names))
+}
+
+// fileKeys lists every key a YAML file may set.
+func fileKeys() []string {
+	out := make([]string, 0, len(defaults)+len(secretKeys))
+	for k := range defaults {
+		out = append(out, k)
+	}
+	for _, k := range secretKeys {
+		out = append(out, k+"_file")
+	}
+	return out
+}
+
+// suggest names the closest of candidates to name when it is a likely misspelling of it.
+func suggest(name string, candidates []string) string {
+	best, bestD := "", 3 // at most two edits away
+	slices.Sort(candidates)
+	for _, c := range candidates {
+		if d := editDistance(strings.ToLower(name), strings.ToLower(c)); d < bestD {
+			best, bestD = c, d
+		}
+	}
+	if best == "" {
+		return ""
+	}
+	return " (did you mean " + best + "?)"
+}
+
+// editDistance is the Levenshtein distance of a and b.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }
 
 // loader keeps the first parse error so Load can read every key linearly.
@@ -318,6 +464,9 @@ func (l *loader) boolean(key string) bool {
 // normally. Env beats YAML; naming both a value and a file at the same layer
 // is ambiguous and rejected. Messages never include the secret itself.
 func (l *loader) secretSource(key string) (string, bool) {
+	if !slices.Contains(secretKeys, key) {
+		panic("config: " + key + " is read as a secret but is not in secretKeys")
+	}
 	env := envName(key)
 	fileEnv := env + "_FILE"
 	var path, from string
@@ -439,7 +588,7 @@ func (c *Config) validateServe() *Error {
 		{"stripe.secret_key", []string{c.Stripe.SecretKey}},
 	} {
 		for i, v := range s.list {
-			if strings.Contains(v, placeholderMark) {
+			if strings.Contains(strings.ToUpper(v), placeholderMark) {
 				return errorf(s.key, "entry %d is still the example configuration's placeholder; generate a real value", i+1)
 			}
 		}
@@ -447,7 +596,8 @@ func (c *Config) validateServe() *Error {
 	return nil
 }
 
-// placeholderMark marks the values of config.example.yaml that must be replaced.
+// placeholderMark marks the values of config.example.yaml that must be replaced, in any case
+// (an operator who types replace-me is just as public).
 const placeholderMark = "REPLACE"
 
 func (c *Config) validate() *Error {
@@ -496,9 +646,20 @@ func (c *Config) validate() *Error {
 		{"stripe.webhook_secrets.live", c.Stripe.WebhookSecrets.Live},
 	} {
 		for i, w := range s.list {
-			if !strings.HasPrefix(w, "whsec_") || len(w) == len("whsec_") {
+			if !strings.HasPrefix(w, "whsec_") {
 				return errorf(s.key, "entry %d must be a whsec_… signing secret", i+1)
 			}
+			if len(w)-len("whsec_") < MinWebhookSecretLength {
+				return errorf(s.key, "entry %d is too short: a whsec_ signing secret has at least %d characters after whsec_ (copy the whole secret from Stripe)",
+					i+1, MinWebhookSecretLength)
+			}
+		}
+	}
+	// A secret in both lists would make its signature count for both modes: a test-signed
+	// livemode=true event would be taken as live.
+	for i, w := range c.Stripe.WebhookSecrets.Live {
+		if slices.Contains(c.Stripe.WebhookSecrets.Test, w) {
+			return errorf("stripe.webhook_secrets.live", "entry %d is also in stripe.webhook_secrets.test; each mode's endpoint has its own secret", i+1)
 		}
 	}
 	// The pool keeps 32 connections beyond the workers (database.SizePool): calls to Stripe may
@@ -541,6 +702,9 @@ func (c *Config) validate() *Error {
 			}
 			if utf8.RuneCountInString(t) < MinTokenLength {
 				return errorf(s.key, "entry %d is too short: tokens need at least %d characters", i+1, MinTokenLength)
+			}
+			if distinctRunes(t) < MinTokenDistinct {
+				return errorf(s.key, "entry %d is not random: tokens need at least %d distinct characters (generate one with openssl rand -hex 32)", i+1, MinTokenDistinct)
 			}
 		}
 	}
@@ -623,6 +787,14 @@ func (c *Config) validate() *Error {
 		return errorf("log.format", "must be json or text, got %q", c.Log.Format)
 	}
 	return nil
+}
+
+func distinctRunes(s string) int {
+	seen := map[rune]bool{}
+	for _, r := range s {
+		seen[r] = true
+	}
+	return len(seen)
 }
 
 // stripeKeyParts splits "sk_test_…" into ("sk", "test"). ok is false for
@@ -778,6 +950,15 @@ func redactURL(s string) string {
 	return u.Redacted()
 }
 
+// loopbackAlias turns localhost:port into 127.0.0.1:port. localhost is loopback by definition, but
+// listening on the name would resolve it (/etc/hosts, DNS), which may answer another address.
+func loopbackAlias(addr string) string {
+	if host, port, err := net.SplitHostPort(addr); err == nil && strings.EqualFold(host, "localhost") {
+		return net.JoinHostPort("127.0.0.1", port)
+	}
+	return addr
+}
+
 // checkLoopbackAddr explains why addr is not a loopback host:port ("" when it is): the profiler
 // must not be reachable from the network (reach it with a port forward or from the host).
 func checkLoopbackAddr(addr string) string {
@@ -785,11 +966,8 @@ func checkLoopbackAddr(addr string) string {
 	if err != nil {
 		return fmt.Sprintf("invalid listen address %q (want a loopback host:port such as 127.0.0.1:6060)", addr)
 	}
-	if host == "localhost" {
-		return ""
-	}
 	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
-		return fmt.Sprintf("%q is not a loopback address: the profiler listens only on 127.0.0.1, ::1 or localhost", addr)
+		return fmt.Sprintf("%q is not a loopback address: the profiler listens only on 127.0.0.1, ::1 or localhost (taken as 127.0.0.1)", addr)
 	}
 	return ""
 }

@@ -111,8 +111,8 @@ stripe:
   secret_key: sk_live_yaml
   api_url: https://stripe-proxy.internal:8443
   webhook_secrets:
-    test: [whsec_t1, whsec_t2]
-    live: "whsec_l1, whsec_l2"
+    test: [whsec_t1_0123456789abcdef0123456789abcdef, whsec_t2_0123456789abcdef0123456789abcdef]
+    live: "whsec_l1_0123456789abcdef0123456789abcdef, whsec_l2_0123456789abcdef0123456789abcdef"
   webhook_tolerance: 2m
 auth:
   api_tokens:
@@ -137,7 +137,6 @@ mail:
 log:
   level: DEBUG
   format: text
-unknown_key: ignored
 `
 
 func TestLoadYAML(t *testing.T) {
@@ -152,8 +151,8 @@ func TestLoadYAML(t *testing.T) {
 		want.Stripe.Mode = "live"
 		want.Stripe.SecretKey = "sk_live_yaml"
 		want.Stripe.APIURL = "https://stripe-proxy.internal:8443"
-		want.Stripe.WebhookSecrets.Test = []string{"whsec_t1", "whsec_t2"}
-		want.Stripe.WebhookSecrets.Live = []string{"whsec_l1", "whsec_l2"}
+		want.Stripe.WebhookSecrets.Test = []string{"whsec_t1_0123456789abcdef0123456789abcdef", "whsec_t2_0123456789abcdef0123456789abcdef"}
+		want.Stripe.WebhookSecrets.Live = []string{"whsec_l1_0123456789abcdef0123456789abcdef", "whsec_l2_0123456789abcdef0123456789abcdef"}
 		want.Stripe.WebhookTolerance = 2 * time.Minute
 		want.Stripe.MaxConcurrentCalls = 16
 		want.Auth.APITokens = []string{tokA, tokB}
@@ -219,7 +218,7 @@ func TestEnvOverridesYAML(t *testing.T) {
 		"BILLING_HTTP_ADDR":                   ":7000",
 		"BILLING_STRIPE_MODE":                 "test",
 		"BILLING_STRIPE_SECRET_KEY":           "rk_test_env",
-		"BILLING_STRIPE_WEBHOOK_SECRETS_TEST": "whsec_e1",
+		"BILLING_STRIPE_WEBHOOK_SECRETS_TEST": "whsec_e1_0123456789abcdef0123456789abcdef",
 		"BILLING_AUTH_API_TOKENS":             tokA + ", " + tokB + " ,," + tokA + "3",
 		"BILLING_WORKER_MAX_ATTEMPTS":         "1",
 		"BILLING_WORKER_RETRY_DELAY":          "1s",
@@ -237,7 +236,7 @@ func TestEnvOverridesYAML(t *testing.T) {
 		c.Worker.Concurrency != 4 || c.Log.Level != "warn" || c.Checkout.SuccessURL != "https://env.example.com/welcome" {
 		t.Fatalf("env did not override yaml: %+v", c)
 	}
-	if got := c.Stripe.WebhookSecrets.Test; !reflect.DeepEqual(got, []string{"whsec_e1"}) {
+	if got := c.Stripe.WebhookSecrets.Test; !reflect.DeepEqual(got, []string{"whsec_e1_0123456789abcdef0123456789abcdef"}) {
 		t.Fatalf("webhook test = %q", got)
 	}
 	if got := c.Auth.APITokens; !reflect.DeepEqual(got, []string{tokA, tokB, tokA + "3"}) {
@@ -245,7 +244,7 @@ func TestEnvOverridesYAML(t *testing.T) {
 	}
 	// Keys not in the environment keep their YAML values.
 	if c.Log.Format != "text" || c.Stripe.WebhookTolerance != 2*time.Minute || c.Checkout.CancelURL != "https://example.com/pricing" ||
-		!reflect.DeepEqual(c.Stripe.WebhookSecrets.Live, []string{"whsec_l1", "whsec_l2"}) {
+		!reflect.DeepEqual(c.Stripe.WebhookSecrets.Live, []string{"whsec_l1_0123456789abcdef0123456789abcdef", "whsec_l2_0123456789abcdef0123456789abcdef"}) {
 		t.Fatalf("yaml values lost: %+v", c)
 	}
 }
@@ -259,8 +258,8 @@ func TestEnvLists(t *testing.T) {
 		{"api tokens", "BILLING_AUTH_API_TOKENS", tokA + "," + tokB, func(c *Config) []string { return c.Auth.APITokens }, []string{tokA, tokB}},
 		{"admin tokens trimmed", "BILLING_AUTH_ADMIN_TOKENS", " " + admTok + " , " + admTk2 + " ", func(c *Config) []string { return c.Auth.AdminTokens }, []string{admTok, admTk2}},
 		{"single value", "BILLING_AUTH_API_TOKENS", tokA, func(c *Config) []string { return c.Auth.APITokens }, []string{tokA}},
-		{"webhook live", "BILLING_STRIPE_WEBHOOK_SECRETS_LIVE", "whsec_1,whsec_2", func(c *Config) []string { return c.Stripe.WebhookSecrets.Live }, []string{"whsec_1", "whsec_2"}},
-		{"blank entries dropped", "BILLING_STRIPE_WEBHOOK_SECRETS_TEST", ",whsec_a,,", func(c *Config) []string { return c.Stripe.WebhookSecrets.Test }, []string{"whsec_a"}},
+		{"webhook live", "BILLING_STRIPE_WEBHOOK_SECRETS_LIVE", "whsec_1_0123456789abcdef0123456789abcdef,whsec_2_0123456789abcdef0123456789abcdef", func(c *Config) []string { return c.Stripe.WebhookSecrets.Live }, []string{"whsec_1_0123456789abcdef0123456789abcdef", "whsec_2_0123456789abcdef0123456789abcdef"}},
+		{"blank entries dropped", "BILLING_STRIPE_WEBHOOK_SECRETS_TEST", ",whsec_a_0123456789abcdef0123456789abcdef,,", func(c *Config) []string { return c.Stripe.WebhookSecrets.Test }, []string{"whsec_a_0123456789abcdef0123456789abcdef"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -315,10 +314,10 @@ func TestFileVariants(t *testing.T) {
 		{
 			name: "webhook secrets newline separated",
 			env: func(t *testing.T) map[string]string {
-				return map[string]string{"BILLING_STRIPE_WEBHOOK_SECRETS_TEST_FILE": writeFile(t, "wh", "whsec_a\nwhsec_b\n\n")}
+				return map[string]string{"BILLING_STRIPE_WEBHOOK_SECRETS_TEST_FILE": writeFile(t, "wh", "whsec_a_0123456789abcdef0123456789abcdef\nwhsec_b_0123456789abcdef0123456789abcdef\n\n")}
 			},
 			get:  func(c *Config) any { return c.Stripe.WebhookSecrets.Test },
-			want: []string{"whsec_a", "whsec_b"},
+			want: []string{"whsec_a_0123456789abcdef0123456789abcdef", "whsec_b_0123456789abcdef0123456789abcdef"},
 		},
 		{
 			name: "api tokens comma separated",
@@ -340,11 +339,11 @@ func TestFileVariants(t *testing.T) {
 			name: "webhook live",
 			env: func(t *testing.T) map[string]string {
 				return map[string]string{
-					"BILLING_STRIPE_WEBHOOK_SECRETS_LIVE_FILE": writeFile(t, "whl", "whsec_live1"),
+					"BILLING_STRIPE_WEBHOOK_SECRETS_LIVE_FILE": writeFile(t, "whl", "whsec_live1_0123456789abcdef0123456789abcdef"),
 				}
 			},
 			get:  func(c *Config) any { return c.Stripe.WebhookSecrets.Live },
-			want: []string{"whsec_live1"},
+			want: []string{"whsec_live1_0123456789abcdef0123456789abcdef"},
 		},
 		{
 			name: "env file beats yaml value",
@@ -386,7 +385,7 @@ func TestFileVariants(t *testing.T) {
 	t.Run("yaml _file keys", func(t *testing.T) {
 		clearEnv(t)
 		sk := writeFile(t, "sk", "sk_test_yamlfile\n")
-		wh := writeFile(t, "wh", "whsec_y1\nwhsec_y2\n")
+		wh := writeFile(t, "wh", "whsec_y1_0123456789abcdef0123456789abcdef\nwhsec_y2_0123456789abcdef0123456789abcdef\n")
 		path := writeFile(t, "c.yaml", "stripe:\n  secret_key_file: "+sk+"\n  webhook_secrets:\n    test_file: "+wh+"\n")
 		c, err := Load(path)
 		if err != nil {
@@ -395,7 +394,7 @@ func TestFileVariants(t *testing.T) {
 		if c.Stripe.SecretKey != "sk_test_yamlfile" {
 			t.Fatalf("secret key = %q", c.Stripe.SecretKey)
 		}
-		if !reflect.DeepEqual(c.Stripe.WebhookSecrets.Test, []string{"whsec_y1", "whsec_y2"}) {
+		if !reflect.DeepEqual(c.Stripe.WebhookSecrets.Test, []string{"whsec_y1_0123456789abcdef0123456789abcdef", "whsec_y2_0123456789abcdef0123456789abcdef"}) {
 			t.Fatalf("webhook test = %q", c.Stripe.WebhookSecrets.Test)
 		}
 	})
@@ -416,9 +415,22 @@ func TestLoadErrors(t *testing.T) {
 		{name: "key without mode", env: map[string]string{"BILLING_STRIPE_SECRET_KEY": "sk_abc123"}, key: "stripe.secret_key", secret: "abc123"},
 		{name: "relative api url", env: map[string]string{"BILLING_STRIPE_API_URL": "api.stripe.com"}, key: "stripe.api_url"},
 		{name: "ftp api url", env: map[string]string{"BILLING_STRIPE_API_URL": "ftp://api.stripe.com"}, key: "stripe.api_url"},
-		{name: "test whsec prefix", env: map[string]string{"BILLING_STRIPE_WEBHOOK_SECRETS_TEST": "whsec_ok,wh_bad999"}, key: "stripe.webhook_secrets.test", secret: "wh_bad999"},
+		{name: "test whsec prefix", env: map[string]string{"BILLING_STRIPE_WEBHOOK_SECRETS_TEST": "whsec_ok_0123456789abcdef0123456789abcdef,wh_bad999"}, key: "stripe.webhook_secrets.test", secret: "wh_bad999"},
 		{name: "live whsec prefix", env: map[string]string{"BILLING_STRIPE_WEBHOOK_SECRETS_LIVE": "bad999"}, key: "stripe.webhook_secrets.live", secret: "bad999"},
 		{name: "bare whsec_", env: map[string]string{"BILLING_STRIPE_WEBHOOK_SECRETS_LIVE": "whsec_"}, key: "stripe.webhook_secrets.live"},
+		{name: "one-character whsec_", env: map[string]string{"BILLING_STRIPE_WEBHOOK_SECRETS_TEST": "whsec_x"}, key: "stripe.webhook_secrets.test", secret: "whsec_x"},
+		{name: "31-character whsec_", env: map[string]string{"BILLING_STRIPE_WEBHOOK_SECRETS_LIVE": "whsec_" + strings.Repeat("z", 31)}, key: "stripe.webhook_secrets.live", secret: strings.Repeat("z", 31)},
+		{name: "one secret in both modes", env: map[string]string{"BILLING_STRIPE_WEBHOOK_SECRETS_TEST": "whsec_t1_0123456789abcdef0123456789abcdef", "BILLING_STRIPE_WEBHOOK_SECRETS_LIVE": "whsec_l1_0123456789abcdef0123456789abcdef,whsec_t1_0123456789abcdef0123456789abcdef"}, key: "stripe.webhook_secrets.live", secret: "whsec_t1"},
+		{name: "32 identical characters as a token", env: map[string]string{"BILLING_AUTH_API_TOKENS": strings.Repeat("a", 32)}, key: "auth.api_tokens", secret: strings.Repeat("a", 32)},
+		{name: "a word repeated as a token", env: map[string]string{"BILLING_AUTH_ADMIN_TOKENS": strings.Repeat("letmein", 5)}, key: "auth.admin_tokens", secret: "letmein"},
+		{name: "unknown yaml key", yaml: "stripe:\n  mod: live\n", key: "stripe.mod"},
+		{name: "misspelt yaml block", yaml: "databse:\n  url: postgres://u:p@db/billing\n", key: "databse.url", secret: "u:p@db"},
+		{name: "scalar where a block is expected", yaml: "database: postgres://u:p@db/billing\n", key: "database", secret: "u:p@db"},
+		{name: "unknown top-level yaml key", yaml: "unknown_key: ignored\n", key: "unknown_key"},
+		{name: "_file of a key that is not a secret", yaml: "stripe:\n  mode_file: /dev/null\n", key: "stripe.mode_file"},
+		{name: "unknown environment variable", env: map[string]string{"BILLING_STRIPE_MOD": "live"}, key: "BILLING_STRIPE_MOD"},
+		{name: "_FILE of a key that is not a secret", env: map[string]string{"BILLING_STRIPE_MODE_FILE": "/dev/null"}, key: "BILLING_STRIPE_MODE_FILE"},
+		{name: "misspelt database variable", env: map[string]string{"BILLING_DATABASE_UR": "postgres://u:hunter2@db/billing"}, key: "BILLING_DATABASE_UR", secret: "hunter2"},
 		{name: "malformed tolerance", env: map[string]string{"BILLING_STRIPE_WEBHOOK_TOLERANCE": "5 minutes"}, key: "stripe.webhook_tolerance"},
 		{name: "zero tolerance", env: map[string]string{"BILLING_STRIPE_WEBHOOK_TOLERANCE": "0s"}, key: "stripe.webhook_tolerance"},
 		{name: "unitless tolerance in yaml", yaml: "stripe:\n  webhook_tolerance: 300\n", key: "stripe.webhook_tolerance"},
@@ -512,7 +524,13 @@ func TestLoadAccepts(t *testing.T) {
 		{"https api url in live mode", map[string]string{"BILLING_STRIPE_MODE": "live", "BILLING_DATABASE_URL": "postgres://db/billing", "BILLING_STRIPE_API_URL": "https://stripe-proxy.internal:8443"}, func(c *Config) bool { return c.Stripe.APIURL == "https://stripe-proxy.internal:8443" }},
 		{"tolerance of an hour", map[string]string{"BILLING_STRIPE_WEBHOOK_TOLERANCE": "1h"}, func(c *Config) bool { return c.Stripe.WebhookTolerance == time.Hour }},
 		{"profiler on loopback", map[string]string{"BILLING_HTTP_DEBUG_ADDR": "127.0.0.1:6060"}, func(c *Config) bool { return c.HTTP.DebugAddr == "127.0.0.1:6060" }},
-		{"profiler on localhost", map[string]string{"BILLING_HTTP_DEBUG_ADDR": "localhost:6060"}, func(c *Config) bool { return c.HTTP.DebugAddr == "localhost:6060" }},
+		// Taken as loopback by definition, never looked up.
+		{"profiler on localhost", map[string]string{"BILLING_HTTP_DEBUG_ADDR": "localhost:6060"}, func(c *Config) bool { return c.HTTP.DebugAddr == "127.0.0.1:6060" }},
+		{"profiler on LOCALHOST", map[string]string{"BILLING_HTTP_DEBUG_ADDR": "LOCALHOST:6060"}, func(c *Config) bool { return c.HTTP.DebugAddr == "127.0.0.1:6060" }},
+		{"webhook secret of 32 characters", map[string]string{"BILLING_STRIPE_WEBHOOK_SECRETS_TEST": "whsec_" + strings.Repeat("a1", 16)}, func(c *Config) bool { return len(c.Stripe.WebhookSecrets.Test) == 1 }},
+		{"token of 8 distinct characters", map[string]string{"BILLING_AUTH_API_TOKENS": strings.Repeat("abcdefgh", 4)}, func(c *Config) bool { return len(c.Auth.APITokens) == 1 }},
+		{"empty unknown variable is unset", map[string]string{"BILLING_STRIPE_MOD": ""}, func(c *Config) bool { return c.Stripe.Mode == "test" }},
+		{"every secret's _FILE variable is known", map[string]string{"BILLING_MAIL_SMTP_URL_FILE": "/dev/null", "BILLING_DATABASE_URL_FILE": "/dev/null"}, func(c *Config) bool { return c.Mail.SMTPURL == "" }},
 		{"profiler on IPv6 loopback", map[string]string{"BILLING_HTTP_DEBUG_ADDR": "[::1]:6060"}, func(c *Config) bool { return c.HTTP.DebugAddr == "[::1]:6060" }},
 		{"tokens of 32 characters", map[string]string{"BILLING_AUTH_API_TOKENS": tokA, "BILLING_AUTH_ADMIN_TOKENS": admTok}, func(c *Config) bool { return len(c.Auth.APITokens) == 1 && len(c.Auth.AdminTokens) == 1 }},
 	}
@@ -667,7 +685,7 @@ func servingConfig() *Config {
 	c := validConfig()
 	c.Auth.APITokens = []string{tokA}
 	c.Auth.AdminTokens = []string{admTok}
-	c.Stripe.WebhookSecrets.Test = []string{"whsec_test"}
+	c.Stripe.WebhookSecrets.Test = []string{"whsec_test_0123456789abcdef0123456789abcdef"}
 	return c
 }
 
@@ -680,7 +698,7 @@ func TestValidateServe(t *testing.T) {
 	}
 	liveOnly := servingConfig()
 	liveOnly.Stripe.WebhookSecrets.Test = nil
-	liveOnly.Stripe.WebhookSecrets.Live = []string{"whsec_live"}
+	liveOnly.Stripe.WebhookSecrets.Live = []string{"whsec_live_0123456789abcdef0123456789abcdef"}
 	if err := liveOnly.ValidateServe(); err != nil {
 		t.Fatalf("a live secret alone rejected: %v", err)
 	}
@@ -714,6 +732,12 @@ func TestValidateServe(t *testing.T) {
 			c.Stripe.WebhookSecrets.Test = []string{"whsec_REPLACE_ME_with_the_signing_secret_of_the_test_endpoint"}
 		}, "stripe.webhook_secrets.test"},
 		{"example secret key", func(c *Config) { c.Stripe.SecretKey = "sk_test_REPLACE_ME" }, "stripe.secret_key"},
+		{"placeholder in lower case", func(c *Config) {
+			c.Auth.AdminTokens = []string{"replace-me-admin-token-with-32-or-more-random-characters"}
+		}, "auth.admin_tokens"},
+		{"placeholder in mixed case", func(c *Config) {
+			c.Stripe.WebhookSecrets.Test = []string{"whsec_Replace_Me_with_the_signing_secret_of_the_test_endpoint"}
+		}, "stripe.webhook_secrets.test"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -769,17 +793,17 @@ func TestMissingFileErrorHasOnePrefix(t *testing.T) {
 func TestWebhookSecrets(t *testing.T) {
 	t.Parallel()
 	c := validConfig()
-	c.Stripe.WebhookSecrets.Test = []string{"whsec_t"}
-	c.Stripe.WebhookSecrets.Live = []string{"whsec_l1", "whsec_l2"}
-	if got := c.WebhookSecrets(false); !reflect.DeepEqual(got, []string{"whsec_t"}) {
+	c.Stripe.WebhookSecrets.Test = []string{"whsec_t_0123456789abcdef0123456789abcdef"}
+	c.Stripe.WebhookSecrets.Live = []string{"whsec_l1_0123456789abcdef0123456789abcdef", "whsec_l2_0123456789abcdef0123456789abcdef"}
+	if got := c.WebhookSecrets(false); !reflect.DeepEqual(got, []string{"whsec_t_0123456789abcdef0123456789abcdef"}) {
 		t.Fatalf("test secrets = %q", got)
 	}
 	got := c.WebhookSecrets(true)
-	if !reflect.DeepEqual(got, []string{"whsec_l1", "whsec_l2"}) {
+	if !reflect.DeepEqual(got, []string{"whsec_l1_0123456789abcdef0123456789abcdef", "whsec_l2_0123456789abcdef0123456789abcdef"}) {
 		t.Fatalf("live secrets = %q", got)
 	}
 	got[0] = "mutated"
-	if c.Stripe.WebhookSecrets.Live[0] != "whsec_l1" {
+	if c.Stripe.WebhookSecrets.Live[0] != "whsec_l1_0123456789abcdef0123456789abcdef" {
 		t.Fatal("WebhookSecrets must return a copy")
 	}
 	if got := validConfig().WebhookSecrets(true); len(got) != 0 {
@@ -790,15 +814,15 @@ func TestWebhookSecrets(t *testing.T) {
 func TestLogValueRedactsSecrets(t *testing.T) {
 	t.Parallel()
 	secrets := []string{
-		"DBPASSWORD", "sk_test_SECRETKEY", "whsec_TESTSECRET", "whsec_LIVESECRET",
+		"DBPASSWORD", "sk_test_SECRETKEY", "whsec_TESTSECRET_0123456789abcdef0123456789abcdef", "whsec_LIVESECRET_0123456789abcdef0123456789abcdef",
 		"APITOKEN", "ADMINTOKEN", "SMTPPASSWORD", "URLPASSWORD",
 	}
 	c := validConfig()
 	c.Database.URL = "postgres://billing:DBPASSWORD@db:5432/billing"
 	c.Stripe.SecretKey = "sk_test_SECRETKEY"
 	c.Stripe.APIURL = "https://user:URLPASSWORD@api.stripe.com"
-	c.Stripe.WebhookSecrets.Test = []string{"whsec_TESTSECRET"}
-	c.Stripe.WebhookSecrets.Live = []string{"whsec_LIVESECRET", "whsec_LIVESECRET2"}
+	c.Stripe.WebhookSecrets.Test = []string{"whsec_TESTSECRET_0123456789abcdef0123456789abcdef"}
+	c.Stripe.WebhookSecrets.Live = []string{"whsec_LIVESECRET_0123456789abcdef0123456789abcdef", "whsec_LIVESECRET2_0123456789abcdef0123456789abcdef"}
 	c.Auth.APITokens = []string{"APITOKEN-0123456789abcdef0123456"}
 	c.Auth.AdminTokens = []string{"ADMINTOKEN-0123456789abcdef01234"}
 	c.Portal.ReturnURL = "https://example.com/account"

@@ -218,8 +218,8 @@ func TestConfigExample(t *testing.T) {
 		files := map[string]string{
 			"stripe.secret_key":           "sk_test_from_a_file",
 			"stripe.webhook_secrets.test": "whsec_from_a_file",
-			"auth.api_tokens":             strings.Repeat("a", 40),
-			"auth.admin_tokens":           strings.Repeat("b", 40),
+			"auth.api_tokens":             "file-api-0123456789abcdef0123456789abcdef",
+			"auth.admin_tokens":           "file-admin-0123456789abcdef0123456789abcdef",
 		}
 		for k, v := range files {
 			p := filepath.Join(dir, k)
@@ -557,7 +557,7 @@ func TestContainerEngine(t *testing.T) {
 		required := map[string]string{
 			"POSTGRES_PASSWORD":                   "compose0test0password",
 			"BILLING_STRIPE_SECRET_KEY":           "sk_test_compose",
-			"BILLING_STRIPE_WEBHOOK_SECRETS_TEST": "whsec_compose",
+			"BILLING_STRIPE_WEBHOOK_SECRETS_TEST": "whsec_compose_0123456789abcdef0123456789abcdef",
 			"BILLING_AUTH_API_TOKENS":             strings.Repeat("a", 40),
 			"BILLING_AUTH_ADMIN_TOKENS":           strings.Repeat("b", 40),
 		}

@@ -32,10 +32,10 @@ import (
 )
 
 const (
-	atkTestSecret = "whsec_attack_test_0123456789"
-	atkLiveSecret = "whsec_attack_live_0123456789"
+	atkTestSecret = "whsec_attack_test_0123456789abcdef0123456789abcdef"
+	atkLiveSecret = "whsec_attack_live_0123456789abcdef0123456789abcdef"
 	// A secret the service does not know: what an attacker signs with.
-	atkForeignSecret = "whsec_attacker"
+	atkForeignSecret = "whsec_attacker_0123456789abcdef0123456789abcdef"
 )
 
 // atkEnv is the one service every attack of TestAttacks is aimed at.
@@ -964,8 +964,8 @@ func TestAttackConfiguration(t *testing.T) {
 			"BILLING_STRIPE_MODE":                 "live",
 			"BILLING_STRIPE_SECRET_KEY":           liveKey,
 			"BILLING_STRIPE_API_URL":              "http://api.stripe.com",
-			"BILLING_STRIPE_WEBHOOK_SECRETS_LIVE": "whsec_live_attack",
-		}), "stripe.api_url", []string{liveKey, "whsec_live_attack"}},
+			"BILLING_STRIPE_WEBHOOK_SECRETS_LIVE": "whsec_live_attack_0123456789abcdef0123456789abcdef",
+		}), "stripe.api_url", []string{liveKey, "whsec_live_attack_0123456789abcdef0123456789abcdef"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

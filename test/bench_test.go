@@ -43,7 +43,7 @@ import (
 )
 
 const (
-	benchSecret     = "whsec_bench"
+	benchSecret     = "whsec_bench_0123456789abcdef0123456789abcdef"
 	benchAPIToken   = "app-bench-0123456789abcdef0123456789"
 	benchClients    = 32
 	benchDuration   = 10 * time.Second

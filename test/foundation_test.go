@@ -41,7 +41,7 @@ func worldReadableTempDir(t *testing.T) string {
 func TestEmbeddedDatabaseDefault(t *testing.T) {
 	t.Parallel()
 	dir := worldReadableTempDir(t)
-	p := start(t, dir, map[string]string{"BILLING_STRIPE_WEBHOOK_SECRETS_TEST": "whsec_e2e"})
+	p := start(t, dir, map[string]string{"BILLING_STRIPE_WEBHOOK_SECRETS_TEST": "whsec_e2e_0123456789abcdef0123456789abcdef"})
 	if !strings.Contains(p.out.String(), "embedded PostgreSQL") {
 		t.Errorf("the log does not say that the embedded database is used")
 	}
@@ -79,7 +79,7 @@ func TestInvalidConfigurationExitsTwo(t *testing.T) {
 		{"bad duration", map[string]string{"BILLING_WORKER_RETRY_DELAY": "soon"}, "worker.retry_delay"},
 		{"bad url", map[string]string{"BILLING_STRIPE_API_URL": "not a url"}, "stripe.api_url"},
 		{"webhook secret without prefix", map[string]string{"BILLING_STRIPE_WEBHOOK_SECRETS_TEST": "abc"}, "stripe.webhook_secrets.test"},
-		{"serve without tokens", map[string]string{"BILLING_STRIPE_WEBHOOK_SECRETS_TEST": "whsec_e2e"}, "auth.api_tokens"},
+		{"serve without tokens", map[string]string{"BILLING_STRIPE_WEBHOOK_SECRETS_TEST": "whsec_e2e_0123456789abcdef0123456789abcdef"}, "auth.api_tokens"},
 		{"serve without a webhook secret", map[string]string{"BILLING_AUTH_API_TOKENS": e2eAPIToken, "BILLING_AUTH_ADMIN_TOKENS": e2eAdminToken}, "stripe.webhook_secrets.test"},
 		{"short token", map[string]string{"BILLING_AUTH_API_TOKENS": "sk_live_abc"}, "auth.api_tokens"},
 		// The password is the secret the loop checks is not printed.
@@ -153,14 +153,14 @@ func TestTriggerReachesTheWorker(t *testing.T) {
 	t.Parallel()
 	env := map[string]string{
 		"BILLING_DATABASE_URL":                testenv.DatabaseURL(t),
-		"BILLING_STRIPE_WEBHOOK_SECRETS_TEST": "whsec_e2e",
+		"BILLING_STRIPE_WEBHOOK_SECRETS_TEST": "whsec_e2e_0123456789abcdef0123456789abcdef",
 		"BILLING_AUTH_ADMIN_TOKENS":           e2eAdminToken,
 		"BILLING_STRIPE_API_URL":              testenv.StripeMockURL(t),
 		"BILLING_STRIPE_SECRET_KEY":           "sk_test_123",
 		"BILLING_WORKER_RETRY_DELAY":          "10ms",
 	}
 	p := start(t, t.TempDir(), env)
-	code, out := runCmd(t, t.TempDir(), map[string]string{"BILLING_STRIPE_WEBHOOK_SECRETS_TEST": "whsec_e2e"},
+	code, out := runCmd(t, t.TempDir(), map[string]string{"BILLING_STRIPE_WEBHOOK_SECRETS_TEST": "whsec_e2e_0123456789abcdef0123456789abcdef"},
 		"trigger", "customer.created", "--url", p.url("/webhooks/stripe"), "--id", "e2e1", "--event-id", "evt_e2e1")
 	if code != 0 || !strings.Contains(out, `"ignored"`) {
 		t.Fatalf("trigger: %d %s", code, out)

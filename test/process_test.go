@@ -99,7 +99,7 @@ func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return 
 const (
 	e2eAPIToken      = "app-e2e-0123456789abcdef0123456789ab"
 	e2eAdminToken    = "admin-e2e-0123456789abcdef0123456789ab"
-	e2eWebhookSecret = "whsec_e2e"
+	e2eWebhookSecret = "whsec_e2e_0123456789abcdef0123456789abcdef"
 )
 
 // start runs `billing serve` with env in dir and waits until it is ready.

@@ -32,7 +32,7 @@ import (
 )
 
 const (
-	relSecret     = "whsec_reliability"
+	relSecret     = "whsec_reliability_0123456789abcdef0123456789abcdef"
 	relAPIToken   = "app-reliability-0123456789abcdef0123"
 	relAdminToken = "admin-reliability-0123456789abcdef01"
 
