@@ -72,7 +72,11 @@ func newApp(opts appOptions) (*App, error) {
 		now = time.Now
 	}
 	sqlDB := database.SQL(db)
-	database.SizePool(sqlDB, cfg.Worker.Concurrency)
+	// Every kind of work that can hold a connection for long has a bounded share of the pool
+	// (Stripe calls by LimitConcurrency, inline applies by the inbox's slots, workers by River's
+	// queues), and the pool holds them all with connections to spare: however slow Stripe is and
+	// whatever the workers wait on, entitlement reads and webhook receipt find a connection.
+	database.SizePool(sqlDB, cfg.PoolSize())
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -98,8 +102,7 @@ func newApp(opts appOptions) (*App, error) {
 			return nil
 		},
 	})
-	// Requests that call Stripe get a bounded share of the pool: a slow Stripe never starves
-	// webhook receipt and entitlement reads.
+	// Requests that call Stripe are bounded to their share of the pool (config.PoolShares).
 	v1 := e.Group("/v1", tokens.Require(auth.RoleApp, false),
 		httpserver.LimitConcurrency(cfg.Stripe.MaxConcurrentCalls, 5*time.Second, httpserver.CallsStripe))
 	adminAPI := e.Group("/admin", tokens.Require(auth.RoleAdmin, true))
@@ -117,8 +120,10 @@ func newApp(opts appOptions) (*App, error) {
 		RetryDelay:  cfg.Worker.RetryDelay,
 		Retention:   cfg.Webhooks.Retention,
 		ApplyInline: cfg.Webhooks.ApplyInline,
-		Metrics:     webhooks.NewMetrics(reg),
-		Now:         now,
+		// The inline applies' share of the pool (config.PoolShares).
+		InlineConcurrency: config.InlineApplies,
+		Metrics:           webhooks.NewMetrics(reg),
+		Now:               now,
 	})
 
 	workers := river.NewWorkers()
@@ -140,8 +145,9 @@ func newApp(opts appOptions) (*App, error) {
 	charges.AddWorkers(workers)
 
 	riverClient, err := jobs.NewClient(sqlDB, jobs.ClientOptions{
-		Workers:     workers,
-		Queues:      map[string]int{river.QueueDefault: 5, webhooks.QueueWebhooks: cfg.Worker.Concurrency},
+		Workers: workers,
+		// The workers' share of the pool (config.PoolShares).
+		Queues:      map[string]int{river.QueueDefault: config.DefaultQueueWorkers, webhooks.QueueWebhooks: cfg.Worker.Concurrency},
 		RescueAfter: cfg.Worker.RescueAfter,
 		// Events are applied in their requests; the queues carry retries (30 s apart at least),
 		// notices and Stripe reads, for which 200 ms more is nothing, and an idle replica then

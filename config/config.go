@@ -27,6 +27,7 @@ import (
 	"github.com/spf13/viper"
 
 	"billing/internal/auth"
+	"billing/internal/database"
 )
 
 const envPrefix = "BILLING"
@@ -63,6 +64,9 @@ type Config struct {
 	}
 	Database struct {
 		URL string // secret: may embed a password; empty means embedded database
+		// PoolSize caps the connections the process opens; 0 sizes the pool from the shares
+		// (PoolShares). A set value must hold them.
+		PoolSize int
 	}
 	Stripe struct {
 		Mode           string // "test" or "live"
@@ -125,6 +129,31 @@ type Config struct {
 	}
 }
 
+// InlineApplies is how many webhook events a process applies in their requests at once (the
+// inbox's inline slots), when webhooks.apply_inline is on.
+const InlineApplies = 16
+
+// DefaultQueueWorkers is how many River workers run the default queue (notices, Stripe re-reads,
+// checkout syncs, reconcile and ledger jobs) beside worker.concurrency's webhook workers.
+const DefaultQueueWorkers = 5
+
+// PoolShares is how the process's connections are shared out (database.PoolShares).
+func (c *Config) PoolShares() database.PoolShares {
+	s := database.PoolShares{StripeCalls: c.Stripe.MaxConcurrentCalls, Workers: c.Worker.Concurrency + DefaultQueueWorkers}
+	if c.Webhooks.ApplyInline {
+		s.InlineApplies = InlineApplies
+	}
+	return s
+}
+
+// PoolSize is the size of the process's pool: database.pool_size, or the shares' size.
+func (c *Config) PoolSize() int {
+	if c.Database.PoolSize > 0 {
+		return c.Database.PoolSize
+	}
+	return c.PoolShares().Size()
+}
+
 // Error is an invalid-configuration error. Key is the dotted config key (or
 // "config" for problems with the file itself).
 type Error struct {
@@ -171,6 +200,7 @@ var defaults = map[string]string{
 	"http.addr":                   ":8080",
 	"http.debug_addr":             "",
 	"database.url":                "",
+	"database.pool_size":          "0",
 	"stripe.mode":                 "test",
 	"stripe.secret_key":           "",
 	"stripe.api_url":              "https://api.stripe.com",
@@ -235,6 +265,7 @@ func Load(path string) (*Config, error) {
 	c.HTTP.Addr = l.str("http.addr")
 	c.HTTP.DebugAddr = loopbackAlias(l.str("http.debug_addr"))
 	c.Database.URL = l.secret("database.url")
+	c.Database.PoolSize = l.integer("database.pool_size")
 	c.Stripe.Mode = strings.ToLower(l.str("stripe.mode"))
 	c.Stripe.SecretKey = l.secret("stripe.secret_key")
 	c.Stripe.APIURL = l.str("stripe.api_url")
@@ -662,8 +693,9 @@ func (c *Config) validate() *Error {
 			return errorf("stripe.webhook_secrets.live", "entry %d is also in stripe.webhook_secrets.test; each mode's endpoint has its own secret", i+1)
 		}
 	}
-	// The pool keeps 32 connections beyond the workers (database.SizePool): calls to Stripe may
-	// use at most 24 of them, so receipt and reads always find one.
+	// Each request calling Stripe holds a connection of its own share (database.PoolShares); the
+	// bound keeps the whole pool, at every other maximum, under PostgreSQL's default
+	// max_connections of 100.
 	if c.Stripe.MaxConcurrentCalls < 1 || c.Stripe.MaxConcurrentCalls > 24 {
 		return errorf("stripe.max_concurrent_calls", "must be between 1 and 24, got %d", c.Stripe.MaxConcurrentCalls)
 	}
@@ -738,11 +770,19 @@ func (c *Config) validate() *Error {
 	if c.Worker.RetryDelay <= 0 {
 		return errorf("worker.retry_delay", "must be > 0, got %s", c.Worker.RetryDelay)
 	}
-	// Each process opens worker.concurrency + 32 connections (database.SizePool); at 32 workers
-	// that is 64, which leaves room for a second replica and psql under PostgreSQL's default
-	// max_connections of 100. More workers did not process faster here (docs/benchmarks.md).
+	// Each worker holds a connection of the workers' share (database.PoolShares). More workers
+	// did not process faster here (docs/benchmarks.md).
 	if c.Worker.Concurrency < 1 || c.Worker.Concurrency > 32 {
 		return errorf("worker.concurrency", "must be between 1 and 32, got %d", c.Worker.Concurrency)
+	}
+	// A pool smaller than its shares lets slow Stripe calls, stuck applies and busy workers take
+	// every connection, and entitlement reads and webhook receipt wait behind them.
+	if c.Database.PoolSize < 0 {
+		return errorf("database.pool_size", "must be 0 (sized from the shares) or a number of connections, got %d", c.Database.PoolSize)
+	}
+	if sh := c.PoolShares(); c.Database.PoolSize != 0 && c.Database.PoolSize < sh.Size() {
+		return errorf("database.pool_size", "%d connections cannot hold the shares: %d for stripe.max_concurrent_calls + %d inline webhook applies + %d workers (worker.concurrency + %d) + %d background + %d kept for reads and webhook receipt = %d; raise it, or lower stripe.max_concurrent_calls or worker.concurrency",
+			c.Database.PoolSize, sh.StripeCalls, sh.InlineApplies, sh.Workers, DefaultQueueWorkers, database.BackgroundConns, database.FreeConns, sh.Size())
 	}
 	if c.Worker.RescueAfter < time.Second {
 		return errorf("worker.rescue_after", "must be at least 1s, got %s", c.Worker.RescueAfter)
@@ -893,7 +933,7 @@ func (c *Config) WebhookSecrets(livemode bool) []string {
 func (c *Config) LogValue() slog.Value {
 	return slog.GroupValue(
 		slog.Group("http", slog.String("addr", c.HTTP.Addr), slog.String("debug_addr", c.HTTP.DebugAddr)),
-		slog.Group("database", slog.String("url", setness(c.Database.URL))),
+		slog.Group("database", slog.String("url", setness(c.Database.URL)), slog.Int("pool_size", c.PoolSize())),
 		slog.Group("stripe",
 			slog.String("mode", c.Stripe.Mode),
 			slog.String("secret_key", setness(c.Stripe.SecretKey)),

@@ -428,6 +428,9 @@ func TestLoadErrors(t *testing.T) {
 		{name: "scalar where a block is expected", yaml: "database: postgres://u:p@db/billing\n", key: "database", secret: "u:p@db"},
 		{name: "unknown top-level yaml key", yaml: "unknown_key: ignored\n", key: "unknown_key"},
 		{name: "_file of a key that is not a secret", yaml: "stripe:\n  mode_file: /dev/null\n", key: "stripe.mode_file"},
+		{name: "pool smaller than its shares", env: map[string]string{"BILLING_DATABASE_POOL_SIZE": "40", "BILLING_STRIPE_MAX_CONCURRENT_CALLS": "24"}, key: "database.pool_size"},
+		{name: "pool one short of its shares", env: map[string]string{"BILLING_DATABASE_POOL_SIZE": "60"}, key: "database.pool_size"},
+		{name: "negative pool", env: map[string]string{"BILLING_DATABASE_POOL_SIZE": "-1"}, key: "database.pool_size"},
 		{name: "unknown environment variable", env: map[string]string{"BILLING_STRIPE_MOD": "live"}, key: "BILLING_STRIPE_MOD"},
 		{name: "_FILE of a key that is not a secret", env: map[string]string{"BILLING_STRIPE_MODE_FILE": "/dev/null"}, key: "BILLING_STRIPE_MODE_FILE"},
 		{name: "misspelt database variable", env: map[string]string{"BILLING_DATABASE_UR": "postgres://u:hunter2@db/billing"}, key: "BILLING_DATABASE_UR", secret: "hunter2"},
@@ -523,6 +526,11 @@ func TestLoadAccepts(t *testing.T) {
 		{"stripe-mock api url", map[string]string{"BILLING_STRIPE_API_URL": "http://127.0.0.1:12111"}, func(c *Config) bool { return c.Stripe.APIURL == "http://127.0.0.1:12111" }},
 		{"https api url in live mode", map[string]string{"BILLING_STRIPE_MODE": "live", "BILLING_DATABASE_URL": "postgres://db/billing", "BILLING_STRIPE_API_URL": "https://stripe-proxy.internal:8443"}, func(c *Config) bool { return c.Stripe.APIURL == "https://stripe-proxy.internal:8443" }},
 		{"tolerance of an hour", map[string]string{"BILLING_STRIPE_WEBHOOK_TOLERANCE": "1h"}, func(c *Config) bool { return c.Stripe.WebhookTolerance == time.Hour }},
+		// 16 Stripe calls + 16 inline applies + 8 + 5 workers + 8 background + 8 free.
+		{"pool sized from the shares", nil, func(c *Config) bool { return c.Database.PoolSize == 0 && c.PoolSize() == 61 }},
+		{"pool that holds its shares", map[string]string{"BILLING_DATABASE_POOL_SIZE": "61"}, func(c *Config) bool { return c.PoolSize() == 61 }},
+		{"pool without the inline share", map[string]string{"BILLING_DATABASE_POOL_SIZE": "45", "BILLING_WEBHOOKS_APPLY_INLINE": "false"}, func(c *Config) bool { return c.PoolSize() == 45 }},
+		{"largest shares", map[string]string{"BILLING_STRIPE_MAX_CONCURRENT_CALLS": "24", "BILLING_WORKER_CONCURRENCY": "32"}, func(c *Config) bool { return c.PoolSize() == 93 }},
 		{"profiler on loopback", map[string]string{"BILLING_HTTP_DEBUG_ADDR": "127.0.0.1:6060"}, func(c *Config) bool { return c.HTTP.DebugAddr == "127.0.0.1:6060" }},
 		// Taken as loopback by definition, never looked up.
 		{"profiler on localhost", map[string]string{"BILLING_HTTP_DEBUG_ADDR": "localhost:6060"}, func(c *Config) bool { return c.HTTP.DebugAddr == "127.0.0.1:6060" }},

@@ -48,7 +48,7 @@ func Open(ctx context.Context, url string, logger *slog.Logger) (*gorm.DB, error
 	if err != nil {
 		return nil, fmt.Errorf("open database: %w", err)
 	}
-	SizePool(sqlDB, DefaultWorkers)
+	SizePool(sqlDB, DefaultPoolSize)
 	sqlDB.SetConnMaxIdleTime(5 * time.Minute)
 	sqlDB.SetConnMaxLifetime(time.Hour)
 	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -90,21 +90,40 @@ func OneLine(err error) string {
 	return b.String()
 }
 
-// ReservedConns is how many connections a process keeps beyond its event workers: the HTTP
-// path (webhook receive, entitlement reads), River's producers, leader and maintenance, and the
-// notice queue. A pool of workers alone would make a webhook wait behind a busy worker pool.
-const ReservedConns = 32
+// The pool is divided into shares, one per kind of work that can hold a connection for long (a
+// call to Stripe, a lock wait), each bounded by its own limit, plus what is kept for the rest:
+// whatever the bounded kinds do at once, entitlement reads and webhook receipt find a connection.
+type PoolShares struct {
+	// StripeCalls: app requests that hold a connection (and a row lock) across a call to Stripe,
+	// bounded by httpserver.LimitConcurrency (stripe.max_concurrent_calls).
+	StripeCalls int
+	// InlineApplies: webhook events applied in their request (the inbox's inline slots).
+	InlineApplies int
+	// Workers: River workers of every queue, one connection each for its job.
+	Workers int
+}
 
-// DefaultWorkers is the worker count Open sizes the pool for until SizePool is told otherwise.
-const DefaultWorkers = 8
+// BackgroundConns is the share of River's own work (each queue's fetch, the completer, the
+// leader, maintenance) and of the service's loops (the inbox's rescuer, a reconcile run started
+// by an admin).
+const BackgroundConns = 8
 
-// SizePool sizes the pool for a process that runs workers event handlers at once (each holds a
-// connection for its transaction) and returns the size.
-func SizePool(sqlDB *sql.DB, workers int) int {
-	n := workers + ReservedConns
-	sqlDB.SetMaxOpenConns(n)
-	sqlDB.SetMaxIdleConns(n)
-	return n
+// FreeConns are kept for the work that is brief and unbounded in number: entitlement and
+// customer reads, webhook receipt (storing an event), admin pages, readiness checks.
+const FreeConns = 8
+
+// Size is the pool that holds every share and FreeConns besides.
+func (s PoolShares) Size() int {
+	return s.StripeCalls + s.InlineApplies + s.Workers + BackgroundConns + FreeConns
+}
+
+// DefaultPoolSize is the pool Open sets until SizePool is told the process's shares.
+const DefaultPoolSize = 40
+
+// SizePool sets the pool's size: the most connections the process opens.
+func SizePool(sqlDB *sql.DB, size int) {
+	sqlDB.SetMaxOpenConns(size)
+	sqlDB.SetMaxIdleConns(size)
 }
 
 // slowQuery is the duration above which a statement is logged as slow.

@@ -3,6 +3,7 @@ package database_test
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -45,8 +46,9 @@ func TestOpenLogsOnlyFailedStatements(t *testing.T) {
 	}
 }
 
-// The pool grows with the workers so that the HTTP path keeps its connections.
-func TestSizePoolReservesConnectionsBeyondTheWorkers(t *testing.T) {
+// The pool holds every share at its bound and FreeConns besides: with each share's connections
+// taken (and kept busy in open transactions), a read still gets one, FreeConns of them at once.
+func TestPoolKeepsFreeConnectionsBeyondTheShares(t *testing.T) {
 	t.Parallel()
 	db, err := database.Open(context.Background(), testenv.DatabaseURL(t), slog.New(slog.DiscardHandler))
 	if err != nil {
@@ -54,14 +56,50 @@ func TestSizePoolReservesConnectionsBeyondTheWorkers(t *testing.T) {
 	}
 	sqlDB := database.SQL(db)
 	t.Cleanup(func() { sqlDB.Close() })
-	if got, want := sqlDB.Stats().MaxOpenConnections, database.DefaultWorkers+database.ReservedConns; got != want {
-		t.Errorf("Open: max open connections = %d, want %d", got, want)
+	if got := sqlDB.Stats().MaxOpenConnections; got != database.DefaultPoolSize {
+		t.Errorf("Open: max open connections = %d, want %d", got, database.DefaultPoolSize)
 	}
-	for _, workers := range []int{1, 8, 32} {
-		n := database.SizePool(sqlDB, workers)
-		if got := sqlDB.Stats().MaxOpenConnections; n != workers+database.ReservedConns || got != n {
-			t.Errorf("SizePool(%d) = %d, pool max %d; want %d for both", workers, n, got, workers+database.ReservedConns)
+	shares := database.PoolShares{StripeCalls: 24, InlineApplies: 16, Workers: 37}
+	if got, want := shares.Size(), 24+16+37+database.BackgroundConns+database.FreeConns; got != want {
+		t.Fatalf("Size() = %d, want %d", got, want)
+	}
+	database.SizePool(sqlDB, shares.Size())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var held []*sql.Tx
+	defer func() {
+		for _, tx := range held {
+			_ = tx.Rollback()
 		}
+	}()
+	for range shares.StripeCalls + shares.InlineApplies + shares.Workers + database.BackgroundConns {
+		tx, err := sqlDB.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatalf("holding the shares: %v", err)
+		}
+		held = append(held, tx)
+		if _, err := tx.ExecContext(ctx, `SELECT 1`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// FreeConns readers at once, each holding its connection until all have one.
+	var readers []*sql.Conn
+	for range database.FreeConns {
+		c, err := sqlDB.Conn(ctx)
+		if err != nil {
+			t.Fatalf("a read found no connection with every share busy: %v", err)
+		}
+		readers = append(readers, c)
+		var n int
+		if err := c.QueryRowContext(ctx, `SELECT 1`).Scan(&n); err != nil || n != 1 {
+			t.Fatalf("read: %d, %v", n, err)
+		}
+	}
+	if got := sqlDB.Stats().OpenConnections; got != shares.Size() {
+		t.Errorf("%d connections open, want the whole pool of %d", got, shares.Size())
+	}
+	for _, c := range readers {
+		_ = c.Close()
 	}
 }
 
