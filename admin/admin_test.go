@@ -44,7 +44,7 @@ func TestAdminPage(t *testing.T) {
 		doc, header := e.page(t, path)
 		// The page runs no script, may only post forms back here, and is never cached or framed.
 		if csp := header.Get("Content-Security-Policy"); csp != "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'" ||
-			header.Get("Cache-Control") != "no-store" || header.Get("X-Content-Type-Options") != "nosniff" {
+			header.Get("Cache-Control") != "no-store" || header.Get("X-Content-Type-Options") != "nosniff" || header.Get("X-Frame-Options") != "DENY" {
 			t.Errorf("%s: headers %v", path, header)
 		}
 		holds := cells(t, doc, "holds", "data-subscription-id")

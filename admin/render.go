@@ -75,6 +75,8 @@ func (c *Console) render(ec echo.Context, status int, name, section, title strin
 	h.Set("Cache-Control", "no-store")
 	h.Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'")
 	h.Set("X-Content-Type-Options", "nosniff")
+	// frame-ancestors says it to browsers that read CSP; this to the ones that do not.
+	h.Set("X-Frame-Options", "DENY")
 	return ec.HTMLBlob(status, buf.Bytes())
 }
 

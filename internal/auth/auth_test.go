@@ -111,20 +111,27 @@ func TestRequireCSRF(t *testing.T) {
 		header   string
 		status   int
 		wantBody string
+		query    url.Values
 	}{
-		{"form field of the same admin", "admin-1", "", url.Values{"csrf_token": {tok1}, "v": {"a"}}, "", 200, "posted a"},
-		{"header of the same admin", "admin-1", "", url.Values{"v": {"b"}}, tok1, 200, "posted b"},
-		{"no token", "admin-1", "", url.Values{"v": {"c"}}, "", 403, ""},
-		{"token of another admin token", "admin-1", "", url.Values{"csrf_token": {tok2}}, "", 403, ""},
-		{"tampered token", "admin-1", "", url.Values{"csrf_token": {tok1 + "x"}}, "", 403, ""},
-		{"garbage token", "admin-1", "", url.Values{"csrf_token": {"1.2"}}, "", 403, ""},
-		{"wrong password with a token", "nope", "", url.Values{"csrf_token": {tok1}}, "", 401, ""},
-		{"bearer needs none", "", "admin-1", url.Values{"v": {"d"}}, "", 200, "posted d"},
+		{"form field of the same admin", "admin-1", "", url.Values{"csrf_token": {tok1}, "v": {"a"}}, "", 200, "posted a", nil},
+		{"header of the same admin", "admin-1", "", url.Values{"v": {"b"}}, tok1, 200, "posted b", nil},
+		{"no token", "admin-1", "", url.Values{"v": {"c"}}, "", 403, "", nil},
+		{"token of another admin token", "admin-1", "", url.Values{"csrf_token": {tok2}}, "", 403, "", nil},
+		{"tampered token", "admin-1", "", url.Values{"csrf_token": {tok1 + "x"}}, "", 403, "", nil},
+		{"garbage token", "admin-1", "", url.Values{"csrf_token": {"1.2"}}, "", 403, "", nil},
+		{"wrong password with a token", "nope", "", url.Values{"csrf_token": {tok1}}, "", 401, "", nil},
+		{"bearer needs none", "", "admin-1", url.Values{"v": {"d"}}, "", 200, "posted d", nil},
+		// A token in the URL leaks (logs, history, Referer): only the form body counts.
+		{"token in the query string only", "admin-1", "", url.Values{"v": {"e"}}, "", 403, "", url.Values{"csrf_token": {tok1}}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			req := httptest.NewRequest(http.MethodPost, "/admin/x", strings.NewReader(tc.form.Encode()))
+			target := "/admin/x"
+			if tc.query != nil {
+				target += "?" + tc.query.Encode()
+			}
+			req := httptest.NewRequest(http.MethodPost, target, strings.NewReader(tc.form.Encode()))
 			req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 			req.Header.Set("Sec-Fetch-Site", "same-origin")
 			if tc.basicPW != "" {

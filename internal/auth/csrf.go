@@ -76,13 +76,18 @@ func csrfValid(credential, token string, now time.Time) bool {
 	return hmac.Equal([]byte(mac), []byte(csrfMAC(credential, ts)))
 }
 
-// submittedCSRF is the token of a write: the header, else the form field (parsing a form body;
-// other bodies are left unread).
+// submittedCSRF is the token of a write: the header, else the field of a form body (other bodies
+// are left unread). Never the query string: a token in a URL leaks through logs, history and
+// Referer.
 func submittedCSRF(c echo.Context) string {
 	if h := c.Request().Header.Get(CSRFHeader); h != "" {
 		return h
 	}
-	return c.FormValue(CSRFField)
+	r := c.Request()
+	if err := r.ParseForm(); err != nil {
+		return ""
+	}
+	return r.PostForm.Get(CSRFField)
 }
 
 func safeMethod(m string) bool {
