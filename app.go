@@ -122,6 +122,7 @@ func newApp(opts appOptions) (*App, error) {
 		ApplyInline: cfg.Webhooks.ApplyInline,
 		// The inline applies' share of the pool (config.PoolShares).
 		InlineConcurrency: config.InlineApplies,
+		BodyBudget:        int64(cfg.Webhooks.BodyBudgetMiB) << 20,
 		Metrics:           webhooks.NewMetrics(reg),
 		Now:               now,
 	})

@@ -105,6 +105,9 @@ type Config struct {
 		// ApplyInline applies a handled event in the transaction that stores it, before the 200;
 		// the queue takes over only when that attempt fails.
 		ApplyInline bool
+		// BodyBudgetMiB bounds the MiB of delivery bodies held at once before their signature
+		// is verified; deliveries beyond it are answered 503 busy.
+		BodyBudgetMiB int
 	}
 	Reconcile struct {
 		// Interval is how often serve reconciles with Stripe; 0 turns it off.
@@ -219,6 +222,7 @@ var defaults = map[string]string{
 	"worker.concurrency":          "8",
 	"webhooks.retention":          "2160h",
 	"webhooks.apply_inline":       "true",
+	"webhooks.body_budget_mib":    "32",
 	"reconcile.interval":          "6h",
 	"policy.past_due_entitled":    "true",
 	"policy.period_grace":         "2h",
@@ -284,6 +288,7 @@ func Load(path string) (*Config, error) {
 	c.Worker.Concurrency = l.integer("worker.concurrency")
 	c.Webhooks.Retention = l.duration("webhooks.retention")
 	c.Webhooks.ApplyInline = l.boolean("webhooks.apply_inline")
+	c.Webhooks.BodyBudgetMiB = l.integer("webhooks.body_budget_mib")
 	c.Reconcile.Interval = l.duration("reconcile.interval")
 	c.Policy.PastDueEntitled = l.boolean("policy.past_due_entitled")
 	c.Policy.PeriodGrace = l.duration("policy.period_grace")
@@ -791,6 +796,11 @@ func (c *Config) validate() *Error {
 	if c.Webhooks.Retention != 0 && c.Webhooks.Retention < 24*time.Hour {
 		return errorf("webhooks.retention", "must be 0 (keep forever) or at least 24h, got %s", c.Webhooks.Retention)
 	}
+	// At least one body of the largest size (1 MiB) must fit; beyond a GiB the bound no longer
+	// protects a process's memory.
+	if c.Webhooks.BodyBudgetMiB < 1 || c.Webhooks.BodyBudgetMiB > 1024 {
+		return errorf("webhooks.body_budget_mib", "must be between 1 and 1024 (MiB), got %d", c.Webhooks.BodyBudgetMiB)
+	}
 	// A run lists the whole account; more often than a minute only spends Stripe's rate limit.
 	if c.Reconcile.Interval != 0 && c.Reconcile.Interval < time.Minute {
 		return errorf("reconcile.interval", "must be 0 (off) or at least 1m, got %s", c.Reconcile.Interval)
@@ -959,7 +969,8 @@ func (c *Config) LogValue() slog.Value {
 			slog.String("rescue_after", c.Worker.RescueAfter.String()),
 			slog.Int("concurrency", c.Worker.Concurrency),
 		),
-		slog.Group("webhooks", slog.String("retention", c.Webhooks.Retention.String()), slog.Bool("apply_inline", c.Webhooks.ApplyInline)),
+		slog.Group("webhooks", slog.String("retention", c.Webhooks.Retention.String()), slog.Bool("apply_inline", c.Webhooks.ApplyInline),
+			slog.Int("body_budget_mib", c.Webhooks.BodyBudgetMiB)),
 		slog.Group("reconcile", slog.String("interval", c.Reconcile.Interval.String())),
 		slog.Group("policy", slog.Bool("past_due_entitled", c.Policy.PastDueEntitled),
 			slog.String("period_grace", c.Policy.PeriodGrace.String()),

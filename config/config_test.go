@@ -90,6 +90,7 @@ func TestLoadDefaults(t *testing.T) {
 	want.Worker.Concurrency = 8
 	want.Webhooks.Retention = 90 * 24 * time.Hour
 	want.Webhooks.ApplyInline = true
+	want.Webhooks.BodyBudgetMiB = 32
 	want.Reconcile.Interval = 6 * time.Hour
 	want.Policy.PastDueEntitled = true
 	want.Policy.PeriodGrace = 2 * time.Hour
@@ -166,6 +167,7 @@ func TestLoadYAML(t *testing.T) {
 		want.Worker.Concurrency = 8
 		want.Webhooks.Retention = 90 * 24 * time.Hour
 		want.Webhooks.ApplyInline = true
+		want.Webhooks.BodyBudgetMiB = 32
 		want.Reconcile.Interval = 6 * time.Hour
 		want.Policy.PastDueEntitled = false
 		want.Policy.PeriodGrace = 90 * time.Minute
@@ -430,6 +432,8 @@ func TestLoadErrors(t *testing.T) {
 		{name: "_file of a key that is not a secret", yaml: "stripe:\n  mode_file: /dev/null\n", key: "stripe.mode_file"},
 		{name: "pool smaller than its shares", env: map[string]string{"BILLING_DATABASE_POOL_SIZE": "40", "BILLING_STRIPE_MAX_CONCURRENT_CALLS": "24"}, key: "database.pool_size"},
 		{name: "pool one short of its shares", env: map[string]string{"BILLING_DATABASE_POOL_SIZE": "60"}, key: "database.pool_size"},
+		{name: "body budget below one body", env: map[string]string{"BILLING_WEBHOOKS_BODY_BUDGET_MIB": "0"}, key: "webhooks.body_budget_mib"},
+		{name: "body budget above a GiB", env: map[string]string{"BILLING_WEBHOOKS_BODY_BUDGET_MIB": "1025"}, key: "webhooks.body_budget_mib"},
 		{name: "negative pool", env: map[string]string{"BILLING_DATABASE_POOL_SIZE": "-1"}, key: "database.pool_size"},
 		{name: "unknown environment variable", env: map[string]string{"BILLING_STRIPE_MOD": "live"}, key: "BILLING_STRIPE_MOD"},
 		{name: "_FILE of a key that is not a secret", env: map[string]string{"BILLING_STRIPE_MODE_FILE": "/dev/null"}, key: "BILLING_STRIPE_MODE_FILE"},
@@ -568,6 +572,7 @@ func validConfig() *Config {
 	c.Worker.RetryDelay = 30 * time.Second
 	c.Worker.RescueAfter = time.Minute
 	c.Worker.Concurrency = 8
+	c.Webhooks.BodyBudgetMiB = 32
 	c.Policy.PeriodGrace = 2 * time.Hour
 	c.Log.Level = "info"
 	c.Log.Format = "json"

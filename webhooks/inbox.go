@@ -12,6 +12,7 @@ import (
 	"github.com/riverqueue/river"
 	"gorm.io/gorm"
 
+	"billing/internal/httpserver"
 	"billing/internal/jobs"
 )
 
@@ -45,7 +46,15 @@ type Config struct {
 	// entitlement reads and the workers. A delivery waits for a slot within InlineTimeout, then
 	// goes to the queue.
 	InlineConcurrency int
+	// BodyBudget bounds the bytes of delivery bodies held at once before their signature is
+	// verified (DefaultBodyBudget if zero): memory stays bounded whatever the number of
+	// connections; a delivery over it is answered 503 busy and Stripe delivers it again.
+	BodyBudget int64
 }
+
+// DefaultBodyBudget is the bytes of delivery bodies held at once when Config.BodyBudget is zero:
+// 32 bodies of the largest size, thousands of Stripe's usual few KB.
+const DefaultBodyBudget = 32 << 20
 
 // Inbox receives, stores, processes and replays Stripe events.
 type Inbox struct {
@@ -55,6 +64,8 @@ type Inbox struct {
 	metrics *Metrics
 	// inlineSlots holds a token per inline attempt in flight.
 	inlineSlots chan struct{}
+	// bodies is the byte budget of the bodies being read and verified.
+	bodies *httpserver.ByteBudget
 }
 
 // New returns an inbox. SetJobs must be called before it receives events.
@@ -74,11 +85,14 @@ func New(cfg Config) *Inbox {
 	if cfg.InlineConcurrency <= 0 {
 		cfg.InlineConcurrency = 16
 	}
+	if cfg.BodyBudget <= 0 {
+		cfg.BodyBudget = DefaultBodyBudget
+	}
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics(nil)
 	}
 	return &Inbox{cfg: cfg, log: cfg.Logger.With("component", "webhooks"), metrics: cfg.Metrics,
-		inlineSlots: make(chan struct{}, cfg.InlineConcurrency)}
+		inlineSlots: make(chan struct{}, cfg.InlineConcurrency), bodies: httpserver.NewByteBudget(cfg.BodyBudget)}
 }
 
 // SetJobs gives the inbox the River client it enqueues with. River's client is built after the

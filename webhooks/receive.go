@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"time"
@@ -19,6 +18,7 @@ import (
 
 	"billing/internal/apierr"
 	"billing/internal/database"
+	"billing/internal/httpserver"
 	"billing/internal/jobs"
 	"billing/internal/jsonkeys"
 )
@@ -152,20 +152,26 @@ func (i *Inbox) MountWebhook(e *echo.Echo) {
 // receive verifies, stores and acknowledges one delivery. Its durable effects commit together
 // before the 200: the event row and either its applied effects or its processing job.
 func (i *Inbox) receive(c echo.Context) error {
-	// Read the raw body before anything can parse it: the signature covers these exact bytes.
-	body, err := io.ReadAll(io.LimitReader(c.Request().Body, MaxBodyBytes+1))
-	if err != nil {
-		return i.reject(apierr.CodeInvalidRequest, err, "could not read the request body")
-	}
-	if len(body) > MaxBodyBytes {
-		return i.reject(apierr.CodeBodyTooLarge, nil, "body exceeds %d bytes", MaxBodyBytes)
-	}
+	// The header first: a request that cannot be signed costs no read of its body.
 	header := c.Request().Header.Get("Stripe-Signature")
 	if header == "" {
 		return i.reject(apierr.CodeMissingSignature, nil, "the Stripe-Signature header is missing")
 	}
 	if _, err := parseSignatureHeader(header); err != nil {
 		return i.reject(apierr.CodeMalformedSignature, err, "the Stripe-Signature header is malformed: expected t=<timestamp>,v1=<hex signature>")
+	}
+	// The raw body, read whole before anything can parse it (the signature covers these exact
+	// bytes), under the byte budget shared by every delivery not yet verified.
+	body, release, err := i.bodies.ReadBody(c.Request(), MaxBodyBytes)
+	defer release()
+	switch {
+	case errors.Is(err, httpserver.ErrBodyTooLarge):
+		return i.reject(apierr.CodeBodyTooLarge, nil, "body exceeds %d bytes", MaxBodyBytes)
+	case errors.Is(err, httpserver.ErrBudgetSpent):
+		c.Response().Header().Set("Retry-After", "1")
+		return i.reject(apierr.CodeBusy, nil, "too many deliveries are being received right now; retry later")
+	case err != nil:
+		return i.reject(apierr.CodeInvalidRequest, err, "could not read the request body")
 	}
 	// Verify before reading anything of the body, with the secrets of both modes: an unsigned
 	// caller learns neither how a parser reads its body nor which modes have secrets.
