@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -28,6 +29,7 @@ import (
 	"time"
 
 	"billing/internal/stripeevents"
+	"billing/internal/stripetest"
 	"billing/internal/testenv"
 )
 
@@ -574,6 +576,32 @@ func TestAttacks(t *testing.T) {
 		}
 	})
 
+	// 5b. Issue 22, finding 4: a delivery that cannot be signed costs no read of its body; the
+	// header's shape is checked first, so the answer is the header's, not the body's size.
+	t.Run("unsigned bodies are not read", func(t *testing.T) {
+		t.Parallel()
+		big := bytes.Repeat([]byte("x"), 2<<20)
+		sig := fmt.Sprintf("v1=%s", strings.Repeat("ab", 32))
+		for _, tc := range []struct {
+			name, header, code string
+		}{
+			{"no Stripe-Signature header", "", "missing_signature"},
+			{"a header that is not t=…,v1=…", "garbage", "malformed_signature"},
+			{"no t=", sig, "malformed_signature"},
+			{"no v1=", fmt.Sprintf("t=%d", time.Now().Unix()), "malformed_signature"},
+			{"a t= that is not a time", "t=soon," + sig, "malformed_signature"},
+			{"a v1= that is not a SHA-256", fmt.Sprintf("t=%d,v1=abcd", time.Now().Unix()), "malformed_signature"},
+		} {
+			h := map[string]string{"Content-Type": "application/json"}
+			if tc.header != "" {
+				h["Stripe-Signature"] = tc.header
+			}
+			if ans := a.do(t, http.MethodPost, "/webhooks/stripe", big, h); ans.Status != http.StatusBadRequest || ans.code() != tc.code {
+				t.Errorf("%s, 2 MiB body: %s, want 400 %s", tc.name, ans, tc.code)
+			}
+		}
+	})
+
 	// 6. Keys that different JSON readers resolve differently.
 	t.Run("ambiguous JSON in a signed body", func(t *testing.T) {
 		t.Parallel()
@@ -895,17 +923,38 @@ func TestAttacks(t *testing.T) {
 		if ans := a.do(t, http.MethodPost, path, form, sameOrigin); ans.Status != http.StatusForbidden || ans.code() != "forbidden" {
 			t.Errorf("same-origin post without a CSRF token: %s, want 403 forbidden", ans)
 		}
-		// The control: the admin page's own form (same origin, its CSRF token) replays.
 		page := a.do(t, http.MethodGet, "/admin", nil, map[string]string{"Authorization": basic})
 		m := regexp.MustCompile(`name="csrf_token" value="([^"]+)"`).FindSubmatch(page.Body)
 		if page.Status != http.StatusOK || m == nil {
 			t.Fatalf("admin page: %d, CSRF token found: %v", page.Status, m != nil)
 		}
+		// Issue 22, finding 8: the page is never framed, also by browsers that ignore the CSP.
+		if got := page.Header.Get("X-Frame-Options"); got != "DENY" {
+			t.Errorf("admin page: X-Frame-Options %q, want DENY", got)
+		}
+		// Finding 8: a token in the URL (which logs, history and Referer keep) does not count.
+		if ans := a.do(t, http.MethodPost, path+"?csrf_token="+url.QueryEscape(string(m[1])), form, sameOrigin); ans.Status != http.StatusForbidden || ans.code() != "forbidden" {
+			t.Errorf("same-origin post with the CSRF token in the query string: %s, want 403 forbidden", ans)
+		}
+		if _, v := a.event(t, id); v.Status != "failed" {
+			t.Errorf("the event is %q after the query-string replay, want still failed", v.Status)
+		}
+		// The control: the admin page's own form (same origin, its CSRF token) replays.
 		ans := a.do(t, http.MethodPost, path, []byte("csrf_token="+url.QueryEscape(string(m[1]))), sameOrigin)
 		if ans.Status != http.StatusSeeOther || ans.Header.Get("Location") != "/admin" {
 			t.Errorf("same-origin form replay: %s (Location %q), want 303 to /admin", ans, ans.Header.Get("Location"))
 		}
 	})
+}
+
+// atkConfigFile writes a YAML configuration file and returns its path.
+func atkConfigFile(t *testing.T, yaml string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "billing.yaml")
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
 
 func basicCredentials(user, password string) string {
@@ -966,6 +1015,26 @@ func TestAttackConfiguration(t *testing.T) {
 			"BILLING_STRIPE_API_URL":              "http://api.stripe.com",
 			"BILLING_STRIPE_WEBHOOK_SECRETS_LIVE": "whsec_live_attack_0123456789abcdef0123456789abcdef",
 		}), "stripe.api_url", []string{liveKey, "whsec_live_attack_0123456789abcdef0123456789abcdef"}},
+		// Issue 22, finding 2: one secret for both modes would let a test signature count as live.
+		{"the same webhook secret in both modes", valid(map[string]string{
+			"BILLING_STRIPE_WEBHOOK_SECRETS_TEST": e2eWebhookSecret,
+			"BILLING_STRIPE_WEBHOOK_SECRETS_LIVE": "whsec_other_0123456789abcdef0123456789abcdef," + e2eWebhookSecret,
+		}), "stripe.webhook_secrets.live", []string{e2eWebhookSecret}},
+		// Finding 7: secrets and tokens that are long enough only on paper.
+		{"a one-character webhook secret", valid(map[string]string{"BILLING_STRIPE_WEBHOOK_SECRETS_TEST": "whsec_x"}),
+			"stripe.webhook_secrets.test", []string{"whsec_x"}},
+		{"32 identical characters as a token", valid(map[string]string{"BILLING_AUTH_API_TOKENS": strings.Repeat("a", 32)}),
+			"auth.api_tokens", []string{strings.Repeat("a", 32)}},
+		{"the example's placeholder in lower case", valid(map[string]string{"BILLING_AUTH_ADMIN_TOKENS": "replace-me-admin-token-with-32-or-more-random-characters"}),
+			"auth.admin_tokens", []string{"replace-me-admin-token"}},
+		// Finding 7: a key the service does not read would leave its default in force silently.
+		{"a misspelt environment variable", valid(map[string]string{"BILLING_STRIPE_MOD": "live"}), "BILLING_STRIPE_MOD", nil},
+		{"a misspelt key in the file", valid(map[string]string{"BILLING_CONFIG": atkConfigFile(t, "stripe:\n  mod: live\n")}), "stripe.mod", nil},
+		{"a misspelt database block in the file", valid(map[string]string{"BILLING_DATABASE_URL": "",
+			"BILLING_CONFIG": atkConfigFile(t, "databse:\n  url: postgres://billing:"+dbPassword+"@127.0.0.1:1/billing\n")}), "databse.url", nil},
+		// Finding 6: a pool that cannot hold its shares starves reads and receipt.
+		{"a pool smaller than its shares", valid(map[string]string{"BILLING_DATABASE_POOL_SIZE": "40", "BILLING_STRIPE_MAX_CONCURRENT_CALLS": "24"}),
+			"database.pool_size", nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -1258,5 +1327,204 @@ func TestTestSignedEventsNeverChangeALiveAnswer(t *testing.T) {
 				t.Errorf("seed %d, round %d: live answer %s changed:\nbefore %s\nafter  %s", seed, round, k, b, after[k])
 			}
 		}
+	}
+}
+
+// Issue 22, findings 6, 4 and 7 against one service of their own (a database of its own, so that
+// no other service's workers take its jobs): the pool's shares hold whatever slow Stripe calls,
+// stuck applies and busy workers do; unverified bodies stay within their byte budget; and the
+// profiler's localhost is loopback.
+func TestAttackSharesAndBudget(t *testing.T) {
+	t.Parallel()
+	dbURL := testenv.DatabaseURL(t)
+	db := openDB(t, dbURL)
+	proxy := stripetest.New(t, testenv.StripeMockURL(t))
+	debugPort := freeAddr(t)[len("127.0.0.1:"):]
+	const calls = 24 // stripe.max_concurrent_calls at its maximum
+	p := start(t, t.TempDir(), map[string]string{
+		"BILLING_DATABASE_URL":                dbURL,
+		"BILLING_STRIPE_WEBHOOK_SECRETS_TEST": atkTestSecret,
+		"BILLING_STRIPE_API_URL":              proxy.URL,
+		"BILLING_STRIPE_SECRET_KEY":           "sk_test_attacks",
+		"BILLING_STRIPE_MAX_CONCURRENT_CALLS": fmt.Sprint(calls),
+		"BILLING_WEBHOOKS_BODY_BUDGET_MIB":    "1",
+		"BILLING_HTTP_DEBUG_ADDR":             "localhost:" + debugPort,
+		"BILLING_LOG_LEVEL":                   "info",
+	})
+	a := &atkEnv{p: p, dbURL: dbURL, db: db, client: &http.Client{Timeout: 2 * time.Minute}}
+
+	// Finding 7: localhost is taken as 127.0.0.1, never resolved.
+	t.Run("profiler on localhost listens on 127.0.0.1", func(t *testing.T) {
+		found := false
+		for _, line := range strings.Split(p.out.String(), "\n") {
+			if strings.Contains(line, `"msg":"profiler listening"`) {
+				found = strings.Contains(line, `"addr":"127.0.0.1:`+debugPort+`"`)
+				if !found {
+					t.Errorf("profiler: %s, want it on 127.0.0.1:%s", line, debugPort)
+				}
+			}
+		}
+		if !found {
+			t.Errorf("no log line of the profiler listening on 127.0.0.1:%s", debugPort)
+		}
+		if status, _ := get(t, "http://127.0.0.1:"+debugPort+"/debug/pprof/cmdline", ""); status != http.StatusOK {
+			t.Errorf("profiler on 127.0.0.1:%s: %d", debugPort, status)
+		}
+	})
+
+	// Finding 6: every share busy at once — the Stripe calls (held by a Stripe that does not
+	// answer), the inline applies and the workers (held on a subscription's row lock) — and an
+	// entitlement read and a webhook receipt still get a connection, while every holder is still
+	// held.
+	t.Run("shares held, reads and receipt go through", func(t *testing.T) {
+		const user, cus, sub = "pool_user", "cus_pool", "sub_pool"
+		if _, err := db.Exec(`INSERT INTO customers (user_id, stripe_customer_id, email, livemode) VALUES ($1, $2, 'pool@example.com', false)`, user, cus); err != nil {
+			t.Fatal(err)
+		}
+		setup := atkSubEvent("evt_pool_setup", "customer.subscription.created", false, sub, cus, "active", time.Now().Add(-time.Minute))
+		if ans := a.deliverSigned(t, setup, atkTestSecret, time.Now()); ans.Status != http.StatusOK {
+			t.Fatalf("setup: %s", ans)
+		}
+		if v := a.waitProcessed(t, "evt_pool_setup"); v.Status != "processed" {
+			t.Fatalf("setup is %s", v.Status)
+		}
+		lockWaiters := func() int {
+			return a.count(t, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`)
+		}
+
+		// The Stripe share: calls PUTs held inside Stripe, each with its connection and row lock.
+		var releaseStripe []func()
+		var arrived []<-chan struct{}
+		for range calls {
+			ch, release := proxy.Gate(http.MethodPost, "/v1/customers")
+			arrived, releaseStripe = append(arrived, ch), append(releaseStripe, release)
+		}
+		releaseAll := func() {
+			for _, r := range releaseStripe {
+				r()
+			}
+		}
+		defer releaseAll()
+		puts := make(chan atkAnswer, calls)
+		for i := range calls {
+			go func() {
+				puts <- a.app(t, http.MethodPut, fmt.Sprintf("/v1/customers/pool_put_%d", i), []byte(`{"email":"put@example.com"}`))
+			}()
+		}
+		for _, ch := range arrived {
+			<-ch
+		}
+		// The share is bounded: one more call is refused before it takes a connection.
+		if ans := a.app(t, http.MethodPut, "/v1/customers/pool_put_extra", []byte(`{"email":"put@example.com"}`)); ans.Status != http.StatusServiceUnavailable || ans.code() != "busy" {
+			t.Errorf("a call to Stripe beyond the share: %s, want 503 busy", ans)
+		}
+
+		// The inline applies and the workers: events of one subscription whose row the test holds.
+		lock, err := db.Begin()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer lock.Rollback()
+		if _, err := lock.Exec(`SELECT 1 FROM subscriptions WHERE subscription_id = $1 FOR UPDATE`, sub); err != nil {
+			t.Fatal(err)
+		}
+		deliverWave := func(wave string, n int) chan atkAnswer {
+			out := make(chan atkAnswer, n)
+			for i := range n {
+				body := atkSubEvent(fmt.Sprintf("evt_pool_%s_%d", wave, i), "customer.subscription.updated", false, sub, cus, "active", time.Now())
+				go func() { out <- a.deliverSigned(t, body, atkTestSecret, time.Now()) }()
+			}
+			return out
+		}
+		const inline, workers = 16, 8 // the inline slots; worker.concurrency's default
+		// The first wave waits on the lock in its requests until the inline budget runs out, then
+		// is queued, and the workers take it up and wait on the lock in turn.
+		first := deliverWave("first", inline)
+		for range inline {
+			if ans := <-first; ans.Status != http.StatusOK {
+				t.Fatalf("first wave: %s", ans)
+			}
+		}
+		if !waitUntil(time.Minute, func() bool { return lockWaiters() == workers }) {
+			t.Fatalf("%d sessions wait on the lock, want the %d workers", lockWaiters(), workers)
+		}
+		// The second wave takes every inline slot.
+		second := deliverWave("second", inline)
+		if !waitUntil(time.Minute, func() bool { return lockWaiters() == workers+inline }) {
+			t.Fatalf("%d sessions wait on the lock, want %d workers and %d inline applies: the pool cannot hold the shares", lockWaiters(), workers, inline)
+		}
+
+		// Every share is held. A read and a receipt answer.
+		if ans := a.app(t, http.MethodGet, "/v1/customers/"+user+"/entitlement", nil); ans.Status != http.StatusOK {
+			t.Errorf("entitlement read with every share held: %s", ans)
+		}
+		if ans := a.deliverSigned(t, atkPlainEvent("evt_pool_receipt", false), atkTestSecret, time.Now()); ans.Status != http.StatusOK || ans.field("status") != "ignored" {
+			t.Errorf("webhook receipt with every share held: %s, want 200 ignored", ans)
+		}
+		// ...while the calls to Stripe still hold (the inline applies give up on their own after
+		// their budget, so only the held calls can be asserted).
+		if len(puts) != 0 {
+			t.Errorf("after the read: %d calls to Stripe answered, want none: the read waited for the holders", len(puts))
+		}
+		t.Logf("after the read and the receipt: %d sessions wait on the lock, %d of the second wave answered", lockWaiters(), len(second))
+
+		// Released, everything finishes.
+		if err := lock.Rollback(); err != nil {
+			t.Fatal(err)
+		}
+		releaseAll()
+		for range inline {
+			if ans := <-second; ans.Status != http.StatusOK {
+				t.Errorf("second wave: %s", ans)
+			}
+		}
+		for range calls {
+			if ans := <-puts; ans.Status != http.StatusOK && ans.Status != http.StatusCreated {
+				t.Errorf("held PUT: %s", ans)
+			}
+		}
+	})
+
+	// Finding 4: unverified bodies are held within the budget (1 MiB here): while a stalled upload
+	// holds it, another delivery is refused 503 busy before its body is read; once the stalled
+	// connection goes, deliveries are read again.
+	t.Run("unverified bodies within their budget", func(t *testing.T) {
+		conn, err := net.Dial("tcp", p.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		fmt.Fprintf(conn, "POST /webhooks/stripe HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nStripe-Signature: t=%d,v1=%s\r\nContent-Length: %d\r\n\r\n",
+			p.addr, time.Now().Unix(), strings.Repeat("ab", 32), 1<<20)
+		if _, err := conn.Write(bytes.Repeat([]byte("x"), 1<<10)); err != nil {
+			t.Fatal(err)
+		}
+		// The stalled upload has reserved its megabyte once a delivery is refused for it.
+		var last atkAnswer
+		if !waitUntil(30*time.Second, func() bool {
+			last = a.deliverSigned(t, atkPlainEvent("evt_budget_refused", false), atkTestSecret, time.Now())
+			return last.Status == http.StatusServiceUnavailable
+		}) {
+			t.Fatalf("delivery while an upload holds the budget: %s, want 503 busy", last)
+		}
+		if last.code() != "busy" || last.Header.Get("Retry-After") == "" {
+			t.Errorf("refused delivery: %s (Retry-After %q), want 503 busy with Retry-After", last, last.Header.Get("Retry-After"))
+		}
+		a.expectNotStoredIn(t, "evt_budget_refused")
+		conn.Close()
+		if !waitUntil(30*time.Second, func() bool {
+			last = a.deliverSigned(t, atkPlainEvent("evt_budget_after", false), atkTestSecret, time.Now())
+			return last.Status == http.StatusOK
+		}) {
+			t.Errorf("delivery after the stalled upload went: %s, want 200", last)
+		}
+	})
+}
+
+// expectNotStoredIn checks the database directly that no event id is stored.
+func (a *atkEnv) expectNotStoredIn(t *testing.T, id string) {
+	t.Helper()
+	if n := a.count(t, `SELECT count(*) FROM webhook_events WHERE event_id = $1 /* all modes */`, id); n != 0 {
+		t.Errorf("event %q: %d rows stored, want none", id, n)
 	}
 }
