@@ -24,6 +24,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -1499,15 +1500,23 @@ func TestAttackSharesAndBudget(t *testing.T) {
 		if _, err := conn.Write(bytes.Repeat([]byte("x"), 1<<10)); err != nil {
 			t.Fatal(err)
 		}
-		// The stalled upload has reserved its megabyte once a delivery is refused for it.
-		var last atkAnswer
-		if !waitUntil(30*time.Second, func() bool {
-			last = a.deliverSigned(t, atkPlainEvent("evt_budget_refused", false), atkTestSecret, time.Now())
-			return last.Status == http.StatusServiceUnavailable
-		}) {
-			t.Fatalf("delivery while an upload holds the budget: %s, want 503 busy", last)
+		// The stalled upload has reserved its megabyte (the gauge says so), and then a delivery
+		// is refused.
+		inUse := func() float64 {
+			_, metrics := get(t, p.url("/metrics"), "")
+			for _, l := range strings.Split(metrics, "\n") {
+				if v, ok := strings.CutPrefix(l, "billing_webhook_unverified_body_bytes "); ok {
+					f, _ := strconv.ParseFloat(v, 64)
+					return f
+				}
+			}
+			return -1
 		}
-		if last.code() != "busy" || last.Header.Get("Retry-After") == "" {
+		if !waitUntil(30*time.Second, func() bool { return inUse() == 1<<20 }) {
+			t.Fatalf("the stalled upload holds no budget: billing_webhook_unverified_body_bytes %v, want %d", inUse(), 1<<20)
+		}
+		last := a.deliverSigned(t, atkPlainEvent("evt_budget_refused", false), atkTestSecret, time.Now())
+		if last.Status != http.StatusServiceUnavailable || last.code() != "busy" || last.Header.Get("Retry-After") == "" {
 			t.Errorf("refused delivery: %s (Retry-After %q), want 503 busy with Retry-After", last, last.Header.Get("Retry-After"))
 		}
 		a.expectNotStoredIn(t, "evt_budget_refused")

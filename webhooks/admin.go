@@ -231,6 +231,7 @@ func (i *Inbox) DeadLetters(ctx context.Context, limit int) ([]DeadLetter, error
 // long as it has not started.
 func (i *Inbox) RegisterGauges(reg prometheus.Registerer, workers *river.Workers, periodic *river.PeriodicJobBundle) {
 	reg.MustRegister(&backlogCollector{b: i.metrics.backlog, now: i.cfg.Now})
+	reg.MustRegister(i.bodyBudgetGauges()...)
 	river.AddWorker(workers, &backlogCounter{inbox: i})
 	periodic.Add(river.NewPeriodicJob(river.PeriodicInterval(backlogInterval), func() (river.JobArgs, *river.InsertOpts) {
 		return BacklogArgs{}, nil
