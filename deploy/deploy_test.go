@@ -217,7 +217,7 @@ func TestConfigExample(t *testing.T) {
 		dir := t.TempDir()
 		files := map[string]string{
 			"stripe.secret_key":           "sk_test_from_a_file",
-			"stripe.webhook_secrets.test": "whsec_from_a_file",
+			"stripe.webhook_secrets.test": "whsec_from_a_file_0123456789abcdef0123456789abcdef",
 			"auth.api_tokens":             "file-api-0123456789abcdef0123456789abcdef",
 			"auth.admin_tokens":           "file-admin-0123456789abcdef0123456789abcdef",
 		}
