@@ -85,6 +85,7 @@ func TestEventOfTheOtherModeChangesNothing(t *testing.T) {
 		invEv("x_finalized", EventInvoiceFinalized, 100, inv),
 		invEv("x_inv_updated", EventInvoiceUpdated, 100, inv),
 		invEv("x_uncollectible", EventInvoiceMarkedUncollectible, 100, inv),
+		summaryEv("x_features", 100, "cus_m", true, "feat_m"),
 	}
 	if got, want := len(attacks), len(newRegistryTypes(t)); got != want {
 		t.Fatalf("the table covers %d event types, the service handles %d", got, want)
