@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -108,6 +109,24 @@ func (w *benchWriter) reset() {
 // allocations per request, see -cpuprofile and -benchmem). Every answer must be 200 and name the
 // user.
 func BenchmarkEntitlementHandler(b *testing.B) {
+	benchHandler(b, func(user string) (string, string) {
+		return "/v1/customers/" + user + "/entitlement", `"user_id":"` + user + `"`
+	})
+}
+
+// BenchmarkFeatureHandler: GET /v1/customers/{user_id}/features/{lookup_key} as
+// BenchmarkEntitlementHandler reads the entitlement, for one of the seeded features or one that
+// no user has; it must cost what the entitlement read costs.
+func BenchmarkFeatureHandler(b *testing.B) {
+	benchHandler(b, func(user string) (string, string) {
+		feature := fmt.Sprintf("feature_%02d", rand.IntN(testenv.SeedFeatures+1))
+		return "/v1/customers/" + user + "/features/" + feature, `"feature":"` + feature + `"`
+	})
+}
+
+// benchHandler serves the path that route gives for a random user, whose answer must be 200 and
+// contain want.
+func benchHandler(b *testing.B, route func(user string) (path, want string)) {
 	logger := benchLogger(b)
 	e := benchEntitlementServer(b, benchEntitlementDB(b, logger), logger)
 	var failed atomic.Int64
@@ -121,13 +140,13 @@ func BenchmarkEntitlementHandler(b *testing.B) {
 		req, _ := http.NewRequest(http.MethodGet, "/", nil)
 		req.Header.Set("Authorization", "Bearer "+benchEntToken)
 		for pb.Next() {
-			user := "user_" + strconv.Itoa(1+rand.IntN(benchEntUsers))
+			path, want := route("user_" + strconv.Itoa(1+rand.IntN(benchEntUsers)))
 			r := req.Clone(context.Background())
-			r.URL.Path = "/v1/customers/" + user + "/entitlement"
+			r.URL.Path = path
 			r.RequestURI = r.URL.Path
 			w.reset()
 			e.ServeHTTP(w, r)
-			if w.code != http.StatusOK || !bytes.Contains(w.body.Bytes(), []byte(`"user_id":"`+user+`"`)) {
+			if w.code != http.StatusOK || !bytes.Contains(w.body.Bytes(), []byte(want)) {
 				if failed.Add(1) == 1 {
 					firstFailure.Store(strconv.Itoa(w.code) + " " + w.body.String())
 				}
@@ -139,7 +158,7 @@ func BenchmarkEntitlementHandler(b *testing.B) {
 	// wall time per request hides behind the database's round trip.
 	b.ReportMetric(float64((processCPU(b)-cpu0).Microseconds())/float64(b.N), "cpu-µs/op")
 	if n := failed.Load(); n > 0 {
-		b.Fatalf("%d answers were not 200 with the user's id; first: %v", n, firstFailure.Load())
+		b.Fatalf("%d answers were not 200 with what they must say; first: %v", n, firstFailure.Load())
 	}
 }
 

@@ -210,8 +210,8 @@ type SampleOptions struct {
 	// one, "premium"); FeaturesHaveMore says Stripe has more than these.
 	Features         []string
 	FeaturesHaveMore bool
-	Now        time.Time
-	Livemode   bool
+	Now              time.Time
+	Livemode         bool
 }
 
 func orDefault(s, def string) string {
