@@ -320,3 +320,32 @@ func TestOverviewShowsTheLastReconcileRun(t *testing.T) {
 		t.Errorf("without tables: %q", got)
 	}
 }
+
+// The subscription page shows the seats and the customer's features, and says when the policy
+// withholds them (sub_1 is on hold).
+func TestSubscriptionPageShowsSeatsAndFeatures(t *testing.T) {
+	t.Parallel()
+	c := newConsole(t)
+	c.story(t)
+	doc := parse(t, c.html(t, "/admin/ui/subscriptions/sub_1", http.StatusOK))
+	if got := byID(doc, "sub-seats"); got != "1" {
+		t.Errorf("seats %q, want 1", got)
+	}
+	if got := byID(doc, "sub-features"); !strings.HasPrefix(got, "none") {
+		t.Errorf("features before any summary: %q", got)
+	}
+	c.deliver(t, stripeevents.EntitlementSummaryEvent("evt_features", at(86400*2), false,
+		stripeevents.EntitlementSummary{Customer: "cus_1", LookupKeys: []string{"sso", "<b>api</b>"}}))
+	c.process(t, "evt_features")
+	page := c.html(t, "/admin/ui/subscriptions/sub_1", http.StatusOK)
+	doc = parse(t, page)
+	if got := byID(doc, "sub-features"); !strings.Contains(got, "<b>api</b> sso") || !strings.Contains(got, "evt_features") {
+		t.Errorf("features %q, want both keys, sorted, and the event that set them", got)
+	}
+	if strings.Contains(page, "<b>api</b>") {
+		t.Error("a lookup key is markup on the page")
+	}
+	if !strings.Contains(byID(doc, "features-withheld"), "on hold") {
+		t.Errorf("withheld: %q", byID(doc, "features-withheld"))
+	}
+}
