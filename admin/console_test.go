@@ -326,10 +326,17 @@ func TestOverviewShowsTheLastReconcileRun(t *testing.T) {
 func TestSubscriptionPageShowsSeatsAndFeatures(t *testing.T) {
 	t.Parallel()
 	c := newConsole(t)
-	c.story(t)
+	c.exec(t, `INSERT INTO customers (user_id, stripe_customer_id, email) VALUES ('user-1', 'cus_1', 'u1@example.com')`)
+	sub := stripeevents.Subscription{ID: "sub_1", Customer: "cus_1", Status: billing.StatusActive, PriceID: "price_pro",
+		CurrentPeriodStart: at(0), CurrentPeriodEnd: at(30 * 86400), Quantity: 3}
+	inv := stripeevents.Invoice{ID: "in_1", Customer: "cus_1", Subscription: "sub_1", Status: "open", Currency: "usd",
+		AmountDue: 2500, AttemptCount: 1}
+	c.deliver(t, stripeevents.SubscriptionEvent("evt_created", billing.EventSubscriptionCreated, at(1), false, sub),
+		stripeevents.InvoiceEvent("evt_failed", billing.EventInvoicePaymentFailed, at(86400), false, inv))
+	c.process(t, "evt_created", "evt_failed")
 	doc := parse(t, c.html(t, "/admin/ui/subscriptions/sub_1", http.StatusOK))
-	if got := byID(doc, "sub-seats"); got != "1" {
-		t.Errorf("seats %q, want 1", got)
+	if got := byID(doc, "sub-seats"); got != "3" {
+		t.Errorf("seats %q, want 3", got)
 	}
 	if got := byID(doc, "sub-features"); !strings.HasPrefix(got, "none") {
 		t.Errorf("features before any summary: %q", got)

@@ -224,7 +224,7 @@ func (s *Service) ApplyFeatureRead(ctx context.Context, tx *gorm.DB, r FeatureRe
 		at = r.After.UTC()
 	}
 	return s.putFeatures(ctx, tx, featureWrite{customerID: r.StripeCustomerID, livemode: r.Livemode, keys: keys,
-		complete: true, id: r.Source, typ: "read", created: at, read: true})
+		complete: true, id: r.Source, typ: featureReadType, created: at, read: true})
 }
 
 // CustomerFeatures is a customer's stored list.
@@ -233,11 +233,20 @@ type CustomerFeatures struct {
 	Found      bool
 	LookupKeys []string
 	// Complete is false while the read of a long list is pending.
-	Complete     bool
+	Complete bool
+	// EventID, EventType and EventCreated are the key stored with the list: an event's, or a
+	// read's (EventType featureReadType, EventID naming the read).
 	EventID      string
+	EventType    string
 	EventCreated time.Time
 	UpdatedAt    time.Time
 }
+
+// FromRead reports whether the stored list came from a read of Stripe rather than an event.
+func (f CustomerFeatures) FromRead() bool { return f.EventType == featureReadType }
+
+// featureReadType is the type stored with a list read from Stripe.
+const featureReadType = "read"
 
 // CustomerFeatures returns the stored features of a Stripe customer of a mode.
 func (s *Service) CustomerFeatures(ctx context.Context, stripeCustomerID string, livemode bool) (CustomerFeatures, error) {
@@ -250,7 +259,7 @@ func (s *Service) customerFeaturesTx(ctx context.Context, tx *gorm.DB, stripeCus
 		return out, nil
 	}
 	rows, err := tx.WithContext(ctx).Statement.ConnPool.QueryContext(ctx, `
-		SELECT lookup_keys, complete, feat_event_id, feat_event_created, updated_at FROM customer_features
+		SELECT lookup_keys, complete, feat_event_id, feat_event_type, feat_event_created, updated_at FROM customer_features
 		WHERE stripe_customer_id = $1 AND livemode = $2`, stripeCustomerID, livemode)
 	if err != nil {
 		return out, fmt.Errorf("load the features of customer %s: %w", stripeCustomerID, err)
@@ -258,7 +267,7 @@ func (s *Service) customerFeaturesTx(ctx context.Context, tx *gorm.DB, stripeCus
 	defer rows.Close()
 	if rows.Next() {
 		out.Found = true
-		err = rows.Scan(pgtype.NewMap().SQLScanner(&out.LookupKeys), &out.Complete, &out.EventID, &out.EventCreated, &out.UpdatedAt)
+		err = rows.Scan(pgtype.NewMap().SQLScanner(&out.LookupKeys), &out.Complete, &out.EventID, &out.EventType, &out.EventCreated, &out.UpdatedAt)
 	}
 	if err == nil {
 		err = rows.Err()

@@ -53,8 +53,10 @@ func (r *run) featuresDiff(ctx context.Context, rem remote) (*featureDrift, erro
 	if slices.Equal(keys, local.LookupKeys) || (!local.Found && len(keys) == 0) {
 		return nil, nil
 	}
-	if local.Found && !local.EventCreated.Before(fetchedAt.UTC().Truncate(time.Second)) {
-		// News from the read's second or later: the read cannot say the list is wrong.
+	if sec := fetchedAt.UTC().Truncate(time.Second); local.Found &&
+		(local.EventCreated.After(sec) || (local.EventCreated.Equal(sec) && !local.FromRead())) {
+		// An event from the read's second or later: the read cannot say the list is wrong. (An
+		// earlier read of the same second is no fresher than this one.)
 		return nil, nil
 	}
 	return &featureDrift{
