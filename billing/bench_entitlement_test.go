@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"syscall"
@@ -229,10 +230,25 @@ func TestEntitlementReadAgreesWithCustomerView(t *testing.T) {
 			key += "/unconfirmed"
 		}
 		seen[key]++
+		// The feature gate (featureQuery) agrees with the entitlement's list, both ways.
+		for _, feature := range []string{"feature_03", "feature_99"} {
+			for _, s := range []*Service{svc, viaSQL} {
+				a, err := s.Feature(ctx, user, feature)
+				if err != nil {
+					t.Fatalf("Feature(%s, %s): %v", user, feature, err)
+				}
+				if a.Allowed != slices.Contains(view.Entitlement.Features, feature) {
+					t.Errorf("%s: %s allowed %v, the entitlement's features %v", user, feature, a.Allowed, view.Entitlement.Features)
+				}
+			}
+		}
+		if len(got.Features) > 0 {
+			seen["features"]++
+		}
 	}
 	// The fixtures must reach the states the comparison is about, or it proves little.
 	for _, want := range []string{"active/true/false", "past_due/true/true", "trialing/true/false", "none/false/false",
-		"active/false/false/unconfirmed", "active/false/false"} {
+		"active/false/false/unconfirmed", "active/false/false", "features"} {
 		if seen[want] == 0 {
 			t.Errorf("no user in state %s; states seen: %v", want, seen)
 		}
@@ -275,10 +291,30 @@ func TestEntitlementJSONIsEncodingJSONs(t *testing.T) {
 			if j%2 == 0 {
 				e.UnconfirmedSince = tm(at)
 			}
+			switch q := int64(i*j - 7); {
+			case j == 1:
+			case q%2 == 0:
+				e.Quantity = &q
+			default:
+				e.Quantity, e.Features = &q, []string{s, strs[j], strs[(i+j)%len(strs)]}
+			}
+			if e.Features == nil && i%2 == 0 {
+				e.Features = noFeatures
+			}
 			cases = append(cases, e)
 		}
 	}
 	cases = append(cases, Entitlement{UserID: "u", Status: StatusNone})
+	for i, s := range strs {
+		a := FeatureAnswer{UserID: s, Feature: strs[(i+3)%len(strs)], Allowed: i%2 == 0, Reason: strs[(i+5)%len(strs)]}
+		var want bytes.Buffer
+		if err := json.NewEncoder(&want).Encode(&a); err != nil {
+			t.Fatal(err)
+		}
+		if got := appendFeatureJSON(nil, &a); !bytes.Equal(got, want.Bytes()) {
+			t.Errorf("feature answer\n got %s\nwant %s", got, want.Bytes())
+		}
+	}
 	for _, e := range cases {
 		var want bytes.Buffer
 		if err := json.NewEncoder(&want).Encode(&e); err != nil {
