@@ -120,6 +120,10 @@ func TestEventOfTheOtherModeChangesNothing(t *testing.T) {
 				if entAfter := e.entitlementIn(t, "u_m", storedLive); entAfter != entBefore {
 					t.Errorf("entitlement changed: %s → %s", entBefore, entAfter)
 				}
+				var features int64
+				if err := e.db.Raw(`SELECT count(*) FROM customer_features WHERE livemode = $1`, storedLive).Scan(&features).Error; err != nil || features != 0 {
+					t.Errorf("features of this world: %d rows (%v); want none", features, err)
+				}
 				var mine int64
 				if err := e.db.Raw(`SELECT count(*) FROM notices WHERE livemode = $1`, storedLive).Scan(&mine).Error; err != nil || mine != 1 {
 					t.Errorf("notices of this world: %d (%v); want only the own failure's", mine, err)
