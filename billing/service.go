@@ -93,7 +93,7 @@ func New(d Deps) *Service {
 		notices:  notices.NewEnqueuer(notices.EnqueuerConfig{Jobs: d.Jobs, Logger: log, Now: d.Now, Registerer: d.Registerer}),
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "billing_subscription_events_total",
-			Help: "Subscription and invoice events handled, by type and outcome (applied, stale, terminal, one_off). Counted per attempt: a rolled-back attempt counts too.",
+			Help: "Subscription, invoice and active-entitlement events handled, by type and outcome (applied, stale, terminal, one_off, tie). Counted per attempt: a rolled-back attempt counts too.",
 		}, []string{"type", "outcome"}),
 	}
 	s.featureReads = prometheus.NewCounterVec(prometheus.CounterOpts{
