@@ -338,7 +338,7 @@ func TestSubscriptionPageShowsSeatsAndFeatures(t *testing.T) {
 	if got := byID(doc, "sub-seats"); got != "3" {
 		t.Errorf("seats %q, want 3", got)
 	}
-	if got := byID(doc, "sub-features"); !strings.HasPrefix(got, "none") {
+	if got := strings.TrimSpace(byID(doc, "sub-features")); got != "none" {
 		t.Errorf("features before any summary: %q", got)
 	}
 	c.deliver(t, stripeevents.EntitlementSummaryEvent("evt_features", at(86400*2), false,
@@ -354,5 +354,11 @@ func TestSubscriptionPageShowsSeatsAndFeatures(t *testing.T) {
 	}
 	if !strings.Contains(byID(doc, "features-withheld"), "on hold") {
 		t.Errorf("withheld: %q", byID(doc, "features-withheld"))
+	}
+	// The customer page: the entitlement's seats, and the features Stripe grants but the policy
+	// withholds.
+	grants := byID(parse(t, c.html(t, "/admin/ui/customers/user-1", http.StatusOK)), "test-grants")
+	if !strings.Contains(grants, "Seats3") || !strings.Contains(grants, "Stripe grants 2; withheld") {
+		t.Errorf("customer page grants %q", grants)
 	}
 }
