@@ -173,7 +173,8 @@ func newApp(opts appOptions) (*App, error) {
 		Now:             now,
 		PastDueEntitled: cfg.Policy.PastDueEntitled,
 		PeriodGrace:     cfg.Policy.PeriodGrace,
-		Reread:          billing.RereadDeps{Stripe: stripe.Subscriptions, Livemode: livemode},
+		Reread: billing.RereadDeps{Stripe: stripe.Subscriptions, Entitlements: stripe.EntitlementsActiveEntitlements,
+			Livemode: livemode},
 		Registerer:      reg,
 		// Access while collection is paused (pause_collection).
 		PausedCollectionEntitled: cfg.Policy.PausedCollectionEntitled,

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -228,16 +229,20 @@ func TestTriggerPlaysALifecycleOfOneLinkedUser(t *testing.T) {
 		return l
 	}
 
-	wait.processed(t, trigger("customer.subscription.created"))
-	if e := entitlement(); e["entitled"] != true || e["status"] != "trialing" || e["subscription_id"] != "sub_life" {
+	wait.processed(t, trigger("customer.subscription.created", "--quantity", "3"))
+	if e := entitlement(); e["entitled"] != true || e["status"] != "trialing" || e["subscription_id"] != "sub_life" || e["quantity"] != float64(3) {
 		t.Fatalf("after created: %v", e)
 	}
+	wait.processed(t, trigger("entitlements.active_entitlement_summary.updated", "--features", "sso,api"))
+	if e := entitlement(); fmt.Sprint(e["features"]) != "[api sso]" {
+		t.Errorf("after the summary: %v", e)
+	}
 	wait.processed(t, trigger("invoice.payment_failed", "--invoice", "in_life"))
-	if e, h := entitlement(), holds(); e["on_hold"] != true || len(h) != 1 {
+	if e, h := entitlement(), holds(); e["on_hold"] != true || len(h) != 1 || fmt.Sprint(e["features"]) != "[]" {
 		t.Errorf("after payment_failed: entitlement %v, holds %v", e, h)
 	}
 	wait.processed(t, trigger("invoice.payment_succeeded", "--invoice", "in_life"))
-	if e, h := entitlement(), holds(); e["on_hold"] != false || len(h) != 0 {
+	if e, h := entitlement(), holds(); e["on_hold"] != false || len(h) != 0 || fmt.Sprint(e["features"]) != "[api sso]" {
 		t.Errorf("after payment_succeeded: entitlement %v, holds %v", e, h)
 	}
 	wait.processed(t, trigger("customer.subscription.deleted"))

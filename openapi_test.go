@@ -129,6 +129,11 @@ func TestOpenAPIAnswersFitTheDocument(t *testing.T) {
 		t.Errorf("customer view has %d subscriptions, want 1: %v", len(subs), cust)
 	}
 	expect(200)(d.do(app, http.MethodGet, "/v1/customers/u_oa/entitlement", nil))
+	features, _ := d.webhook("entitlements.active_entitlement_summary.updated", stripeevents.SampleOptions{Suffix: "oa_f", Customer: cus, Features: []string{"premium"}})
+	wait.processed(t, features)
+	expect(200)(d.do(app, http.MethodGet, "/v1/customers/u_oa/features/premium", nil))
+	expect(404)(d.do(app, http.MethodGet, "/v1/customers/u_nobody/features/premium", nil))
+	expect(400)(d.do(app, http.MethodGet, "/v1/customers/u_oa/features/"+strings.Repeat("k", 201), nil))
 	expect(200)(d.do(app, http.MethodGet, "/v1/customers/u_oa/invoices?limit=10", nil))
 	_, holds := d.do(admin, http.MethodGet, "/admin/holds", nil)
 	if h, _ := holds["holds"].([]any); len(h) != 1 {

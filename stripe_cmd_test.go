@@ -117,8 +117,10 @@ func TestSetupSubscribesToWhatTheAppHandles(t *testing.T) {
 	if want := a.Events.Types(); !slices.Equal(got, want) || len(want) == 0 {
 		t.Fatalf("setup subscribes to %v, the service handles %v", got, want)
 	}
-	if !slices.Contains(got, "customer.subscription.updated") {
-		t.Errorf("handled types %v lack customer.subscription.updated", got)
+	for _, typ := range []string{"customer.subscription.updated", "entitlements.active_entitlement_summary.updated"} {
+		if !slices.Contains(got, typ) {
+			t.Errorf("handled types %v lack %s", got, typ)
+		}
 	}
 }
 

@@ -20,7 +20,9 @@ var triggerHelp = commandHelp{
 	Usage: "billing trigger [flags] EVENT_TYPE",
 	About: "Posts a correctly signed sample event to a running service: the local `stripe trigger`.\n" +
 		"EVENT_TYPE: customer.subscription.created|updated|deleted|trial_will_end,\n" +
-		"invoice.payment_succeeded|payment_failed, customer.created|updated.\n" +
+		"invoice.payment_succeeded|payment_failed, customer.created|updated,\n" +
+		"entitlements.active_entitlement_summary.updated (--features; --features-more says Stripe has more,\n" +
+		"which the service then reads from Stripe).\n" +
 		"Every event gets a new id unless --event-id is given (the same id again is a redelivery).\n" +
 		"--customer, --subscription and --invoice name the objects, so that several events play the\n" +
 		"lifecycle of one customer linked with PUT /v1/customers/{user_id}; --api-version other than\n" +
@@ -44,6 +46,9 @@ func trigger(args []string) int {
 	subscription := fs.String("subscription", "", "the subscription's id (default sub_<id>)")
 	invoice := fs.String("invoice", "", "the invoice's id (default in_<id>)")
 	status := fs.String("status", "", "the subscription's status (customer.subscription.*: trialing, active, past_due, unpaid, canceled…) or the invoice's (invoice.*)")
+	quantity := fs.Int64("quantity", 1, "the subscription's seats (customer.subscription.*)")
+	features := fs.String("features", "premium", "comma-separated lookup keys of the customer's active entitlements (entitlements.active_entitlement_summary.updated)")
+	featuresMore := fs.Bool("features-more", false, "the summary's list has more than --features (the service reads every page from Stripe)")
 	apiVersion := fs.String("api-version", stripeevents.APIVersion, "the event's api_version (another one is dead-lettered)")
 	cfgPath := fs.String("config", "", "YAML configuration file (default $BILLING_CONFIG)")
 	// The event type may stand anywhere among the flags (flag parsing stops at it, so parse on
@@ -87,6 +92,7 @@ func trigger(args []string) int {
 	payload, err := stripeevents.SampleWith(typ, stripeevents.SampleOptions{
 		Suffix: *suffix, EventID: *eventID, Customer: *customer, Subscription: *subscription,
 		Invoice: *invoice, Status: *status, APIVersion: *apiVersion, Now: now, Livemode: *live,
+		Quantity: *quantity, Features: splitList(*features), FeaturesHaveMore: *featuresMore,
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "billing trigger: "+err.Error())
@@ -111,6 +117,17 @@ func trigger(args []string) int {
 		return exitFailure
 	}
 	return 0
+}
+
+// splitList splits a comma-separated flag, dropping empty parts.
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 func randomHex(n int) string {

@@ -320,3 +320,45 @@ func TestOverviewShowsTheLastReconcileRun(t *testing.T) {
 		t.Errorf("without tables: %q", got)
 	}
 }
+
+// The subscription page shows the seats and the customer's features, and says when the policy
+// withholds them (sub_1 is on hold).
+func TestSubscriptionPageShowsSeatsAndFeatures(t *testing.T) {
+	t.Parallel()
+	c := newConsole(t)
+	c.exec(t, `INSERT INTO customers (user_id, stripe_customer_id, email) VALUES ('user-1', 'cus_1', 'u1@example.com')`)
+	sub := stripeevents.Subscription{ID: "sub_1", Customer: "cus_1", Status: billing.StatusActive, PriceID: "price_pro",
+		CurrentPeriodStart: at(0), CurrentPeriodEnd: at(30 * 86400), Quantity: 3}
+	inv := stripeevents.Invoice{ID: "in_1", Customer: "cus_1", Subscription: "sub_1", Status: "open", Currency: "usd",
+		AmountDue: 2500, AttemptCount: 1}
+	c.deliver(t, stripeevents.SubscriptionEvent("evt_created", billing.EventSubscriptionCreated, at(1), false, sub),
+		stripeevents.InvoiceEvent("evt_failed", billing.EventInvoicePaymentFailed, at(86400), false, inv))
+	c.process(t, "evt_created", "evt_failed")
+	doc := parse(t, c.html(t, "/admin/ui/subscriptions/sub_1", http.StatusOK))
+	if got := byID(doc, "sub-seats"); got != "3" {
+		t.Errorf("seats %q, want 3", got)
+	}
+	if got := strings.TrimSpace(byID(doc, "sub-features")); got != "none" {
+		t.Errorf("features before any summary: %q", got)
+	}
+	c.deliver(t, stripeevents.EntitlementSummaryEvent("evt_features", at(86400*2), false,
+		stripeevents.EntitlementSummary{Customer: "cus_1", LookupKeys: []string{"sso", "<b>api</b>"}}))
+	c.process(t, "evt_features")
+	page := c.html(t, "/admin/ui/subscriptions/sub_1", http.StatusOK)
+	doc = parse(t, page)
+	if got := byID(doc, "sub-features"); !strings.Contains(got, "<b>api</b> sso") || !strings.Contains(got, "evt_features") {
+		t.Errorf("features %q, want both keys, sorted, and the event that set them", got)
+	}
+	if strings.Contains(page, "<b>api</b>") {
+		t.Error("a lookup key is markup on the page")
+	}
+	if !strings.Contains(byID(doc, "features-withheld"), "on hold") {
+		t.Errorf("withheld: %q", byID(doc, "features-withheld"))
+	}
+	// The customer page: the entitlement's seats, and the features Stripe grants but the policy
+	// withholds.
+	grants := byID(parse(t, c.html(t, "/admin/ui/customers/user-1", http.StatusOK)), "test-grants")
+	if !strings.Contains(grants, "Seats3") || !strings.Contains(grants, "Stripe grants 2; withheld") {
+		t.Errorf("customer page grants %q", grants)
+	}
+}

@@ -29,6 +29,10 @@ type SubscriptionState struct {
 	// HoldReason and HoldSince are set when the subscription is on hold.
 	HoldReason string     `gorm:"-"`
 	HoldSince  *time.Time `gorm:"-"`
+	// Features are the customer's active entitlements as stored; FeaturesGranted whether the
+	// policy grants them through this subscription now.
+	Features        CustomerFeatures `gorm:"-"`
+	FeaturesGranted bool             `gorm:"-"`
 }
 
 // SubscriptionState returns a subscription with its customer's user, or nil when unknown. The
@@ -55,6 +59,10 @@ func (s *Service) SubscriptionState(ctx context.Context, subscriptionID string) 
 	st.Reason = s.policy.EntitlementReason(&st.Subscription, now)
 	if reason, since, ok := st.Hold(); ok {
 		st.HoldReason, st.HoldSince = reason, utc(since)
+	}
+	st.FeaturesGranted = s.policy.FeaturesGranted(&st.Subscription, now)
+	if st.Features, err = s.CustomerFeatures(ctx, st.StripeCustomerID, st.Livemode); err != nil {
+		return nil, err
 	}
 	return st, nil
 }

@@ -22,6 +22,9 @@ type Account struct {
 	// Reason is the policy's words about the subscription the entitlement reports, or says that
 	// there is none.
 	Reason string
+	// Features are the customer's active entitlements as stored (the entitlement grants them
+	// only as the policy says).
+	Features CustomerFeatures
 }
 
 // CustomerAccount returns the subscriptions and entitlement of a Stripe customer of the mode.
@@ -38,8 +41,12 @@ func (s *Service) CustomerAccount(ctx context.Context, userID, stripeCustomerID 
 	if err != nil {
 		return nil, fmt.Errorf("load subscriptions of %s: %w", stripeCustomerID, err)
 	}
+	features, err := s.CustomerFeatures(ctx, stripeCustomerID, livemode)
+	if err != nil {
+		return nil, err
+	}
 	now := s.now()
-	a := &Account{Subscriptions: states}
+	a := &Account{Subscriptions: states, Features: features}
 	subs := make([]Subscription, len(states))
 	for i := range states {
 		st := &states[i]
@@ -48,9 +55,10 @@ func (s *Service) CustomerAccount(ctx context.Context, userID, stripeCustomerID 
 		if reason, since, ok := st.Hold(); ok {
 			st.HoldReason, st.HoldSince = reason, utc(since)
 		}
+		st.Features, st.FeaturesGranted = features, s.policy.FeaturesGranted(&st.Subscription, now)
 		subs[i] = st.Subscription
 	}
-	a.Entitlement = s.entitlementOf(userID, subs, now)
+	a.Entitlement = s.entitlementOf(userID, subs, features.LookupKeys, now)
 	if best := s.policy.Best(subs, now); best != nil {
 		a.Reason = s.policy.EntitlementReason(best, now)
 	} else {

@@ -18,11 +18,13 @@ import (
 // MountAPI adds, on the /v1 group (app-token auth applied by main):
 //
 //	GET /customers/:user_id/entitlement  → Entitlement
+//	GET /customers/:user_id/features/:lookup_key → FeatureAnswer
 //	GET /customers/:user_id/invoices     → InvoicePage (?limit=&starting_after=)
 //
 // GET /customers/:user_id (the link with its subscriptions) is the customers package's.
 func (s *Service) MountAPI(v1 *echo.Group) {
 	v1.GET("/customers/:user_id/entitlement", s.getEntitlement)
+	v1.GET("/customers/:user_id/features/:lookup_key", s.getFeature)
 	v1.GET("/customers/:user_id/invoices", s.getInvoices)
 }
 
@@ -98,6 +100,25 @@ func appendEntitlementJSON(b []byte, e *Entitlement) (_ []byte, ok bool) {
 	b = append(b, `,"unconfirmed_since":`...)
 	if b, ok = appendJSONTime(b, e.UnconfirmedSince); !ok {
 		return b, false
+	}
+	b = append(b, `,"quantity":`...)
+	if e.Quantity == nil {
+		b = append(b, "null"...)
+	} else {
+		b = strconv.AppendInt(b, *e.Quantity, 10)
+	}
+	b = append(b, `,"features":`...)
+	if e.Features == nil {
+		b = append(b, "null"...)
+	} else {
+		b = append(b, '[')
+		for i, f := range e.Features {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = appendJSONString(b, f)
+		}
+		b = append(b, ']')
 	}
 	return append(b, "}\n"...), true
 }

@@ -2,6 +2,7 @@ package billing
 
 import (
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -43,8 +44,8 @@ func TestEntitlementJSONShape(t *testing.T) {
 	e.link(t, "u1", "cus_1", "u1@example.com")
 	e.link(t, "u_nolink", "", "")
 
-	wantKeys := []string{"cancel_at_period_end", "current_period_end", "entitled", "hold_reason", "on_hold",
-		"price_id", "status", "subscription_id", "trial_end", "unconfirmed_since", "user_id"}
+	wantKeys := []string{"cancel_at_period_end", "current_period_end", "entitled", "features", "hold_reason", "on_hold",
+		"price_id", "quantity", "status", "subscription_id", "trial_end", "unconfirmed_since", "user_id"}
 
 	// A customers row without a Stripe customer is a link still being made: no customer yet.
 	for _, path := range []string{"/v1/customers/u_nolink", "/v1/customers/u_nolink/entitlement"} {
@@ -70,7 +71,8 @@ func TestEntitlementJSONShape(t *testing.T) {
 		}
 		if m["entitled"] != false || m["status"] != "none" || m["on_hold"] != false || m["hold_reason"] != nil ||
 			m["subscription_id"] != nil || m["price_id"] != nil || m["current_period_end"] != nil || m["trial_end"] != nil ||
-			m["cancel_at_period_end"] != false || m["unconfirmed_since"] != nil || m["user_id"] != user {
+			m["cancel_at_period_end"] != false || m["unconfirmed_since"] != nil || m["user_id"] != user ||
+			m["quantity"] != nil || fmt.Sprint(m["features"]) != "[]" {
 			t.Errorf("%s: %s", user, body)
 		}
 	}
@@ -78,7 +80,7 @@ func TestEntitlementJSONShape(t *testing.T) {
 	e.mustHandle(t, created("e1", 1, subObj{ID: "sub_1", Customer: "cus_1", Status: StatusTrialing, Price: "price_pro",
 		PeriodStart: 1, PeriodEnd: 86400, TrialStart: 1, TrialEnd: 86400}))
 	code, body := e.get(t, "/v1/customers/u1/entitlement", nil)
-	want := `{"user_id":"u1","entitled":true,"status":"trialing","on_hold":false,"hold_reason":null,"subscription_id":"sub_1","price_id":"price_pro","current_period_end":"2024-06-02T00:00:00Z","cancel_at_period_end":false,"trial_end":"2024-06-02T00:00:00Z","unconfirmed_since":null}`
+	want := `{"user_id":"u1","entitled":true,"status":"trialing","on_hold":false,"hold_reason":null,"subscription_id":"sub_1","price_id":"price_pro","current_period_end":"2024-06-02T00:00:00Z","cancel_at_period_end":false,"trial_end":"2024-06-02T00:00:00Z","unconfirmed_since":null,"quantity":null,"features":[]}`
 	if code != http.StatusOK || strings.TrimSpace(string(body)) != want {
 		t.Errorf("entitlement = %d %s\nwant %s", code, body, want)
 	}

@@ -6,10 +6,12 @@ import (
 	"database/sql"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"syscall"
@@ -108,6 +110,24 @@ func (w *benchWriter) reset() {
 // allocations per request, see -cpuprofile and -benchmem). Every answer must be 200 and name the
 // user.
 func BenchmarkEntitlementHandler(b *testing.B) {
+	benchHandler(b, func(user string) (string, string) {
+		return "/v1/customers/" + user + "/entitlement", `"user_id":"` + user + `"`
+	})
+}
+
+// BenchmarkFeatureHandler: GET /v1/customers/{user_id}/features/{lookup_key} as
+// BenchmarkEntitlementHandler reads the entitlement, for one of the seeded features or one that
+// no user has; it must cost what the entitlement read costs.
+func BenchmarkFeatureHandler(b *testing.B) {
+	benchHandler(b, func(user string) (string, string) {
+		feature := fmt.Sprintf("feature_%02d", rand.IntN(testenv.SeedFeatures+1))
+		return "/v1/customers/" + user + "/features/" + feature, `"feature":"` + feature + `"`
+	})
+}
+
+// benchHandler serves the path that route gives for a random user, whose answer must be 200 and
+// contain want.
+func benchHandler(b *testing.B, route func(user string) (path, want string)) {
 	logger := benchLogger(b)
 	e := benchEntitlementServer(b, benchEntitlementDB(b, logger), logger)
 	var failed atomic.Int64
@@ -121,13 +141,13 @@ func BenchmarkEntitlementHandler(b *testing.B) {
 		req, _ := http.NewRequest(http.MethodGet, "/", nil)
 		req.Header.Set("Authorization", "Bearer "+benchEntToken)
 		for pb.Next() {
-			user := "user_" + strconv.Itoa(1+rand.IntN(benchEntUsers))
+			path, want := route("user_" + strconv.Itoa(1+rand.IntN(benchEntUsers)))
 			r := req.Clone(context.Background())
-			r.URL.Path = "/v1/customers/" + user + "/entitlement"
+			r.URL.Path = path
 			r.RequestURI = r.URL.Path
 			w.reset()
 			e.ServeHTTP(w, r)
-			if w.code != http.StatusOK || !bytes.Contains(w.body.Bytes(), []byte(`"user_id":"`+user+`"`)) {
+			if w.code != http.StatusOK || !bytes.Contains(w.body.Bytes(), []byte(want)) {
 				if failed.Add(1) == 1 {
 					firstFailure.Store(strconv.Itoa(w.code) + " " + w.body.String())
 				}
@@ -139,7 +159,7 @@ func BenchmarkEntitlementHandler(b *testing.B) {
 	// wall time per request hides behind the database's round trip.
 	b.ReportMetric(float64((processCPU(b)-cpu0).Microseconds())/float64(b.N), "cpu-µs/op")
 	if n := failed.Load(); n > 0 {
-		b.Fatalf("%d answers were not 200 with the user's id; first: %v", n, firstFailure.Load())
+		b.Fatalf("%d answers were not 200 with what they must say; first: %v", n, firstFailure.Load())
 	}
 }
 
@@ -210,10 +230,25 @@ func TestEntitlementReadAgreesWithCustomerView(t *testing.T) {
 			key += "/unconfirmed"
 		}
 		seen[key]++
+		// The feature gate (featureQuery) agrees with the entitlement's list, both ways.
+		for _, feature := range []string{"feature_03", "feature_99"} {
+			for _, s := range []*Service{svc, viaSQL} {
+				a, err := s.Feature(ctx, user, feature)
+				if err != nil {
+					t.Fatalf("Feature(%s, %s): %v", user, feature, err)
+				}
+				if a.Allowed != slices.Contains(view.Entitlement.Features, feature) {
+					t.Errorf("%s: %s allowed %v, the entitlement's features %v", user, feature, a.Allowed, view.Entitlement.Features)
+				}
+			}
+		}
+		if len(got.Features) > 0 {
+			seen["features"]++
+		}
 	}
 	// The fixtures must reach the states the comparison is about, or it proves little.
 	for _, want := range []string{"active/true/false", "past_due/true/true", "trialing/true/false", "none/false/false",
-		"active/false/false/unconfirmed", "active/false/false"} {
+		"active/false/false/unconfirmed", "active/false/false", "features"} {
 		if seen[want] == 0 {
 			t.Errorf("no user in state %s; states seen: %v", want, seen)
 		}
@@ -256,10 +291,30 @@ func TestEntitlementJSONIsEncodingJSONs(t *testing.T) {
 			if j%2 == 0 {
 				e.UnconfirmedSince = tm(at)
 			}
+			switch q := int64(i*j - 7); {
+			case j == 1:
+			case q%2 == 0:
+				e.Quantity = &q
+			default:
+				e.Quantity, e.Features = &q, []string{s, strs[j], strs[(i+j)%len(strs)]}
+			}
+			if e.Features == nil && i%2 == 0 {
+				e.Features = noFeatures
+			}
 			cases = append(cases, e)
 		}
 	}
 	cases = append(cases, Entitlement{UserID: "u", Status: StatusNone})
+	for i, s := range strs {
+		a := FeatureAnswer{UserID: s, Feature: strs[(i+3)%len(strs)], Allowed: i%2 == 0, Reason: strs[(i+5)%len(strs)]}
+		var want bytes.Buffer
+		if err := json.NewEncoder(&want).Encode(&a); err != nil {
+			t.Fatal(err)
+		}
+		if got := appendFeatureJSON(nil, &a); !bytes.Equal(got, want.Bytes()) {
+			t.Errorf("feature answer\n got %s\nwant %s", got, want.Bytes())
+		}
+	}
 	for _, e := range cases {
 		var want bytes.Buffer
 		if err := json.NewEncoder(&want).Encode(&e); err != nil {

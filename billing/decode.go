@@ -123,22 +123,74 @@ type subscriptionObject struct {
 }
 
 type subscriptionItem struct {
-	Price expandableID `json:"price"`
-	Plan  expandableID `json:"plan"`
+	Price priceRef `json:"price"`
+	Plan  priceRef `json:"plan"`
+	// Quantity is absent on metered items.
+	Quantity *int64 `json:"quantity"`
 	// API versions from 2025-03-31 carry the billing period on the items only.
 	CurrentPeriodStart unixTime `json:"current_period_start"`
 	CurrentPeriodEnd   unixTime `json:"current_period_end"`
+}
+
+// priceRef is an item's price (or legacy plan): its id, or the expanded object with its usage
+// type; null and absent decode as empty.
+type priceRef struct {
+	ID string
+	// Metered: the price bills usage (recurring.usage_type, or the plan's usage_type, "metered").
+	Metered bool
+}
+
+func (p *priceRef) UnmarshalJSON(b []byte) error {
+	b = bytes.TrimSpace(b)
+	if len(b) > 0 && b[0] == '{' {
+		var o struct {
+			ID        string `json:"id"`
+			UsageType string `json:"usage_type"`
+			Recurring *struct {
+				UsageType string `json:"usage_type"`
+			} `json:"recurring"`
+		}
+		if err := json.Unmarshal(b, &o); err != nil {
+			return err
+		}
+		*p = priceRef{ID: o.ID, Metered: o.UsageType == "metered" || (o.Recurring != nil && o.Recurring.UsageType == "metered")}
+		return nil
+	}
+	var id expandableID
+	if err := id.UnmarshalJSON(b); err != nil {
+		return err
+	}
+	*p = priceRef{ID: string(id)}
+	return nil
+}
+
+// metered reports whether the item bills usage rather than seats.
+func (it *subscriptionItem) metered() bool { return it.Price.Metered || it.Plan.Metered }
+
+// Quantity is the seats of the subscription: the quantity of its first licensed (not metered)
+// item, nil when it has none or Stripe sent no quantity.
+func (s *subscriptionObject) Quantity() *int64 {
+	if s.Items == nil {
+		return nil
+	}
+	for i := range s.Items.Data {
+		if it := &s.Items.Data[i]; !it.metered() && it.Quantity != nil {
+			q := *it.Quantity
+			return &q
+		}
+	}
+	return nil
 }
 
 // PriceID is the price of the first item, falling back to the legacy plan.
 func (s *subscriptionObject) PriceID() string {
 	if s.Items != nil {
 		for _, it := range s.Items.Data {
-			if it.Price != "" {
-				return string(it.Price)
+			if it.Price.ID != "" {
+				return it.Price.ID
 			}
-			if it.Plan != "" {
-				return string(it.Plan)
+			if it.Plan.ID != "" {
+				return it.Plan.ID
 			}
 		}
 	}

@@ -216,6 +216,8 @@ type subObj struct {
 	TrialStart, TrialEnd        int64
 	CanceledAt, EndedAt         int64
 	CancelAtPeriodEnd           bool
+	// Quantity is the item's seats; 0 leaves it out.
+	Quantity int64
 }
 
 func (s subObj) JSON() json.RawMessage {
@@ -227,11 +229,15 @@ func (s subObj) JSON() json.RawMessage {
 	}
 	items := map[string]any{"object": "list", "data": []any{}}
 	if s.Price != "" {
-		items["data"] = []any{map[string]any{
+		item := map[string]any{
 			"id": "si_" + s.ID, "object": "subscription_item",
 			"price": map[string]any{"id": s.Price, "object": "price"},
 			"plan":  map[string]any{"id": s.Price, "object": "plan"},
-		}}
+		}
+		if s.Quantity != 0 {
+			item["quantity"] = s.Quantity
+		}
+		items["data"] = []any{item}
 	}
 	m := map[string]any{
 		"id": s.ID, "object": "subscription", "customer": s.Customer, "status": s.Status,
@@ -337,6 +343,21 @@ func succeeded(id string, t int64, i invObj) webhooks.Event {
 }
 
 func (s subObj) with(status string) subObj { s.Status = status; return s }
+
+// summaryEv is an entitlements.active_entitlement_summary.updated of a customer listing
+// lookupKeys, with has_more as given.
+func summaryEv(id string, created int64, customer string, more bool, lookupKeys ...string) webhooks.Event {
+	data := []any{}
+	for i, k := range lookupKeys {
+		data = append(data, map[string]any{"id": fmt.Sprintf("ent_%s_%d", id, i), "object": "entitlements.active_entitlement",
+			"feature": "feat_" + k, "livemode": false, "lookup_key": k})
+	}
+	obj, _ := json.Marshal(map[string]any{
+		"object": "entitlements.active_entitlement_summary", "customer": customer, "livemode": false,
+		"entitlements": map[string]any{"object": "list", "data": data, "has_more": more, "url": "/v1/customer/" + customer + "/entitlements"},
+	})
+	return event(id, EventEntitlementSummaryUpdated, created, obj)
+}
 
 func ptrStr(p *string) string {
 	if p == nil {

@@ -48,6 +48,7 @@ func TestHandledTypesAreStripeGoEventTypes(t *testing.T) {
 		EventInvoiceFinalized:             stripe.EventTypeInvoiceFinalized,
 		EventInvoiceUpdated:               stripe.EventTypeInvoiceUpdated,
 		EventInvoiceMarkedUncollectible:   stripe.EventTypeInvoiceMarkedUncollectible,
+		EventEntitlementSummaryUpdated:    stripe.EventTypeEntitlementsActiveEntitlementSummaryUpdated,
 	}
 	for _, typ := range newRegistryTypes(t) {
 		if st, ok := known[typ]; !ok || string(st) != typ {

@@ -199,6 +199,7 @@ func (s *Service) handleSubscriptionEvent(ctx context.Context, tx *gorm.DB, ev w
 		  trial_end = $13,
 		  pause_collection_behavior = $20,
 		  pause_collection_resumes_at = $21,
+		  quantity = $22,
 		  sub_event_id = $14,
 		  sub_event_type = $15,
 		  sub_event_created = $17,
@@ -210,7 +211,7 @@ func (s *Service) handleSubscriptionEvent(ctx context.Context, tx *gorm.DB, ev w
 		status, nullString(obj.PriceID()), start.Ptr(), end.Ptr(), cancelAtPeriodEnd, // $4–$8
 		obj.CancelAt.Ptr(), obj.CanceledAt.Ptr(), obj.EndedAt.Ptr(), obj.TrialStart.Ptr(), obj.TrialEnd.Ptr(), // $9–$13
 		ev.ID, ev.Type, rankOf(ctx, subEventRank(ev.Type, status)), ev.Created.UTC(), s.now(), // $14–$18
-		statusBeganWith(ev, status), obj.pauseBehavior(), obj.pauseResumesAt()) // $19–$21
+		statusBeganWith(ev, status), obj.pauseBehavior(), obj.pauseResumesAt(), obj.Quantity()) // $19–$22
 	if res.Error != nil {
 		return fmt.Errorf("apply %s %s to subscription %s: %w", ev.Type, ev.ID, obj.ID, res.Error)
 	}

@@ -444,7 +444,8 @@ func TestRegisterHandlesBillingsTypes(t *testing.T) {
 	want := []string{EventSubscriptionCreated, EventSubscriptionDeleted, EventSubscriptionTrialWillEnd,
 		EventSubscriptionUpdated, EventInvoicePaymentFailed, EventInvoicePaymentSucceeded,
 		EventSubscriptionPaused, EventSubscriptionResumed, EventInvoicePaid, EventInvoicePaymentActionRequired,
-		EventInvoiceVoided, EventInvoiceFinalized, EventInvoiceUpdated, EventInvoiceMarkedUncollectible}
+		EventInvoiceVoided, EventInvoiceFinalized, EventInvoiceUpdated, EventInvoiceMarkedUncollectible,
+		EventEntitlementSummaryUpdated}
 	got := reg.Types()
 	if fmt.Sprint(got) != fmt.Sprint(sortedCopy(want)) {
 		t.Errorf("types = %v, want %v", got, sortedCopy(want))

@@ -85,6 +85,7 @@ func TestEventOfTheOtherModeChangesNothing(t *testing.T) {
 		invEv("x_finalized", EventInvoiceFinalized, 100, inv),
 		invEv("x_inv_updated", EventInvoiceUpdated, 100, inv),
 		invEv("x_uncollectible", EventInvoiceMarkedUncollectible, 100, inv),
+		summaryEv("x_features", 100, "cus_m", true, "feat_m"),
 	}
 	if got, want := len(attacks), len(newRegistryTypes(t)); got != want {
 		t.Fatalf("the table covers %d event types, the service handles %d", got, want)
@@ -118,6 +119,10 @@ func TestEventOfTheOtherModeChangesNothing(t *testing.T) {
 				}
 				if entAfter := e.entitlementIn(t, "u_m", storedLive); entAfter != entBefore {
 					t.Errorf("entitlement changed: %s → %s", entBefore, entAfter)
+				}
+				var features int64
+				if err := e.db.Raw(`SELECT count(*) FROM customer_features WHERE livemode = $1`, storedLive).Scan(&features).Error; err != nil || features != 0 {
+					t.Errorf("features of this world: %d rows (%v); want none", features, err)
 				}
 				var mine int64
 				if err := e.db.Raw(`SELECT count(*) FROM notices WHERE livemode = $1`, storedLive).Scan(&mine).Error; err != nil || mine != 1 {

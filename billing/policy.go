@@ -98,6 +98,8 @@ type Subscription struct {
 	// Collection paused (pause_collection) while the status stays as it is; nil when not.
 	PauseCollectionBehavior  *string    `gorm:"column:pause_collection_behavior"`
 	PauseCollectionResumesAt *time.Time `gorm:"column:pause_collection_resumes_at"`
+	// Quantity is the seats: the quantity of the licensed item (nil until Stripe said).
+	Quantity *int64 `gorm:"column:quantity"`
 
 	// UserID is joined from customers at read time; nil while the customer is not linked.
 	UserID *string `gorm:"column:user_id"`
@@ -190,6 +192,18 @@ type Policy struct {
 func (p Policy) Entitled(s *Subscription, now time.Time) bool {
 	ok, _ := p.decide(s, now)
 	return ok
+}
+
+// FeaturesGranted reports whether the subscription grants the customer's features (Stripe's
+// active entitlements) at now: while it is entitled and not on hold. A hold may keep access
+// (policy.past_due_entitled lets the customer in to pay), but what the plan adds waits for the
+// payment; a renewal not confirmed withdraws access, and the features with it.
+func (p Policy) FeaturesGranted(s *Subscription, now time.Time) bool {
+	if !p.Entitled(s, now) {
+		return false
+	}
+	_, _, held := s.Hold()
+	return !held
 }
 
 // Unconfirmed returns the renewal that withdraws access at now because nothing from Stripe says

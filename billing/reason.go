@@ -98,3 +98,28 @@ func periodWord(s *Subscription) string {
 func reasonTime(t *time.Time) string {
 	return t.UTC().Format("January 2, 2006 15:04 UTC")
 }
+
+// FeatureReason says in words why a feature is allowed or not: best is the subscription the
+// entitlement reports (nil when the user has none), listed whether the feature is among the
+// customer's active entitlements at Stripe. Whether it is allowed is FeatureAllowed's answer;
+// the words only explain it.
+func (p Policy) FeatureReason(best *Subscription, feature string, listed bool, now time.Time) string {
+	switch {
+	case best == nil:
+		return "Not allowed: the user has no subscription, and features come with one."
+	case !p.Entitled(best, now):
+		return "Not allowed: features follow access, and " + p.notEntitledBecause(best, now)
+	case !p.FeaturesGranted(best, now):
+		reason, _, _ := best.Hold()
+		return "Not allowed: the subscription is on hold (" + reason + "); its features are withheld until the invoice is paid."
+	case !listed:
+		return "Not allowed: " + feature + " is not among the customer's active entitlements at Stripe."
+	}
+	return "Allowed: " + feature + " is among the customer's active entitlements at Stripe, and " + p.entitledBecause(best, now)
+}
+
+// FeatureAllowed reports whether a feature is allowed: listed among the customer's active
+// entitlements, and granted by the policy (best is the subscription the entitlement reports).
+func (p Policy) FeatureAllowed(best *Subscription, listed bool, now time.Time) bool {
+	return listed && best != nil && p.FeaturesGranted(best, now)
+}

@@ -55,7 +55,10 @@ type SubscriptionGetter interface {
 type RereadDeps struct {
 	// Stripe reads the subscription (pinned API version); AddWorkers requires it.
 	Stripe SubscriptionGetter
-	// Livemode is the mode of Stripe's key: a subscription of the other mode cannot be read with it.
+	// Entitlements lists a customer's active entitlements (features.go); without it a summary
+	// event whose list has more is applied as far as it goes, and no read is queued.
+	Entitlements ActiveEntitlementLister
+	// Livemode is the mode of Stripe's key: an object of the other mode cannot be read with it.
 	Livemode bool
 	// MaxAttempts of one re-read before it gives up; DefaultRereadAttempts when zero.
 	MaxAttempts int
@@ -105,12 +108,16 @@ func newRereads(d Deps) *rereads {
 	return r
 }
 
-// AddWorkers registers the re-read worker. It panics on a wiring bug (no Stripe client).
+// AddWorkers registers the re-read worker, and the worker of the features reads when
+// Deps.Reread.Entitlements is set. It panics on a wiring bug (no Stripe client).
 func (s *Service) AddWorkers(w *river.Workers) {
 	if s.rereads.Stripe == nil {
 		panic("billing: Deps.Reread.Stripe is nil")
 	}
 	river.AddWorker(w, &rereadWorker{s: s})
+	if s.rereads.Entitlements != nil {
+		river.AddWorker(w, &featuresReadWorker{s: s})
+	}
 }
 
 // scheduleRereads queues, in the event's transaction, the re-reads that the subscription

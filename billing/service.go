@@ -64,7 +64,8 @@ type Service struct {
 	notices  *notices.Enqueuer
 	rereads  *rereads
 
-	events *prometheus.CounterVec
+	events       *prometheus.CounterVec
+	featureReads *prometheus.CounterVec
 }
 
 // New builds the service. It panics on a wiring bug (no database).
@@ -92,17 +93,22 @@ func New(d Deps) *Service {
 		notices:  notices.NewEnqueuer(notices.EnqueuerConfig{Jobs: d.Jobs, Logger: log, Now: d.Now, Registerer: d.Registerer}),
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "billing_subscription_events_total",
-			Help: "Subscription and invoice events handled, by type and outcome (applied, stale, terminal, one_off). Counted per attempt: a rolled-back attempt counts too.",
+			Help: "Subscription, invoice and active-entitlement events handled, by type and outcome (applied, stale, terminal, one_off, tie). Counted per attempt: a rolled-back attempt counts too.",
 		}, []string{"type", "outcome"}),
 	}
+	s.featureReads = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "billing_feature_reads_total",
+		Help: "Reads of a customer's active entitlements from Stripe (every page), by outcome (applied, stale, skipped, failed).",
+	}, []string{"outcome"})
 	s.policy.PausedCollectionEntitled = d.PausedCollectionEntitled
 	if d.Registerer != nil {
-		d.Registerer.MustRegister(s.events)
+		d.Registerer.MustRegister(s.events, s.featureReads)
 	}
 	return s
 }
 
-// Register registers the handlers of billing's event types: subscriptions and invoices.
+// Register registers the handlers of billing's event types: subscriptions, invoices and the
+// customer's active entitlements.
 func (s *Service) Register(reg *webhooks.Registry) {
 	subs := webhooks.HandlerFunc(s.handleSubscriptionEvent)
 	invoices := webhooks.HandlerFunc(s.handleInvoiceEvent)
@@ -114,6 +120,7 @@ func (s *Service) Register(reg *webhooks.Registry) {
 	reg.Register(EventInvoicePaymentSucceeded, invoices)
 	reg.Register(EventSubscriptionPaused, subs)
 	reg.Register(EventSubscriptionResumed, subs)
+	reg.Register(EventEntitlementSummaryUpdated, webhooks.HandlerFunc(s.handleEntitlementSummary))
 	for _, typ := range []string{EventInvoicePaid, EventInvoicePaymentActionRequired, EventInvoiceVoided,
 		EventInvoiceFinalized, EventInvoiceUpdated, EventInvoiceMarkedUncollectible} {
 		reg.Register(typ, invoices)

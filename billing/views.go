@@ -40,6 +40,8 @@ type SubscriptionView struct {
 	CollectionPaused bool `json:"collection_paused"`
 	// UnconfirmedSince: see Entitlement.
 	UnconfirmedSince *time.Time `json:"unconfirmed_since"`
+	// Quantity is the seats: the quantity of the licensed item.
+	Quantity *int64 `json:"quantity"`
 	FailedInvoice
 }
 
@@ -83,7 +85,15 @@ type Entitlement struct {
 	CancelAtPeriodEnd bool       `json:"cancel_at_period_end"`
 	TrialEnd          *time.Time `json:"trial_end"`
 	UnconfirmedSince  *time.Time `json:"unconfirmed_since"`
+	// Quantity is the seats of the subscription reported: its licensed item's quantity.
+	Quantity *int64 `json:"quantity"`
+	// Features are the lookup keys of the customer's active entitlements at Stripe, sorted,
+	// granted only while the policy grants features (Policy.FeaturesGranted); never null.
+	Features []string `json:"features"`
 }
+
+// noFeatures is the features of an answer that grants none: [] in JSON, never null.
+var noFeatures = []string{}
 
 // CustomerView is GET /v1/customers/{user_id}.
 type CustomerView struct {
@@ -117,7 +127,8 @@ const subscriptionRowColumns = `coalesce(s.subscription_id, '') AS subscription_
 	s.trial_start, s.trial_end, s.status_since, s.sub_event_id, s.sub_event_created, s.trial_will_end_at,
 	coalesce(s.payment_hold, false) AS payment_hold, s.payment_hold_since, s.latest_invoice_id, s.attempt_count,
 	s.next_payment_attempt, s.amount_due, s.currency, s.hosted_invoice_url, s.inv_event_created,
-	s.payment_hold_billing_reason, s.payment_hold_kind, s.pause_collection_behavior, s.pause_collection_resumes_at`
+	s.payment_hold_billing_reason, s.payment_hold_kind, s.pause_collection_behavior, s.pause_collection_resumes_at,
+	s.quantity`
 
 // subscriptionColumns are subscriptionRowColumns and the user id of the customer joined as c.
 const subscriptionColumns = subscriptionRowColumns + `, c.user_id`
@@ -184,13 +195,17 @@ func (s *Service) Customer(ctx context.Context, userID string) (*CustomerView, e
 	if err != nil {
 		return nil, err
 	}
+	features, err := s.CustomerFeatures(ctx, deref(c.StripeCustomerID), c.Livemode)
+	if err != nil {
+		return nil, err
+	}
 	now := s.now()
 	v := &CustomerView{
 		UserID:           c.UserID,
 		StripeCustomerID: c.StripeCustomerID,
 		Livemode:         c.Livemode,
 		Subscriptions:    make([]SubscriptionView, 0, len(subs)),
-		Entitlement:      s.entitlementOf(c.UserID, subs, now),
+		Entitlement:      s.entitlementOf(c.UserID, subs, features.LookupKeys, now),
 	}
 	for i := range subs {
 		v.Subscriptions = append(v.Subscriptions, s.subscriptionView(&subs[i], now))
@@ -202,43 +217,70 @@ func (s *Service) Customer(ctx context.Context, userID string) (*CustomerView, e
 // user. Local state only: Stripe is never called. It is the entitlement of Customer's view, read
 // without the rest of the view: the app's hottest path.
 func (s *Service) Entitlement(ctx context.Context, userID string) (*Entitlement, error) {
-	subs, err := s.entitlementSubscriptions(ctx, userID)
+	rd, err := s.readEntitlement(ctx, entitlementQuery, userID)
 	if err != nil {
 		return nil, err
 	}
-	e := s.entitlementOf(userID, subs, s.now())
+	e := s.entitlementOf(userID, rd.subs, rd.features, s.now())
 	return &e, nil
 }
 
-// entitlementQuery reads a user's linked customer's subscriptions, only the columns the policy
-// decides with (Best, Entitled, Unconfirmed, Hold) and the answer shows: half of
-// subscriptionColumns, and each column costs the driver an allocation or more per row. A
-// linked customer without subscriptions is one row with a null subscription (subscription_id
-// ""), so that it is told apart from an unknown user.
-const entitlementQuery = `SELECT coalesce(s.subscription_id, ''), coalesce(s.status, ''), s.price_id,
+// entitlementColumns are what entitlementQuery and featureQuery read of a user's linked
+// customer's subscriptions: only the columns the policy decides with (Best, Entitled,
+// Unconfirmed, Hold) and the answer shows, half of subscriptionColumns, for each column costs the
+// driver an allocation or more per row. A linked customer without subscriptions is one row with
+// a null subscription (subscription_id ""), so that it is told apart from an unknown user. The
+// customer's features (customer_features, by its primary key) come in the same row: one
+// statement, one round trip.
+const entitlementColumns = `SELECT coalesce(s.subscription_id, ''), coalesce(s.status, ''), s.price_id,
 	s.current_period_end, coalesce(s.cancel_at_period_end, false), s.trial_end, s.status_since,
 	s.sub_event_created, coalesce(s.payment_hold, false), s.payment_hold_since, s.inv_event_created,
-	s.payment_hold_billing_reason, s.payment_hold_kind, s.pause_collection_behavior, s.pause_collection_resumes_at
+	s.payment_hold_billing_reason, s.payment_hold_kind, s.pause_collection_behavior, s.pause_collection_resumes_at,
+	s.quantity, `
+
+const entitlementFrom = `
 	FROM customers c LEFT JOIN subscriptions s ON s.stripe_customer_id = c.stripe_customer_id AND s.livemode = c.livemode
+	LEFT JOIN customer_features f ON f.stripe_customer_id = c.stripe_customer_id AND f.livemode = c.livemode
 	WHERE c.user_id = $1 AND c.livemode = $2 AND c.stripe_customer_id IS NOT NULL
 	ORDER BY s.created_at, s.subscription_id`
 
-// entitlementRow is one row of entitlementQuery. Its fields are the scan's destinations, in the
-// query's order, so that a read allocates them once and not per column; pgtype's types are
-// pgx's own (no conversion through driver.Value) and database/sql scanners as well.
+// entitlementQuery reads the entitlement with the customer's whole list of features.
+const entitlementQuery = entitlementColumns + `f.lookup_keys` + entitlementFrom
+
+// featureQuery reads the entitlement with whether one feature ($3) is in the customer's list:
+// a boolean instead of the list, however long the list.
+const featureQuery = entitlementColumns + `coalesce(CAST($3 AS text) = ANY(f.lookup_keys), false)` + entitlementFrom
+
+// entitlementRow is one row of entitlementQuery or featureQuery. Its fields are the scan's
+// destinations, in the query's order, so that a read allocates them once and not per column;
+// pgtype's types are pgx's own (no conversion through driver.Value) and database/sql scanners
+// as well.
 type entitlementRow struct {
 	sub                                                   Subscription
 	priceID, billingReason, holdKind, pauseBehavior       pgtype.Text
 	periodEnd, trialEnd, statusSince, subEvent, holdSince pgtype.Timestamptz
 	invEvent, pauseResumes                                pgtype.Timestamptz
-	dest                                                  [15]any
+	quantity                                              pgtype.Int8
+	// features is entitlementQuery's last column, hasFeature featureQuery's.
+	features   []string
+	hasFeature bool
+	dest       [17]any
 }
 
-func newEntitlementRow() *entitlementRow {
+// newEntitlementRow makes the destinations of a query's rows; feature says the query is
+// featureQuery, viaSQL that the rows come through database/sql (which cannot scan an array by
+// itself).
+func newEntitlementRow(feature, viaSQL bool) *entitlementRow {
 	r := &entitlementRow{}
-	r.dest = [15]any{&r.sub.SubscriptionID, &r.sub.Status, &r.priceID, &r.periodEnd, &r.sub.CancelAtPeriodEnd,
+	r.dest = [17]any{&r.sub.SubscriptionID, &r.sub.Status, &r.priceID, &r.periodEnd, &r.sub.CancelAtPeriodEnd,
 		&r.trialEnd, &r.statusSince, &r.subEvent, &r.sub.PaymentHold, &r.holdSince, &r.invEvent, &r.billingReason,
-		&r.holdKind, &r.pauseBehavior, &r.pauseResumes}
+		&r.holdKind, &r.pauseBehavior, &r.pauseResumes, &r.quantity, &r.features}
+	switch {
+	case feature:
+		r.dest[16] = &r.hasFeature
+	case viaSQL:
+		r.dest[16] = pgtype.NewMap().SQLScanner(&r.features)
+	}
 	return r
 }
 
@@ -250,6 +292,10 @@ func (r *entitlementRow) subscription() Subscription {
 	sub.CurrentPeriodEnd, sub.TrialEnd, sub.StatusSince = validTime(r.periodEnd), validTime(r.trialEnd), validTime(r.statusSince)
 	sub.SubEventCreated, sub.PaymentHoldSince = validTime(r.subEvent), validTime(r.holdSince)
 	sub.InvEventCreated, sub.PauseCollectionResumesAt = validTime(r.invEvent), validTime(r.pauseResumes)
+	if r.quantity.Valid {
+		q := r.quantity.Int64
+		sub.Quantity = &q
+	}
 	return sub
 }
 
@@ -260,56 +306,68 @@ type rowScanner interface {
 	Err() error
 }
 
-// scanEntitlementRows reads rows of entitlementQuery; found is false when there were none (the
-// user has no linked customer).
-func scanEntitlementRows(rows rowScanner) (subs []Subscription, found bool, err error) {
-	r := newEntitlementRow()
-	for rows.Next() {
-		found = true
-		if err := rows.Scan(r.dest[:]...); err != nil {
-			return nil, false, err
-		}
-		if r.sub.SubscriptionID != "" {
-			subs = append(subs, r.subscription())
-		}
-	}
-	return subs, found, rows.Err()
+// entitlementRead is what entitlementQuery or featureQuery read of a user.
+type entitlementRead struct {
+	subs []Subscription
+	// features is the customer's list (entitlementQuery), hasFeature whether it holds the one
+	// asked for (featureQuery).
+	features   []string
+	hasFeature bool
+	// found is false when there were no rows (the user has no linked customer).
+	found bool
 }
 
-// entitlementSubscriptions runs entitlementQuery and returns ErrNoCustomer when the user has no
-// linked customer. On the service's pool it runs on one of the pool's connections with pgx
-// itself (see queryPgx); through any other handle, with database/sql.
-func (s *Service) entitlementSubscriptions(ctx context.Context, userID string) ([]Subscription, error) {
-	var subs []Subscription
-	var found bool
+// scanEntitlementRows reads rows of query into rd.
+func scanEntitlementRows(rows rowScanner, query string, viaSQL bool) (rd entitlementRead, err error) {
+	r := newEntitlementRow(query == featureQuery, viaSQL)
+	for rows.Next() {
+		rd.found = true
+		if err := rows.Scan(r.dest[:]...); err != nil {
+			return entitlementRead{}, err
+		}
+		if r.sub.SubscriptionID != "" {
+			rd.subs = append(rd.subs, r.subscription())
+		}
+	}
+	rd.features, rd.hasFeature = r.features, r.hasFeature
+	return rd, rows.Err()
+}
+
+// readEntitlement runs entitlementQuery or featureQuery (args after the user id: the feature)
+// and returns ErrNoCustomer when the user has no linked customer. On the service's pool it runs
+// on one of the pool's connections with pgx itself (see queryPgx); through any other handle,
+// with database/sql.
+func (s *Service) readEntitlement(ctx context.Context, query, userID string, args ...any) (entitlementRead, error) {
+	var rd entitlementRead
 	var err error
+	args = append([]any{userID, s.livemode}, args...)
 	if pool, ok := s.db.Statement.ConnPool.(*sql.DB); ok {
 		err = queryPgx(ctx, pool, func(conn *pgx.Conn) error {
-			rows, err := conn.Query(ctx, entitlementQuery, userID, s.livemode)
+			rows, err := conn.Query(ctx, query, args...)
 			if err != nil {
 				return err
 			}
 			defer rows.Close()
-			subs, found, err = scanEntitlementRows(rows)
+			rd, err = scanEntitlementRows(rows, query, false)
 			return err
 		})
 	} else {
 		var rows *sql.Rows
-		rows, err = s.db.Statement.ConnPool.QueryContext(ctx, entitlementQuery, userID, s.livemode)
+		rows, err = s.db.Statement.ConnPool.QueryContext(ctx, query, args...)
 		if err == nil {
-			subs, found, err = scanEntitlementRows(rows)
+			rd, err = scanEntitlementRows(rows, query, true)
 			if cerr := rows.Close(); err == nil {
 				err = cerr
 			}
 		}
 	}
 	if err != nil {
-		return nil, fmt.Errorf("load customer of user %q: %w", userID, err)
+		return rd, fmt.Errorf("load customer of user %q: %w", userID, err)
 	}
-	if !found {
-		return nil, ErrNoCustomer
+	if !rd.found {
+		return rd, ErrNoCustomer
 	}
-	return subs, nil
+	return rd, nil
 }
 
 // queryPgx runs f with the pgx connection under one of pool's connections. database/sql's own
@@ -363,11 +421,17 @@ func validTime(v pgtype.Timestamptz) *time.Time {
 	return &v.Time
 }
 
-func (s *Service) entitlementOf(userID string, subs []Subscription, now time.Time) Entitlement {
-	e := Entitlement{UserID: userID, Status: StatusNone}
+// entitlementOf is the entitlement of a user with these subscriptions and the customer's
+// features (Stripe's active entitlements, sorted), which it grants only as the policy says.
+func (s *Service) entitlementOf(userID string, subs []Subscription, features []string, now time.Time) Entitlement {
+	e := Entitlement{UserID: userID, Status: StatusNone, Features: noFeatures}
 	best := s.policy.Best(subs, now)
 	if best == nil {
 		return e
+	}
+	e.Quantity = best.Quantity
+	if s.policy.FeaturesGranted(best, now) && len(features) > 0 {
+		e.Features = features
 	}
 	e.Entitled = s.policy.Entitled(best, now)
 	e.Status = best.Status
@@ -405,6 +469,7 @@ func (s *Service) subscriptionView(sub *Subscription, now time.Time) Subscriptio
 		UnconfirmedSince:   utc(s.policy.Unconfirmed(sub, now)),
 		FailedInvoice:      sub.failedInvoice(),
 		CollectionPaused:   sub.CollectionPaused(now),
+		Quantity:           sub.Quantity,
 	}
 	if reason, since, ok := sub.Hold(); ok {
 		v.OnHold = true

@@ -72,7 +72,7 @@ func TestValidateRefusesWhatDoesNotFit(t *testing.T) {
 	}
 	good := `{"user_id":"u1","entitled":true,"status":"active","on_hold":false,"hold_reason":null,
 		"subscription_id":"sub_1","price_id":null,"current_period_end":"2026-01-02T03:04:05Z",
-		"cancel_at_period_end":false,"trial_end":null,"extra":"fields may be added"}`
+		"cancel_at_period_end":false,"trial_end":null,"quantity":3,"features":["pro"],"extra":"fields may be added"}`
 	if errs := Validate(ent, decode(t, good)); len(errs) != 0 {
 		t.Fatalf("a fitting entitlement refused: %v", errs)
 	}
@@ -84,6 +84,7 @@ func TestValidateRefusesWhatDoesNotFit(t *testing.T) {
 		"not an object":     {good, `[]`, `not of type`},
 		"nullable, a type":  {`"price_id":null`, `"price_id":5`, `$.price_id`},
 		"boolean for null?": {`"trial_end":null`, `"trial_end":false`, `$.trial_end`},
+		"array of a type":   {`["pro"]`, `[1]`, `$.features`},
 	} {
 		bad := strings.Replace(good, tc.from, tc.to, 1)
 		errs := Validate(ent, decode(t, bad))

@@ -26,7 +26,9 @@ type changeRequest struct {
 // postChange redirects to the portal's plan change, as postCancel does to its cancellation: the
 // service never changes a subscription itself. With a price (or a quantity) the portal opens on
 // the confirmation of that change (subscription_update_confirm, which names the subscription
-// item, read from Stripe); without, on the choice of a plan (subscription_update).
+// item, read from Stripe); without, on the choice of a plan (subscription_update). A quantity
+// without a price keeps the item's price, a price without a quantity its seats; the new seats
+// reach the entitlement by the customer.subscription.updated that Stripe sends once confirmed.
 func (s *Service) postChange(c echo.Context) error {
 	userID, subID := c.Param("user_id"), c.Param("subscription_id")
 	if err := ids.CheckUser(userID); err != nil {
@@ -68,7 +70,8 @@ func (s *Service) postChange(c echo.Context) error {
 			price = stripe.String(item.Price.ID)
 		}
 		if quantity == nil {
-			quantity = stripe.Int64(1)
+			// A new plan for the seats bought.
+			quantity = stripe.Int64(max(item.Quantity, 1))
 		}
 		flow.Type = stripe.String("subscription_update_confirm")
 		flow.SubscriptionUpdateConfirm = &stripe.BillingPortalSessionFlowDataSubscriptionUpdateConfirmParams{

@@ -19,10 +19,12 @@ type stripeSubs struct {
 	mu    sync.Mutex
 	items map[string][]string
 	owner map[string]string
+	// seats are the items' quantity (1 when not set).
+	seats map[string]int64
 }
 
 func (v *env) stripeSubscriptions() *stripeSubs {
-	ss := &stripeSubs{items: map[string][]string{}, owner: map[string]string{}}
+	ss := &stripeSubs{items: map[string][]string{}, owner: map[string]string{}, seats: map[string]int64{}}
 	v.proxy.Handle("/v1/subscriptions", func(r stripetest.Request) stripetest.Answer {
 		id := strings.TrimPrefix(r.Path, "/v1/subscriptions/")
 		ss.mu.Lock()
@@ -33,9 +35,10 @@ func (v *env) stripeSubscriptions() *stripeSubs {
 				"type": "invalid_request_error", "code": "resource_missing", "message": "No such subscription: '" + id + "'"}}}
 		}
 		data := []any{}
+		seats := max(ss.seats[id], 1)
 		for i, p := range prices {
 			data = append(data, map[string]any{"id": "si_" + id + "_" + string(rune('a'+i)), "object": "subscription_item",
-				"price": map[string]any{"id": p, "object": "price"}, "quantity": 1})
+				"price": map[string]any{"id": p, "object": "price"}, "quantity": seats})
 		}
 		return stripetest.Answer{Status: http.StatusOK, Body: map[string]any{"id": id, "object": "subscription",
 			"customer": ss.owner[id], "status": "active", "items": map[string]any{"object": "list", "data": data}}}
@@ -55,6 +58,8 @@ func TestChangeWithAPriceOpensTheConfirmationFlow(t *testing.T) {
 	ss := v.stripeSubscriptions()
 	ss.put("sub_active", "cus_u1", "price_basic")
 	ss.put("sub_trialing", "cus_u1", "price_basic")
+	ss.put("sub_past_due", "cus_u1", "price_basic")
+	ss.seats["sub_past_due"] = 4
 
 	for _, tc := range []struct {
 		name, sub string
@@ -63,8 +68,9 @@ func TestChangeWithAPriceOpensTheConfirmationFlow(t *testing.T) {
 		quantity  string
 	}{
 		{"price and quantity", "sub_active", `{"price_id":"price_pro","quantity":3}`, "price_pro", "3"},
-		{"price, quantity defaults to 1", "sub_trialing", `{"price_id":"price_pro"}`, "price_pro", "1"},
+		{"price, one seat stays one", "sub_trialing", `{"price_id":"price_pro"}`, "price_pro", "1"},
 		{"quantity of the current price", "sub_active", `{"quantity":5}`, "price_basic", "5"},
+		{"price keeps the seats bought", "sub_past_due", `{"price_id":"price_pro"}`, "price_pro", "4"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rec := v.post(appToken, changePath("u1", tc.sub), tc.body)

@@ -9,8 +9,7 @@ import (
 	"billing/billing"
 )
 
-// Drift fields. The quantity is not compared: the local state keeps none (the entitlement does
-// not depend on it).
+// Drift fields.
 const (
 	FieldStatus            = "status"
 	FieldCustomer          = "customer"
@@ -24,6 +23,11 @@ const (
 	FieldTrialStart        = "trial_start"
 	FieldTrialEnd          = "trial_end"
 	FieldHold              = "hold"
+	// FieldQuantity: the seats, the quantity of the licensed item.
+	FieldQuantity = "quantity"
+	// FieldFeatures: the customer's active entitlements (their lookup keys, sorted, comma
+	// separated), recorded on the subscription that brought the customer into the run.
+	FieldFeatures = "features"
 	// FieldMissingLocally: Stripe has the subscription, the local state does not.
 	FieldMissingLocally = "missing_locally"
 	// FieldMissingAtStripe: the local state has a subscription Stripe did not list. Never deleted.
@@ -67,6 +71,7 @@ func compare(local *billing.Subscription, r *stripe.Subscription) []diff {
 	add(FieldEndedAt, timeText(local.EndedAt), unixText(r.EndedAt))
 	add(FieldTrialStart, timeText(local.TrialStart), unixText(r.TrialStart))
 	add(FieldTrialEnd, timeText(local.TrialEnd), unixText(r.TrialEnd))
+	add(FieldQuantity, quantityText(local.Quantity), quantityOf(r))
 	if hold, known := stripeHold(r.LatestInvoice); known {
 		add(FieldHold, strconv.FormatBool(local.PaymentHold), strconv.FormatBool(hold))
 	}
@@ -104,6 +109,29 @@ func priceOf(r *stripe.Subscription) string {
 		}
 	}
 	return ""
+}
+
+// quantityOf is the quantity of the first licensed (not metered) item, as billing keeps it: ""
+// when there is none.
+func quantityOf(r *stripe.Subscription) string {
+	if r.Items == nil {
+		return ""
+	}
+	for _, it := range r.Items.Data {
+		metered := (it.Price != nil && it.Price.Recurring != nil && it.Price.Recurring.UsageType == stripe.PriceRecurringUsageTypeMetered) ||
+			(it.Plan != nil && it.Plan.UsageType == stripe.PlanUsageTypeMetered)
+		if !metered {
+			return strconv.FormatInt(it.Quantity, 10)
+		}
+	}
+	return ""
+}
+
+func quantityText(q *int64) string {
+	if q == nil {
+		return ""
+	}
+	return strconv.FormatInt(*q, 10)
 }
 
 // newerLocally reports whether the local row holds news of Stripe from the fetch's second or

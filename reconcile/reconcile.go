@@ -38,6 +38,8 @@ import (
 type Subscriptions interface {
 	Subscription(ctx context.Context, subscriptionID string, livemode bool) (*billing.Subscription, error)
 	ApplySnapshot(ctx context.Context, tx *gorm.DB, snap billing.Snapshot) (billing.SnapshotOutcome, error)
+	CustomerFeatures(ctx context.Context, stripeCustomerID string, livemode bool) (billing.CustomerFeatures, error)
+	ApplyFeatureRead(ctx context.Context, tx *gorm.DB, r billing.FeatureRead) (bool, error)
 }
 
 // Deps are what a reconciler needs.

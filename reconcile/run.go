@@ -42,8 +42,9 @@ type run struct {
 	sum     Summary
 	pages   int
 	// linked are the customers whose link this run has checked (per page: a customer's
-	// subscriptions usually sit together, and the set stays small).
-	linked map[string]bool
+	// subscriptions usually sit together, and the set stays small); featured, those whose
+	// features it has compared.
+	linked, featured map[string]bool
 }
 
 // begin records a new run; the caller holds the mode's lock. Runs left unfinished by a process
@@ -252,6 +253,8 @@ type item struct {
 	rem   remote
 	diffs []diff
 	link  *linkDrift
+	// features is its customer's list of features when it differs.
+	features *featureDrift
 	// out are its drift rows once decided; set early for what no repair can change.
 	out []outcome
 	// err is why its repair failed (an error about this subscription only).
@@ -263,7 +266,7 @@ type item struct {
 // failure leaves the others), and the page's drift rows and counts another: two commits a page
 // instead of a few per subscription. Only an error that must stop the run is returned.
 func (r *run) process(ctx context.Context, subs []remote) error {
-	r.linked = map[string]bool{}
+	r.linked, r.featured = map[string]bool{}, map[string]bool{}
 	var items []*item
 	for _, rem := range subs {
 		it, err := r.examine(ctx, rem)
@@ -323,13 +326,20 @@ func (r *run) examine(ctx context.Context, rem remote) (*item, error) {
 	if err != nil {
 		return nil, err
 	}
-	if len(diffs) == 0 && link == nil {
+	features, err := r.featuresDiff(ctx, rem)
+	if err != nil {
+		return nil, err
+	}
+	if len(diffs) == 0 && link == nil && features == nil {
 		return nil, nil
 	}
-	it := &item{rem: rem, diffs: diffs, link: link}
+	it := &item{rem: rem, diffs: diffs, link: link, features: features}
 	if r.opts.DryRun {
 		for _, d := range diffs {
 			it.out = append(it.out, outcome{diff: d, reason: "dry run"})
+		}
+		if features != nil {
+			it.out = append(it.out, outcome{diff: features.diff, reason: "dry run"})
 		}
 		if link != nil {
 			reason := link.reason
@@ -356,6 +366,11 @@ func (r *run) repair(ctx context.Context, items []*item) error {
 						Livemode: r.s.livemode, Subscription: it.rem.raw, LatestInvoice: it.rem.invoice,
 						FetchedAt: it.rem.fetchedAt, Source: "reconcile:" + r.sum.RunID,
 					}); err != nil {
+						return err
+					}
+				}
+				if it.features != nil {
+					if _, err := r.s.billing.ApplyFeatureRead(ctx, tx, it.features.read); err != nil {
 						return err
 					}
 				}
@@ -403,6 +418,17 @@ func (r *run) settle(ctx context.Context, items []*item) error {
 			}
 			it.out = append(it.out, o)
 		}
+		if f := it.features; f != nil {
+			now, err := r.s.billing.CustomerFeatures(ctx, f.read.StripeCustomerID, r.s.livemode)
+			if err != nil {
+				return fmt.Errorf("load the features of %s: %w", f.read.StripeCustomerID, err)
+			}
+			o := outcome{diff: f.diff, repaired: strings.Join(now.LookupKeys, ",") == f.diff.Stripe}
+			if !o.repaired {
+				o.reason, all = "an event newer than Stripe's answer changed the features meanwhile; the next run compares again", false
+			}
+			it.out = append(it.out, o)
+		}
 		if link := it.link; link != nil {
 			o := outcome{diff: link.diff, reason: link.reason}
 			if link.repairable {
@@ -431,6 +457,9 @@ func (r *run) fail(it *item, cause error) {
 	r.sum.Errors++
 	r.s.log.Warn("reconcile: subscription not repaired", "run_id", r.sum.RunID, "subscription_id", it.rem.sub.ID, "error", cause)
 	all := it.diffs
+	if it.features != nil {
+		all = append(all[:len(all):len(all)], it.features.diff)
+	}
 	if it.link != nil {
 		all = append(all[:len(all):len(all)], it.link.diff)
 	}

@@ -621,13 +621,14 @@ COMMIT;
 
 // benchEntitlementQuery is the one statement GET /v1/customers/{user_id}/entitlement runs
 // (billing's customerWithSubscriptions), a point select by user_id joined to the customer's
-// subscriptions, with USER standing for the user id.
+// subscriptions and features, with USER standing for the user id.
 const benchEntitlementQuery = `SELECT c.stripe_customer_id, c.livemode, coalesce(s.subscription_id, ''), coalesce(s.stripe_customer_id, ''), coalesce(s.livemode, false),
 	coalesce(s.status, ''), s.price_id, s.current_period_start, s.current_period_end, coalesce(s.cancel_at_period_end, false),
 	s.cancel_at, s.canceled_at, s.ended_at, s.trial_start, s.trial_end, s.status_since, s.sub_event_id, s.sub_event_created,
 	s.trial_will_end_at, coalesce(s.payment_hold, false), s.payment_hold_since, s.latest_invoice_id, s.attempt_count,
-	s.next_payment_attempt, s.amount_due, s.currency, s.hosted_invoice_url, s.inv_event_created, c.user_id
+	s.next_payment_attempt, s.amount_due, s.currency, s.hosted_invoice_url, s.inv_event_created, f.lookup_keys, c.user_id
   FROM customers c LEFT JOIN subscriptions s ON s.stripe_customer_id = c.stripe_customer_id
+  LEFT JOIN customer_features f ON f.stripe_customer_id = c.stripe_customer_id AND f.livemode = c.livemode
   WHERE c.user_id = USER AND c.stripe_customer_id IS NOT NULL
   ORDER BY s.created_at, s.subscription_id`
 
@@ -650,6 +651,10 @@ func benchSeedUsers(b *testing.B, d *benchDB) {
 // subscription, every tenth is past_due with a payment hold) → requests/s and p99, against
 // pgbench running the same SELECT for a random user on the same tables, and against the bare
 // net/http+pgx server (benchBareHandler) under the same loads.
+//
+// The feature gate (GET /v1/customers/{user_id}/features/{lookup_key}, the hot path of every
+// gated request in the app) is loaded in the same rounds: its throughput must be within 0.9 of
+// the entitlement's.
 //
 // The service and the bare server are compared in benchEntitlementRounds rounds, each loading
 // every one of them in turn for benchRoundDuration, and each ratio is the median of its rounds':
@@ -697,6 +702,14 @@ func BenchmarkEntitlement(b *testing.B) {
 		{name: "bare, in the load generator's process", load: goClient(bare)},
 		{name: "bare, in its own process", pid: ownPID, load: goClient(own)},
 	}
+	feature := &benchEntitlementRun{name: "service, feature gate", pid: svcPID, load: func() float64 {
+		lat, elapsed, errs, err := benchFeatureLoad(p.url(""), benchRoundDuration)
+		if errs > 0 || len(lat) == 0 {
+			b.Errorf("feature gate: %d requests failed (%d answered); first: %v", errs, len(lat), err)
+		}
+		return float64(len(lat)) / elapsed.Seconds()
+	}}
+	runs = append(runs, feature)
 	// wrk is a C load generator in a process of its own, as lean as pgbench's client: on 2
 	// vCPUs the Go client takes CPU from the server it loads, and in the load generator's
 	// process the bare server shares one Go runtime (scheduler, GC, threads) with it, which no
@@ -742,8 +755,11 @@ func BenchmarkEntitlement(b *testing.B) {
 	ownRatio := benchMedianRatio(svc, ownProc)
 	headline, headlineRatio := "the bare server in its own process (Go client; apt-get install wrk for the comparison under wrk)", ownRatio
 	if haveWrk {
-		headline, headlineRatio = "the bare server under wrk", benchMedianRatio(runs[3], runs[4])
+		headline, headlineRatio = "the bare server under wrk", benchMedianRatio(runs[4], runs[5])
 	}
+	featureRatio := benchMedianRatio(feature, svc)
+	fmt.Printf("entitlement, feature gate / entitlement read: %.2f (%s; CPU per request %.0f µs against %.0f µs)\n",
+		featureRatio, benchVerdictAt(featureRatio, 0.9), feature.cpuPerRequest(), svc.cpuPerRequest())
 	fmt.Printf("entitlement, service / bare: %.2f against %s (%s); Go client: %.2f against the bare server in its own process, %.2f against it in the load generator's process\n",
 		headlineRatio, headline, benchVerdictAt(headlineRatio, 0.9), ownRatio, benchMedianRatio(svc, inProc))
 	// CPU per answered request of each process: steadier than throughput on a shared host.
@@ -755,6 +771,7 @@ func BenchmarkEntitlement(b *testing.B) {
 	b.ReportMetric(ratio, "ratio")
 	b.ReportMetric(float64(benchQuantile(lat, 0.99))/float64(time.Millisecond), "p99-ms")
 	b.ReportMetric(headlineRatio, "service/bare")
+	b.ReportMetric(featureRatio, "feature/entitlement")
 	b.ReportMetric(rss, "peak-RSS-MB")
 }
 
@@ -830,6 +847,31 @@ func benchEntitlementLoad(base string, dur time.Duration) (lat []time.Duration, 
 	client := benchHTTPClient()
 	return benchLoad(benchClients, dur, func(w, i int) error {
 		return benchGetEntitlement(client, base, benchUsers)
+	})
+}
+
+// benchFeatureLoad drives GET {base}/v1/customers/{random user}/features/{one of the seeded
+// features, or one no user has} as benchEntitlementLoad drives the entitlement.
+func benchFeatureLoad(base string, dur time.Duration) (lat []time.Duration, elapsed time.Duration, errs int, firstErr error) {
+	client := benchHTTPClient()
+	return benchLoad(benchClients, dur, func(w, i int) error {
+		user := "user_" + strconv.Itoa(1+rand.IntN(benchUsers))
+		feature := fmt.Sprintf("feature_%02d", rand.IntN(testenv.SeedFeatures+1))
+		req, err := http.NewRequest(http.MethodGet, base+"/v1/customers/"+user+"/features/"+feature, nil)
+		if err != nil {
+			return err
+		}
+		req.Header.Set("Authorization", "Bearer "+benchAPIToken)
+		resp, err := client.Do(req)
+		if err != nil {
+			return err
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || !bytes.Contains(body, []byte(`"feature":"`+feature+`"`)) {
+			return fmt.Errorf("%s %s: %d %s", user, feature, resp.StatusCode, body)
+		}
+		return nil
 	})
 }
 

@@ -32,8 +32,9 @@ const (
 // payment, a plan change and the cancellation through the Customer Portal. The app's side goes
 // through the REST API, Stripe's through signed webhooks; Stripe itself is stripe-mock behind the
 // test double, whose account and Checkout sessions hold what the service reads back (the
-// subscription the checkout job reads, the item a plan change names). After every step the
-// entitlement must say what the policy says of the state Stripe described.
+// subscription the checkout job reads, the item a plan change names, the active entitlements
+// behind a summary event). After every step the entitlement must say what the policy says of the
+// state Stripe described: access, the seats bought, and the features granted (a feature gate).
 func TestOneUsersWholeLife(t *testing.T) {
 	t.Parallel()
 	url := testenv.DatabaseURL(t)
@@ -72,7 +73,7 @@ func TestOneUsersWholeLife(t *testing.T) {
 	j.expect("1. customer created", entitlementAnswer{Status: "none"})
 
 	checkout := map[string]any{
-		"request_id": "journey-1", "price_id": jnyMonthly, "trial_period_days": 14,
+		"request_id": "journey-1", "price_id": jnyMonthly, "quantity": 2, "trial_period_days": 14,
 		"success_url": "https://app.example.com/welcome?session_id={CHECKOUT_SESSION_ID}",
 		"cancel_url":  "https://app.example.com/pricing",
 	}
@@ -93,7 +94,7 @@ func TestOneUsersWholeLife(t *testing.T) {
 	}
 	for k, v := range map[string]string{
 		"mode": "subscription", "customer": j.customer, "client_reference_id": jnyUser,
-		"line_items[0][price]": jnyMonthly, "subscription_data[trial_period_days]": "14",
+		"line_items[0][price]": jnyMonthly, "line_items[0][quantity]": "2", "subscription_data[trial_period_days]": "14",
 		"success_url": checkout["success_url"].(string), "cancel_url": checkout["cancel_url"].(string),
 	} {
 		if got := creates[0].Form.Get(k); got != v {
@@ -112,6 +113,7 @@ func TestOneUsersWholeLife(t *testing.T) {
 		"trial_start": start.Unix(), "trial_end": start.AddDate(0, 0, 14).Unix(),
 		"metadata": map[string]any{"user_id": jnyUser}, "latest_invoice": nil, "currency": "usd",
 	}
+	j.seats = 2
 	j.setPrice(jnyMonthly)
 	j.putSub(nil)
 	completed := stripeevents.Event(j.nextEventID(), "checkout.session.completed", start, false, sessions.Complete(cs.ID, jnySub), nil)
@@ -119,6 +121,7 @@ func TestOneUsersWholeLife(t *testing.T) {
 	j.waitCheckoutRead()
 	trialing := entitlementAnswer{Entitled: true, Status: "trialing", SubscriptionID: jnySub, PriceID: jnyMonthly}
 	j.expect("2. checkout completed", trialing)
+	j.expectSeatsAndFeatures("2. checkout completed", 2)
 	j.successPage(cs.ID, "complete", jnySub, trialing)
 	checkout["request_id"] = "journey-2"
 	a = j.call(http.MethodPost, "/v1/customers/"+jnyUser+"/checkout-sessions", checkout)
@@ -142,6 +145,23 @@ func TestOneUsersWholeLife(t *testing.T) {
 	j.expect("3. trial converted", active)
 	j.expectInvoices("3. trial converted", "in_journey1:paid")
 
+	// 3b. The plan's features: Stripe's summary carries the first 10 of 12 and says it has more;
+	// the service reads every page and gates by all of them.
+	features := make([]string, 12)
+	for i := range features {
+		features[i] = fmt.Sprintf("feature_%02d", i)
+	}
+	j.acct.SetActiveEntitlements(j.customer, features...)
+	j.acct.SetEntitlementPageSize(5)
+	j.deliver(stripeevents.Event(j.nextEventID(), "entitlements.active_entitlement_summary.updated", j.tick(), false,
+		j.acct.ActiveEntitlementSummary(j.customer, 10), nil))
+	j.expectSeatsAndFeatures("3b. features granted", 2, features...)
+	j.expectFeature("3b. a feature past the event's page", "feature_11", true, "Allowed")
+	j.expectFeature("3b. a feature of no plan", "enterprise_sso", false, "not among")
+	if n := len(j.proxy.Filter(http.MethodGet, "/v1/entitlements/active_entitlements")); n != 3 {
+		t.Errorf("3b. %d pages of active entitlements read, want 3", n)
+	}
+
 	// 4. The renewal's payment fails: Stripe retries, the subscription is past_due, and access
 	// stays (policy.past_due_entitled, true by default) under a payment_failed hold.
 	renewal := j.tick()
@@ -155,6 +175,9 @@ func TestOneUsersWholeLife(t *testing.T) {
 	j.deliver(j.subEvent("customer.subscription.updated", map[string]any{"status": "active"}))
 	j.expect("4. renewal failed", entitlementAnswer{Entitled: true, Status: "past_due", OnHold: true, HoldReason: "payment_failed",
 		SubscriptionID: jnySub, PriceID: jnyMonthly})
+	// Access stays, the features wait for the payment.
+	j.expectSeatsAndFeatures("4. renewal failed", 2)
+	j.expectFeature("4. renewal failed", "feature_11", false, "on hold")
 
 	// 5. Stripe's retry needs the customer to authenticate it (3-D Secure).
 	action2 := j.invoice("in_journey2", "open", 2, renewal, time.Time{})
@@ -171,15 +194,18 @@ func TestOneUsersWholeLife(t *testing.T) {
 		j.subEvent("customer.subscription.updated", map[string]any{"status": "past_due"}))
 	j.expect("6. invoice paid", active)
 	j.expectInvoices("6. invoice paid", "in_journey2:paid", "in_journey1:paid")
+	j.expectSeatsAndFeatures("6. invoice paid", 2, features...)
+	j.expectFeature("6. invoice paid", "feature_11", true, "Allowed")
 
 	// 7. A plan change goes through the portal's confirmation of the new price; Stripe's update
 	// brings it back.
 	item := j.sub["items"].(map[string]any)["data"].([]any)[0].(map[string]any)["id"].(string)
 	j.portalRedirect("7. plan change", "/change", map[string]any{"price_id": jnyYearly}, map[string]string{
 		"flow_data[type]": "subscription_update_confirm",
-		"flow_data[subscription_update_confirm][subscription]":    jnySub,
-		"flow_data[subscription_update_confirm][items][0][id]":    item,
-		"flow_data[subscription_update_confirm][items][0][price]": jnyYearly,
+		"flow_data[subscription_update_confirm][subscription]":       jnySub,
+		"flow_data[subscription_update_confirm][items][0][id]":       item,
+		"flow_data[subscription_update_confirm][items][0][price]":    jnyYearly,
+		"flow_data[subscription_update_confirm][items][0][quantity]": "2",
 	})
 	j.expect("7. portal opened for the change", active)
 	at = j.tick()
@@ -190,6 +216,24 @@ func TestOneUsersWholeLife(t *testing.T) {
 	yearly := active
 	yearly.PriceID = jnyYearly
 	j.expect("7. plan changed", yearly)
+	j.expectSeatsAndFeatures("7. plan changed", 2, features...)
+
+	// 7b. Three more seats, through the portal's confirmation of the same price with the new
+	// quantity; Stripe's update brings them back.
+	j.portalRedirect("7b. seats", "/change", map[string]any{"quantity": 5}, map[string]string{
+		"flow_data[type]": "subscription_update_confirm",
+		"flow_data[subscription_update_confirm][subscription]":       jnySub,
+		"flow_data[subscription_update_confirm][items][0][id]":       item,
+		"flow_data[subscription_update_confirm][items][0][price]":    jnyYearly,
+		"flow_data[subscription_update_confirm][items][0][quantity]": "5",
+	})
+	j.expectSeatsAndFeatures("7b. portal opened for the seats", 2, features...)
+	j.seats = 5
+	j.setPrice(jnyYearly)
+	j.putSub(paid2)
+	j.deliver(j.subEvent("customer.subscription.updated", map[string]any{"quantity": 2}))
+	j.expect("7b. seats changed", yearly)
+	j.expectSeatsAndFeatures("7b. seats changed", 5, features...)
 
 	// 8. The customer cancels in the portal; Stripe ends the subscription.
 	j.portalRedirect("8. cancel", "/cancel", nil, map[string]string{
@@ -202,6 +246,8 @@ func TestOneUsersWholeLife(t *testing.T) {
 	j.putSub(paid2)
 	j.deliver(j.subEvent("customer.subscription.deleted", nil))
 	j.expect("8. canceled", entitlementAnswer{Status: "canceled", SubscriptionID: jnySub, PriceID: jnyYearly})
+	j.expectSeatsAndFeatures("8. canceled", 5)
+	j.expectFeature("8. canceled", "feature_00", false, "features follow access")
 }
 
 // journey is the state of one user's life: what Stripe holds and the last event's time.
@@ -214,7 +260,9 @@ type journey struct {
 	db       *sql.DB
 	customer string
 	// sub is the subscription as Stripe holds it now (latest_invoice as an id, as events carry it).
-	sub     map[string]any
+	sub map[string]any
+	// seats is the quantity of the subscription's item at Stripe.
+	seats   int64
 	created time.Time // of the last event
 	events  int
 	started time.Time
@@ -239,7 +287,7 @@ func (j *journey) nextEventID() string {
 
 func (j *journey) setPrice(price string) {
 	j.sub["items"] = map[string]any{"object": "list", "has_more": false, "data": []any{map[string]any{
-		"id": "si_journey1", "object": "subscription_item", "quantity": 1, "subscription": jnySub,
+		"id": "si_journey1", "object": "subscription_item", "quantity": j.seats, "subscription": jnySub,
 		"price": map[string]any{"id": price, "object": "price", "currency": "usd", "active": true, "type": "recurring"},
 	}}}
 	j.sub["plan"] = map[string]any{"id": price, "object": "plan"}
@@ -405,6 +453,43 @@ func (j *journey) expect(step string, want entitlementAnswer) {
 		j.t.Fatalf("%s: entitlement %s\nwant %+v", step, last, want)
 	}
 	j.t.Logf("%s (at %s): %+v", step, time.Since(j.started).Round(time.Millisecond), want)
+}
+
+// expectSeatsAndFeatures polls the entitlement until its quantity and features are these.
+func (j *journey) expectSeatsAndFeatures(step string, seats int64, features ...string) {
+	j.t.Helper()
+	if features == nil {
+		features = []string{}
+	}
+	var last string
+	if !waitUntil(jnyWait, func() bool {
+		a := j.call(http.MethodGet, "/v1/customers/"+jnyUser+"/entitlement", nil)
+		last = fmt.Sprintf("%d %s", a.status, a.body)
+		var e struct {
+			Quantity *int64   `json:"quantity"`
+			Features []string `json:"features"`
+		}
+		return a.status == http.StatusOK && json.Unmarshal(a.body, &e) == nil && e.Quantity != nil && *e.Quantity == seats &&
+			e.Features != nil && strings.Join(e.Features, ",") == strings.Join(features, ",")
+	}) {
+		j.t.Fatalf("%s: entitlement %s\nwant quantity %d, features %v", step, last, seats, features)
+	}
+}
+
+// expectFeature checks the feature gate's answer, and that its reason says why.
+func (j *journey) expectFeature(step, feature string, allowed bool, reason string) {
+	j.t.Helper()
+	a := j.call(http.MethodGet, "/v1/customers/"+jnyUser+"/features/"+feature, nil)
+	var got struct {
+		UserID  string `json:"user_id"`
+		Feature string `json:"feature"`
+		Allowed bool   `json:"allowed"`
+		Reason  string `json:"reason"`
+	}
+	a.decode(j.t, step+": feature "+feature, http.StatusOK, &got)
+	if got.UserID != jnyUser || got.Feature != feature || got.Allowed != allowed || !strings.Contains(got.Reason, reason) {
+		j.t.Fatalf("%s: feature %s: %s, want allowed %v with a reason saying %q", step, feature, a.body, allowed, reason)
+	}
 }
 
 // successPage checks GET /v1/checkout-sessions/{id}: the session's status and subscription and

@@ -95,6 +95,9 @@ const (
 	CodeCustomerBelongsToOtherUser Code = "customer_belongs_to_other_user"
 	// Stripe refused to open the session (an unknown price): final for that request_id.
 	CodeCheckoutFailed Code = "checkout_failed"
+
+	// A feature's lookup key that no feature can have (empty, too long, control characters).
+	CodeInvalidLookupKey Code = "invalid_lookup_key"
 )
 
 var statuses = map[Code]int{
@@ -156,6 +159,8 @@ var statuses = map[Code]int{
 	CodeAlreadySubscribed:          http.StatusConflict,
 	CodeCustomerBelongsToOtherUser: http.StatusConflict,
 	CodeCheckoutFailed:             http.StatusUnprocessableEntity,
+
+	CodeInvalidLookupKey: http.StatusBadRequest,
 }
 
 // Status is the HTTP status of a code; an unknown code is a 500 so that a forgotten entry is loud.

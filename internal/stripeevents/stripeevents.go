@@ -30,6 +30,8 @@ type Subscription struct {
 	CancelAtPeriodEnd  bool
 	CanceledAt         time.Time
 	EndedAt            time.Time
+	// Quantity is the item's seats; 1 when zero.
+	Quantity int64
 }
 
 // Invoice is the part of a Stripe invoice the service reads.
@@ -75,7 +77,7 @@ func (s Subscription) object(livemode bool) map[string]any {
 			"object":   "list",
 			"has_more": false,
 			"data": []any{map[string]any{
-				"id": "si_" + s.ID, "object": "subscription_item", "price": price, "quantity": 1,
+				"id": "si_" + s.ID, "object": "subscription_item", "price": price, "quantity": max(s.Quantity, 1),
 			}},
 		},
 		"plan":     map[string]any{"id": s.PriceID, "object": "plan"},
@@ -136,6 +138,35 @@ func event(id, typ, apiVersion string, created time.Time, livemode bool, object 
 	return b
 }
 
+// EntitlementSummary is a customer's active entitlements as the summary event carries them.
+type EntitlementSummary struct {
+	Customer string
+	// LookupKeys are the features' lookup keys (feature ids feat_<key>).
+	LookupKeys []string
+	// HasMore says the list goes on past these (Stripe's events carry a page of 10).
+	HasMore bool
+}
+
+func (e EntitlementSummary) object(livemode bool) map[string]any {
+	data := []any{}
+	for i, k := range e.LookupKeys {
+		data = append(data, map[string]any{
+			"id": fmt.Sprintf("ent_%s_%d", strings.TrimPrefix(e.Customer, "cus_"), i), "object": "entitlements.active_entitlement",
+			"feature": "feat_" + k, "livemode": livemode, "lookup_key": k,
+		})
+	}
+	return map[string]any{
+		"object": "entitlements.active_entitlement_summary", "customer": e.Customer, "livemode": livemode,
+		"entitlements": map[string]any{"object": "list", "data": data, "has_more": e.HasMore,
+			"url": "/v1/customer/" + e.Customer + "/entitlements"},
+	}
+}
+
+// EntitlementSummaryEvent returns an entitlements.active_entitlement_summary.updated event.
+func EntitlementSummaryEvent(id string, created time.Time, livemode bool, e EntitlementSummary) []byte {
+	return Event(id, "entitlements.active_entitlement_summary.updated", created, livemode, e.object(livemode), nil)
+}
+
 // SubscriptionEvent returns a customer.subscription.* event.
 func SubscriptionEvent(id, typ string, created time.Time, livemode bool, s Subscription) []byte {
 	return Event(id, typ, created, livemode, s.object(livemode), nil)
@@ -173,8 +204,14 @@ type SampleOptions struct {
 	Status string
 	// APIVersion stamps the event (default the pinned one).
 	APIVersion string
-	Now        time.Time
-	Livemode   bool
+	// Quantity is the subscription's seats (customer.subscription.*; default 1).
+	Quantity int64
+	// Features are the lookup keys of entitlements.active_entitlement_summary.updated (default
+	// one, "premium"); FeaturesHaveMore says Stripe has more than these.
+	Features         []string
+	FeaturesHaveMore bool
+	Now              time.Time
+	Livemode         bool
 }
 
 func orDefault(s, def string) string {
@@ -196,7 +233,7 @@ func SampleWith(typ string, o SampleOptions) ([]byte, error) {
 	invID := orDefault(o.Invoice, "in_"+o.Suffix)
 	sub := Subscription{
 		ID: subID, Customer: cusID, Status: "active", PriceID: "price_monthly",
-		CurrentPeriodStart: now, CurrentPeriodEnd: now.AddDate(0, 1, 0),
+		CurrentPeriodStart: now, CurrentPeriodEnd: now.AddDate(0, 1, 0), Quantity: o.Quantity,
 	}
 	inv := Invoice{
 		ID: invID, Customer: cusID, Subscription: subID, Currency: "usd",
@@ -221,8 +258,14 @@ func SampleWith(typ string, o SampleOptions) ([]byte, error) {
 		inv.Status, inv.AttemptCount, inv.AmountPaid = "paid", 1, inv.AmountDue
 	case "customer.created", "customer.updated":
 		object = map[string]any{"id": cusID, "object": "customer", "email": inv.CustomerEmail}
+	case "entitlements.active_entitlement_summary.updated":
+		keys := o.Features
+		if len(keys) == 0 {
+			keys = []string{"premium"}
+		}
+		object = EntitlementSummary{Customer: cusID, LookupKeys: keys, HasMore: o.FeaturesHaveMore}.object(o.Livemode)
 	default:
-		return nil, fmt.Errorf("no sample for event type %q (try customer.subscription.created|updated|deleted|trial_will_end, invoice.payment_succeeded|payment_failed, customer.created)", typ)
+		return nil, fmt.Errorf("no sample for event type %q (try customer.subscription.created|updated|deleted|trial_will_end, invoice.payment_succeeded|payment_failed, customer.created, entitlements.active_entitlement_summary.updated)", typ)
 	}
 	switch {
 	case object != nil:

@@ -18,14 +18,17 @@ import (
 // (version 2024-06-20) answers them. stripe-mock keeps no state, so a reconciliation needs this
 // to have something true to compare with.
 //
-// It answers, under /v1/subscriptions, /v1/customers and /v1/invoices:
+// It answers, under /v1/subscriptions, /v1/customers, /v1/invoices and
+// /v1/entitlements/active_entitlements:
 //
 //   - lists newest first, with limit (10 by default, at most 100), starting_after, has_more,
 //     status (all, or one status; canceled ones only when asked) and customer;
 //   - expand[] of data.latest_invoice and data.customer (latest_invoice and customer on a
 //     retrieve);
 //   - retrieve, create, update (a few fields) and DELETE (cancel) of subscriptions; retrieve,
-//     create, update and search by metadata of customers; retrieve of invoices.
+//     create, update and search by metadata of customers; retrieve of invoices;
+//   - the pages of a customer's active entitlements (SetActiveEntitlements; none by default),
+//     which stripe-mock answers with one fixture whatever the customer.
 //
 // Throttle makes it answer 429s, SetPageDelay makes list pages slow; the proxy's own faults,
 // gates and canned answers come first, as for any request.
@@ -38,29 +41,36 @@ type Account struct {
 	customers map[string][]byte
 	custOrder []string
 	invoices  map[string][]byte
-	seq       int
-	clock     int64 // created of the next object (unix seconds), counts up
+	// entitlements are the lookup keys of each customer's active entitlements, in Stripe's order.
+	entitlements map[string][]string
+	// entPageSize caps a page of active entitlements (0: as asked).
+	entPageSize int
+	seq         int
+	clock       int64 // created of the next object (unix seconds), counts up
 
 	pageDelay   time.Duration
 	holds       []*pageHold
 	throttle    int
 	throttleHdr http.Header
 	pages       int
+	entPages    int
 	requests    int
 }
 
 // NewAccount serves an account of the given mode from p.
 func NewAccount(p *Proxy, livemode bool) *Account {
 	a := &Account{
-		livemode:  livemode,
-		subs:      map[string][]byte{},
-		customers: map[string][]byte{},
-		invoices:  map[string][]byte{},
-		clock:     1700000000,
+		livemode:     livemode,
+		subs:         map[string][]byte{},
+		customers:    map[string][]byte{},
+		invoices:     map[string][]byte{},
+		entitlements: map[string][]string{},
+		clock:        1700000000,
 	}
 	p.Handle("/v1/subscriptions", a.serve)
 	p.Handle("/v1/customers", a.serve)
 	p.Handle("/v1/invoices", a.serve)
+	p.Handle("/v1/entitlements/active_entitlements", a.serveEntitlements)
 	return a
 }
 
@@ -324,29 +334,45 @@ func (a *Account) HoldNextPage() (computed <-chan struct{}, release func()) {
 type Stats struct {
 	// Requests counts every request that reached the account, throttled ones included.
 	Requests int
-	// Pages counts the list pages answered (not throttled).
+	// Pages counts the list pages of subscriptions and customers answered (not throttled).
 	Pages int
+	// EntitlementPages counts the pages of active entitlements answered.
+	EntitlementPages int
 }
 
 // Stats returns the counters.
 func (a *Account) Stats() Stats {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return Stats{Requests: a.requests, Pages: a.pages}
+	return Stats{Requests: a.requests, Pages: a.pages, EntitlementPages: a.entPages}
 }
 
 func (a *Account) serve(r Request) Answer {
+	if ans, throttled := a.admit(); throttled {
+		return ans
+	}
 	a.mu.Lock()
+	delay := a.pageDelay
+	a.mu.Unlock()
+	return a.serveAdmitted(r, delay)
+}
+
+// admit counts a request and answers 429 while the account is throttled.
+func (a *Account) admit() (Answer, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	a.requests++
 	if a.throttle > 0 {
 		a.throttle--
 		h := a.throttleHdr.Clone()
-		a.mu.Unlock()
 		return Answer{Status: http.StatusTooManyRequests, Header: h, Body: apiError("invalid_request_error", "rate_limit",
-			"Request rate limit exceeded. Learn more about rate limits here https://stripe.com/docs/rate-limits.")}
+			"Request rate limit exceeded. Learn more about rate limits here https://stripe.com/docs/rate-limits."),
+		}, true
 	}
-	delay := a.pageDelay
-	a.mu.Unlock()
+	return Answer{}, false
+}
+
+func (a *Account) serveAdmitted(r Request, delay time.Duration) Answer {
 
 	parts := strings.Split(strings.Trim(r.Path, "/"), "/") // v1, collection, [id]
 	coll, id := parts[1], ""
@@ -598,6 +624,98 @@ func (a *Account) searchCustomers(query string) Answer {
 	}
 	return Answer{Status: http.StatusOK, Body: map[string]any{"object": "search_result", "url": "/v1/customers/search",
 		"has_more": false, "next_page": nil, "data": data}}
+}
+
+// SetActiveEntitlements makes lookupKeys the customer's active entitlements, in this order (the
+// features' ids are feat_<lookup key>). No keys: none.
+func (a *Account) SetActiveEntitlements(customerID string, lookupKeys ...string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.entitlements[customerID] = slices.Clone(lookupKeys)
+}
+
+// SetEntitlementPageSize makes every page of active entitlements hold at most n, whatever limit
+// the caller asks for: a short list then pages as a long one does.
+func (a *Account) SetEntitlementPageSize(n int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.entPageSize = n
+}
+
+// ActiveEntitlementSummary is the data.object of the customer's
+// entitlements.active_entitlement_summary.updated as Stripe sends it: the first pageSize
+// entitlements (10 in Stripe's events) and whether the list has more.
+func (a *Account) ActiveEntitlementSummary(customerID string, pageSize int) map[string]any {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	data, more := a.entitlementPage(customerID, 0, pageSize)
+	return map[string]any{
+		"object": "entitlements.active_entitlement_summary", "customer": customerID, "livemode": a.livemode,
+		"entitlements": map[string]any{"object": "list", "data": data, "has_more": more,
+			"url": "/v1/customer/" + customerID + "/entitlements"},
+	}
+}
+
+// entitlementPage is the page of a customer's active entitlements from index start; call with mu
+// held.
+func (a *Account) entitlementPage(customerID string, start, limit int) ([]map[string]any, bool) {
+	keys := a.entitlements[customerID]
+	data := []map[string]any{}
+	for i := start; i < len(keys) && len(data) < limit; i++ {
+		data = append(data, map[string]any{
+			"id": entitlementID(customerID, i), "object": "entitlements.active_entitlement",
+			"feature": "feat_" + keys[i], "livemode": a.livemode, "lookup_key": keys[i],
+		})
+	}
+	return data, start+len(data) < len(keys)
+}
+
+func entitlementID(customerID string, i int) string {
+	return fmt.Sprintf("ent_%s_%04d", strings.TrimPrefix(customerID, "cus_"), i)
+}
+
+// serveEntitlements answers GET /v1/entitlements/active_entitlements?customer= with limit (10 by
+// default, at most 100), starting_after and has_more, as Stripe pages it.
+func (a *Account) serveEntitlements(r Request) Answer {
+	if ans, throttled := a.admit(); throttled {
+		return ans
+	}
+	if r.Method != http.MethodGet || r.Path != "/v1/entitlements/active_entitlements" {
+		return Answer{Status: http.StatusBadRequest, Body: apiError("invalid_request_error", "", "stripetest account: unsupported request "+r.Method+" "+r.Path)}
+	}
+	customerID := r.Query.Get("customer")
+	if customerID == "" {
+		return Answer{Status: http.StatusBadRequest, Body: apiError("invalid_request_error", "parameter_missing", "Missing required param: customer.")}
+	}
+	limit := 10
+	if s := r.Query.Get("limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > 100 {
+			return Answer{Status: http.StatusBadRequest, Body: apiError("invalid_request_error", "parameter_invalid_integer", "limit must be between 1 and 100")}
+		}
+		limit = n
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.entPageSize > 0 {
+		limit = min(limit, a.entPageSize)
+	}
+	start := 0
+	if after := r.Query.Get("starting_after"); after != "" {
+		start = -1
+		for i := range a.entitlements[customerID] {
+			if entitlementID(customerID, i) == after {
+				start = i + 1
+			}
+		}
+		if start < 0 {
+			return Answer{Status: http.StatusBadRequest, Body: apiError("invalid_request_error", "resource_missing", "No such object: '"+after+"'")}
+		}
+	}
+	data, more := a.entitlementPage(customerID, start, limit)
+	a.entPages++
+	return Answer{Status: http.StatusOK, Body: map[string]any{"object": "list", "url": "/v1/entitlements/active_entitlements",
+		"has_more": more, "data": data}}
 }
 
 // specOf reads a stored subscription back into a spec (with its latest invoice).

@@ -1,0 +1,120 @@
+package reconcile
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/stripe/stripe-go/v79"
+
+	"billing/billing"
+)
+
+// Features: a customer's active entitlements are read once per page of subscriptions for each
+// customer with a subscription that Stripe does not show as ended (an ended customer's features
+// are granted to no one, whatever they are), compared with the stored list, and repaired by
+// applying the read through the code that applies the job's reads (billing.ApplyFeatureRead).
+// Stripe lists them per customer only: one read (of every page) per such customer and run.
+
+// featureDrift is a customer's list that differs.
+type featureDrift struct {
+	diff diff
+	read billing.FeatureRead
+}
+
+// featuresDiff reads the active entitlements of the subscription's customer and compares them
+// with the stored list; nil when they agree, when the customer was compared already in this page,
+// or when its subscription has ended.
+func (r *run) featuresDiff(ctx context.Context, rem remote) (*featureDrift, error) {
+	sub := rem.sub
+	if sub.Customer == nil || sub.Customer.ID == "" || sub.Customer.Deleted || billing.IsTerminal(string(sub.Status)) {
+		return nil, nil
+	}
+	id := sub.Customer.ID
+	if r.featured[id] {
+		return nil, nil
+	}
+	r.featured[id] = true
+	keys, fetchedAt, err := r.activeEntitlements(ctx, id)
+	if err != nil {
+		if gone(err) {
+			return nil, nil // the customer is gone at Stripe: the subscription's own drift says so
+		}
+		return nil, err
+	}
+	local, err := r.s.billing.CustomerFeatures(ctx, id, r.s.livemode)
+	if err != nil {
+		return nil, err
+	}
+	keys = sortedUnique(keys)
+	if slices.Equal(keys, local.LookupKeys) || (!local.Found && len(keys) == 0) {
+		return nil, nil
+	}
+	if sec := fetchedAt.UTC().Truncate(time.Second); local.Found &&
+		(local.EventCreated.After(sec) || (local.EventCreated.Equal(sec) && !local.FromRead())) {
+		// An event from the read's second or later: the read cannot say the list is wrong. (An
+		// earlier read of the same second is no fresher than this one.)
+		return nil, nil
+	}
+	return &featureDrift{
+		diff: diff{Field: FieldFeatures, Local: strings.Join(local.LookupKeys, ","), Stripe: strings.Join(keys, ",")},
+		read: billing.FeatureRead{StripeCustomerID: id, Livemode: r.s.livemode, LookupKeys: keys, FetchedAt: fetchedAt,
+			Source: "reconcile:" + r.sum.RunID},
+	}, nil
+}
+
+// activeEntitlements reads every page of a customer's active entitlements, each page a call of
+// its own under the run's limits. The fetch time is the first page's.
+func (r *run) activeEntitlements(ctx context.Context, customerID string) ([]string, time.Time, error) {
+	var keys []string
+	var first time.Time
+	after := ""
+	for n := 1; ; n++ {
+		var more bool
+		var last string
+		fetchedAt, err := r.s.call(ctx, fmt.Sprintf("list the active entitlements of %s (page %d)", customerID, n), func(ctx context.Context) error {
+			params := &stripe.EntitlementsActiveEntitlementListParams{Customer: stripe.String(customerID)}
+			params.Context = ctx
+			params.Limit = stripe.Int64(pageSize)
+			params.Single = true
+			if after != "" {
+				params.StartingAfter = stripe.String(after)
+			}
+			it := r.s.stripe.EntitlementsActiveEntitlements.List(params)
+			var page []string
+			last = ""
+			for it.Next() {
+				e := it.EntitlementsActiveEntitlement()
+				page, last = append(page, e.LookupKey), e.ID
+			}
+			if err := it.Err(); err != nil {
+				return err
+			}
+			list := it.EntitlementsActiveEntitlementList()
+			if list == nil {
+				return errors.New("no list in the answer")
+			}
+			keys, more = append(keys, page...), list.HasMore && last != ""
+			return nil
+		})
+		if err != nil {
+			return nil, time.Time{}, err
+		}
+		if n == 1 {
+			first = fetchedAt
+		}
+		if !more {
+			return keys, first, nil
+		}
+		after = last
+	}
+}
+
+func sortedUnique(keys []string) []string {
+	keys = slices.Clone(keys)
+	slices.Sort(keys)
+	return slices.Compact(keys)
+}
