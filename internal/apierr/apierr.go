@@ -95,6 +95,13 @@ const (
 	CodeCustomerBelongsToOtherUser Code = "customer_belongs_to_other_user"
 	// Stripe refused to open the session (an unknown price): final for that request_id.
 	CodeCheckoutFailed Code = "checkout_failed"
+
+	// Usage records (meter events).
+	CodeInvalidUsageID Code = "invalid_usage_id"
+	CodeInvalidMeter   Code = "invalid_meter"
+	CodeInvalidValue   Code = "invalid_value"
+	// A timestamp Stripe would refuse: older than 35 days or more than 5 minutes ahead.
+	CodeInvalidTimestamp Code = "invalid_timestamp"
 )
 
 var statuses = map[Code]int{
@@ -156,6 +163,11 @@ var statuses = map[Code]int{
 	CodeAlreadySubscribed:          http.StatusConflict,
 	CodeCustomerBelongsToOtherUser: http.StatusConflict,
 	CodeCheckoutFailed:             http.StatusUnprocessableEntity,
+
+	CodeInvalidUsageID:   http.StatusBadRequest,
+	CodeInvalidMeter:     http.StatusBadRequest,
+	CodeInvalidValue:     http.StatusBadRequest,
+	CodeInvalidTimestamp: http.StatusUnprocessableEntity,
 }
 
 // Status is the HTTP status of a code; an unknown code is a 500 so that a forgotten entry is loud.
