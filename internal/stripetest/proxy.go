@@ -200,6 +200,12 @@ func (p *Proxy) InjectFault(method, path string, f Fault, times int) {
 	p.addRule(&rule{method: method, path: path, remaining: times, fault: f})
 }
 
+// Throttle answers the next times requests to method and path with 429 rate_limit, before
+// Stripe's key layer as Stripe's rate limiter does; retryAfter > 0 is sent as Retry-After.
+func (p *Proxy) Throttle(method, path string, times int, retryAfter time.Duration) {
+	p.addRule(&rule{method: method, path: path, remaining: times, fault: Fault429, retryAfter: retryAfter})
+}
+
 // InjectFaultShare makes a random share (0–1) of the requests to method and path fail with f,
 // for as long as the proxy runs. For Fault429, retryAfter > 0 is sent as Retry-After, in
 // seconds with a fraction when it is not whole (Stripe's own header is whole seconds; a test
