@@ -72,6 +72,8 @@ func TestUsageReportedExactlyOnce(t *testing.T) {
 	proxy.InjectFaultShare(http.MethodPost, path, stripetest.Fault429, 0.08, 200*time.Millisecond)
 	proxy.InjectFaultShare(http.MethodPost, path, stripetest.Fault500, 0.08, 0)
 	proxy.InjectFaultShare(http.MethodPost, path, stripetest.FaultDropAfter, 0.05, 0)
+	// Stripe takes a moment to answer, so that a kill finds the reporter inside its calls.
+	proxy.Delay(http.MethodPost, path, 20*time.Millisecond, -1)
 
 	users := make([]string, usageUsers)
 	for i := range users {
@@ -267,9 +269,17 @@ func TestUsageReportedExactlyOnce(t *testing.T) {
 			}
 		}
 	}
-	// The faults happened.
+	// The faults happened. A replay whose key's previous request was answered (not dropped) is a
+	// resend after a kill between Stripe's answer and the mark.
 	faults := map[string]int{}
+	answeredBefore := map[string]bool{}
 	for _, r := range proxy.Filter(http.MethodPost, path) {
+		if r.Replayed && answeredBefore[r.IdempotencyKey] {
+			faults["resent after a kill"]++
+		}
+		if r.Status == http.StatusOK && r.Fault != stripetest.FaultDropAfter {
+			answeredBefore[r.IdempotencyKey] = true
+		}
 		switch {
 		case r.Status == http.StatusTooManyRequests:
 			faults["429"]++

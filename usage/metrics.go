@@ -13,10 +13,10 @@ type metrics struct {
 	requests *prometheus.CounterVec
 	reported prometheus.Counter
 	failures *prometheus.CounterVec
-	records  *recordsCollector
+	records  *prometheus.GaugeVec
 }
 
-func newMetrics(s *Service) *metrics {
+func newMetrics() *metrics {
 	return &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "billing_usage_requests_total",
@@ -30,9 +30,10 @@ func newMetrics(s *Service) *metrics {
 			Name: "billing_usage_report_failures_total",
 			Help: "Attempts at reporting a usage record that did not mark it reported, by reason (rate_limited, unavailable, refused, needs_review, error).",
 		}, []string{"reason"}),
-		records: &recordsCollector{s: s, desc: prometheus.NewDesc("billing_usage_records",
-			"Usage records of the service's mode not acknowledged by Stripe, by status (pending; needs_review: past the window, waiting for an operator).",
-			[]string{"status"}, nil)},
+		records: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "billing_usage_records",
+			Help: "Usage records of the service's mode not acknowledged by Stripe, by status (pending; needs_review: past the window, waiting for an operator); counted every 30 s by each replica's reporter.",
+		}, []string{"status"}),
 	}
 }
 
@@ -40,16 +41,13 @@ func (m *metrics) register(r prometheus.Registerer) {
 	r.MustRegister(m.requests, m.reported, m.failures, m.records)
 }
 
-// recordsCollector counts the records by status when scraped.
-type recordsCollector struct {
-	s    *Service
-	desc *prometheus.Desc
-}
+// countInterval is how often the reporter counts the records that drain: a scrape never queries
+// the database.
+const countInterval = 30 * time.Second
 
-func (c *recordsCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
-
-func (c *recordsCollector) Collect(ch chan<- prometheus.Metric) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+// count sets the records gauge from the database.
+func (s *Service) count(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	// Only the states that drain (their partial indexes keep the count cheap); reported and
 	// refused are the counters'.
@@ -58,15 +56,15 @@ func (c *recordsCollector) Collect(ch chan<- prometheus.Metric) {
 		Status string
 		N      int64
 	}
-	if err := c.s.db.WithContext(ctx).Raw(`SELECT status, count(*) AS n FROM usage_records
-		WHERE livemode = $1 AND status IN ($2, $3) GROUP BY status`, c.s.livemode, statePending, stateNeedsReview).Scan(&rows).Error; err != nil {
-		// A scrape never fails for it: the gauges are left out until the database answers.
+	if err := s.db.WithContext(ctx).Raw(`SELECT status, count(*) AS n FROM usage_records
+		WHERE livemode = $1 AND status IN ($2, $3) GROUP BY status`, s.livemode, statePending, stateNeedsReview).Scan(&rows).Error; err != nil {
+		s.log.WarnContext(ctx, "count usage records", "error", err)
 		return
 	}
 	for _, r := range rows {
 		counts[r.Status] = float64(r.N)
 	}
 	for status, n := range counts {
-		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, n, status)
+		s.metrics.records.WithLabelValues(status).Set(n)
 	}
 }

@@ -75,17 +75,25 @@ func (r *reporter) pause(until time.Time) {
 	}
 }
 
-func (r *reporter) paused() time.Duration {
+func (r *reporter) pauseDeadline() time.Time {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.pausedUntil.Sub(r.s.now())
+	return r.pausedUntil
 }
+
+// paused is how long the pause has to go.
+func (r *reporter) paused() time.Duration { return r.pauseDeadline().Sub(r.s.now()) }
 
 // RunReporter sends pending records until ctx ends. A call in flight when it ends is finished
 // and its answer recorded; no new one starts.
 func (s *Service) RunReporter(ctx context.Context) {
 	s.log.InfoContext(ctx, "usage reporter started", "review_after", s.reviewAfter)
+	var counted time.Time
 	for {
+		if time.Since(counted) >= countInterval {
+			s.count(ctx)
+			counted = time.Now()
+		}
 		n, err := s.ReportDue(ctx)
 		if ctx.Err() != nil {
 			return
@@ -159,16 +167,24 @@ func (s *Service) nextDue(ctx context.Context) (time.Time, bool) {
 
 // report sends one record, within the rate and any pause Stripe asked for.
 func (s *Service) report(ctx context.Context, k recordKey) {
+	// A pause Stripe asked for first (waited again only if another 429 extended it meanwhile),
+	// then the rate.
 	for {
-		d := max(s.rep.paused(), s.rep.bucket.Reserve())
+		until := s.rep.pauseDeadline()
+		d := until.Sub(s.now())
 		if d <= 0 {
 			break
 		}
 		if err := sleepCtx(ctx, d); err != nil {
 			return
 		}
-		if s.rep.paused() <= 0 {
+		if !s.rep.pauseDeadline().After(until) {
 			break
+		}
+	}
+	if d := s.rep.bucket.Reserve(); d > 0 {
+		if err := sleepCtx(ctx, d); err != nil {
+			return
 		}
 	}
 	// From here the call is finished whatever happens to ctx: its answer must be recorded.

@@ -108,7 +108,7 @@ func New(d Deps) *Service {
 	if rate <= 0 {
 		rate = DefaultReportRate
 	}
-	s.metrics = newMetrics(s)
+	s.metrics = newMetrics()
 	if d.Registerer != nil {
 		s.metrics.register(d.Registerer)
 	}

@@ -1,12 +1,15 @@
 package usage
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"billing/internal/apitest"
 	"billing/internal/stripetest"
@@ -382,5 +385,42 @@ func TestSummaryOfTheCurrentPeriod(t *testing.T) {
 	v.report()
 	if v.meters.Sends("usage-u1-live") != 0 {
 		t.Error("the test-mode reporter sent a live-mode record")
+	}
+}
+
+// The metrics count answers, reports and failures, and the gauge counts what drains.
+func TestMetrics(t *testing.T) {
+	t.Parallel()
+	v := newEnv(t)
+	v.addCustomer("u1", false)
+	m := v.svc.metrics
+	for _, id := range []string{"a", "b"} {
+		v.post("u1", map[string]any{"usage_id": id, "meter": "api_calls", "value": 1})
+	}
+	v.post("u1", map[string]any{"usage_id": "a", "meter": "api_calls", "value": 1})
+	v.post("u1", map[string]any{"usage_id": "a", "meter": "api_calls", "value": 2})
+	v.svc.count(context.Background())
+	if got := testutil.ToFloat64(m.records.WithLabelValues("pending")); got != 2 {
+		t.Errorf("pending gauge %v, want 2", got)
+	}
+	v.proxy.Throttle(http.MethodPost, meterPath, 1, 0)
+	v.report()
+	v.clock.Add(time.Hour)
+	v.report()
+	v.svc.count(context.Background())
+	for name, c := range map[string]struct {
+		got  float64
+		want float64
+	}{
+		"accepted":             {testutil.ToFloat64(m.requests.WithLabelValues("accepted")), 2},
+		"repeat":               {testutil.ToFloat64(m.requests.WithLabelValues("repeat")), 1},
+		"idempotency_conflict": {testutil.ToFloat64(m.requests.WithLabelValues("idempotency_conflict")), 1},
+		"reported":             {testutil.ToFloat64(m.reported), 2},
+		"rate_limited":         {testutil.ToFloat64(m.failures.WithLabelValues("rate_limited")), 1},
+		"pending gauge":        {testutil.ToFloat64(m.records.WithLabelValues("pending")), 0},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s = %v, want %v", name, c.got, c.want)
+		}
 	}
 }
