@@ -212,6 +212,7 @@ func newApp(opts appOptions) (*App, error) {
 	}).Mount(adminAPI)
 	inbox.MountAdmin(adminAPI)
 	rec.Mount(adminAPI)
+	meters.MountAdmin(adminAPI)
 
 	return &App{Echo: e, River: riverClient, Inbox: inbox, DB: db, Registry: reg, Events: registry, log: logger, Reconcile: rec,
 		Usage: meters}, nil

@@ -168,6 +168,8 @@ func TestOpenAPIAnswersFitTheDocument(t *testing.T) {
 	expect(409)(d.do(app, http.MethodPost, "/v1/customers/u_oa/usage", use))
 	expect(422)(d.do(app, http.MethodPost, "/v1/customers/u_oa/usage", map[string]any{"usage_id": "use_old", "meter": "api_calls", "value": 1, "timestamp": 1000}))
 	expect(200)(d.do(app, http.MethodGet, "/v1/customers/u_oa/usage?meter=api_calls", nil))
+	expect(200)(d.do(admin, http.MethodGet, "/admin/usage/review", nil))
+	expect(409)(d.do(admin, http.MethodPost, "/admin/usage/review/u_oa/use_oa", map[string]any{"decision": "resend"}))
 
 	// The portal.
 	expect(201)(d.do(app, http.MethodPost, "/v1/customers/u_oa/portal-sessions", map[string]any{"return_url": "https://app.example.com/account"}))

@@ -14,6 +14,7 @@ import (
 
 	"billing/billing"
 	"billing/internal/apitest"
+	"billing/internal/auth"
 	"billing/internal/stripeclient"
 	"billing/internal/stripetest"
 	"billing/internal/testenv"
@@ -70,6 +71,7 @@ func newEnvMode(t *testing.T, livemode bool) *env {
 		ReportRate: 1000, Logger: logger, Now: v.clock.Now,
 	})
 	v.e = apitest.Server(logger, v.svc.Mount)
+	v.svc.MountAdmin(v.e.Group("/admin", auth.New([]string{apitest.AppToken}, []string{apitest.AdminToken}).Require(auth.RoleAdmin, true)))
 	return v
 }
 
@@ -92,6 +94,11 @@ func (v *env) exec(sql string, args ...any) {
 func (v *env) post(userID string, body any) *httptest.ResponseRecorder {
 	v.t.Helper()
 	return apitest.Do(v.t, v.e, apitest.AppToken, http.MethodPost, "/v1/customers/"+userID+"/usage", body)
+}
+
+func (v *env) admin(method, path string, body any) *httptest.ResponseRecorder {
+	v.t.Helper()
+	return apitest.Do(v.t, v.e, apitest.AdminToken, method, path, body)
 }
 
 func (v *env) get(path string) *httptest.ResponseRecorder {

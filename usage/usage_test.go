@@ -309,6 +309,61 @@ func TestPastTheWindowNeedsReview(t *testing.T) {
 	if s := apitest.Decode(t, rec); s["total"] != float64(10) || s["pending"] != float64(5) {
 		t.Errorf("summary %v, want total 10 with 5 pending (the one under review)", s)
 	}
+
+	// The operator sees it, and decides.
+	list := v.admin(http.MethodGet, "/admin/usage/review", nil)
+	var shown struct {
+		Records []struct {
+			UserID     string `json:"user_id"`
+			UsageID    string `json:"usage_id"`
+			Status     string `json:"status"`
+			Identifier string `json:"identifier"`
+		} `json:"records"`
+	}
+	if err := json.Unmarshal(list.Body.Bytes(), &shown); err != nil || list.Code != http.StatusOK || len(shown.Records) != 1 ||
+		shown.Records[0].UsageID != "old-tried" || shown.Records[0].Status != stateNeedsReview {
+		t.Fatalf("review list: %d %s", list.Code, list.Body)
+	}
+	if rec := apitest.Do(t, v.e, apitest.AppToken, http.MethodGet, "/admin/usage/review", nil); rec.Code != http.StatusUnauthorized && rec.Code != http.StatusForbidden {
+		t.Errorf("the app token read the review list: %d", rec.Code)
+	}
+	expectError(t, v.admin(http.MethodPost, "/admin/usage/review/u1/old-tried", map[string]any{"decision": "maybe"}), http.StatusBadRequest, "invalid_request")
+	expectError(t, v.admin(http.MethodPost, "/admin/usage/review/u1/old-unsent", map[string]any{"decision": "resend"}), http.StatusConflict, "conflict")
+	expectError(t, v.admin(http.MethodPost, "/admin/usage/review/u1/none", map[string]any{"decision": "resend"}), http.StatusNotFound, "not_found")
+	if rec := v.admin(http.MethodPost, "/admin/usage/review/u1/old-tried", map[string]any{"decision": "resend"}); rec.Code != http.StatusOK {
+		t.Fatalf("resend: %d %s", rec.Code, rec.Body)
+	}
+	v.report()
+	if r := v.row("u1", "old-tried"); r.Status != stateReported || v.meters.Sends("usage-u1-old-tried") != 1 {
+		t.Errorf("after the operator's resend: %+v, sends %d; want reported, sent once", r, v.meters.Sends("usage-u1-old-tried"))
+	}
+}
+
+// An operator who finds the usage at Stripe marks it reported: it is never sent.
+func TestOperatorMarksAReviewedRecordReported(t *testing.T) {
+	t.Parallel()
+	v := newEnv(t)
+	v.addCustomer("u1", false)
+	v.post("u1", map[string]any{"usage_id": "a", "meter": "api_calls", "value": 5})
+	v.proxy.InjectFault(http.MethodPost, meterPath, stripetest.FaultDrop, 3)
+	v.report()
+	v.clock.Add(DefaultReviewAfter)
+	v.report()
+	if r := v.row("u1", "a"); r.Status != stateNeedsReview {
+		t.Fatalf("row %+v, want needs_review", r)
+	}
+	if rec := v.admin(http.MethodPost, "/admin/usage/review/u1/a", map[string]any{"decision": "reported"}); rec.Code != http.StatusOK ||
+		decodeAnswer(t, rec.Body.Bytes()).Status != stateReported {
+		t.Fatalf("mark reported: %d %s", rec.Code, rec.Body)
+	}
+	v.clock.Add(time.Hour)
+	v.report()
+	if n := len(v.proxy.Filter(http.MethodPost, meterPath)); n != 3 {
+		t.Errorf("%d meter event requests, want the 3 dropped tries only", n)
+	}
+	if s := apitest.Decode(t, v.get("/v1/customers/u1/usage?meter=api_calls")); s["total"] != float64(5) || s["pending"] != float64(0) {
+		t.Errorf("summary %v, want 5 and 0", s)
+	}
 }
 
 // A final refusal (not the known identifier) keeps the record as refused: not sent again, not
