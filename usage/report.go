@@ -38,6 +38,7 @@ const (
 	// pollInterval bounds the wait for rows that became due without a nudge (another
 	// replica's POST, a backoff ending).
 	pollInterval = 2 * time.Second
+	minWait      = 100 * time.Millisecond
 	// baseDelay doubles per failed attempt of a row, up to maxDelay.
 	baseDelay = time.Second
 	maxDelay  = 5 * time.Minute
@@ -106,7 +107,9 @@ func (s *Service) RunReporter(ctx context.Context) {
 		}
 		wait := pollInterval
 		if next, ok := s.nextDue(ctx); ok {
-			wait = min(wait, max(0, next.Sub(s.now())))
+			// Not less than minWait: a due row that another replica is sending (skipped here)
+			// stays due until it is done.
+			wait = min(wait, max(minWait, next.Sub(s.now())))
 		}
 		wait = max(wait, s.rep.paused())
 		t := time.NewTimer(wait)
@@ -223,13 +226,12 @@ func (s *Service) send(ctx context.Context, k recordKey) (outbound.Result, error
 		return outbound.Result{}, fmt.Errorf("stamp first attempt: %w", err)
 	}
 	var row record
-	where := `livemode = $1 AND user_id = $2 AND usage_id = $3`
 	args := []any{s.livemode, k.UserID, k.UsageID}
+	// update sets columns of the locked row; set's placeholders come first.
 	update := func(tx *gorm.DB, set string, setArgs ...any) error {
 		n := len(setArgs)
-		return tx.Exec(`UPDATE usage_records SET `+set+` WHERE livemode = $`+strconv.Itoa(n+1)+
-			` AND user_id = $`+strconv.Itoa(n+2)+` AND usage_id = $`+strconv.Itoa(n+3),
-			append(setArgs, args...)...).Error
+		return tx.Exec(fmt.Sprintf(`UPDATE usage_records SET %s WHERE livemode = $%d AND user_id = $%d AND usage_id = $%d`,
+			set, n+1, n+2, n+3), append(setArgs, args...)...).Error
 	}
 	markReported := func(tx *gorm.DB, a outbound.Attempt, note *string) error {
 		if err := update(tx, `status = $1, reported_at = $2, attempts = attempts + 1, last_attempt_at = $2,
@@ -239,7 +241,8 @@ func (s *Service) send(ctx context.Context, k recordKey) (outbound.Result, error
 		return nil
 	}
 	return outbound.Run(ctx, s.db, outbound.Call[*stripe.BillingMeterEvent]{
-		Lock: outbound.Select{SQL: `SELECT * FROM usage_records WHERE ` + where, Args: args, Into: &row, SkipLocked: true},
+		Lock: outbound.Select{SQL: `SELECT * FROM usage_records WHERE livemode = $1 AND user_id = $2 AND usage_id = $3`,
+			Args: args, Into: &row, SkipLocked: true},
 		Locked: func(*gorm.DB) (outbound.State, error) {
 			if row.Status != statePending {
 				return outbound.State{Key: row.Identifier, Done: true}, nil

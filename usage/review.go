@@ -2,6 +2,7 @@ package usage
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"time"
 
@@ -86,8 +87,8 @@ func (s *Service) decide(c echo.Context) error {
 	if decision == "resend" {
 		next = statePending
 	}
-	res := s.db.WithContext(ctx).Exec(`UPDATE usage_records SET `+set+`
-		WHERE livemode = $3 AND user_id = $4 AND usage_id = $5 AND status = $6`,
+	res := s.db.WithContext(ctx).Exec(fmt.Sprintf(`UPDATE usage_records SET %s
+		WHERE livemode = $3 AND user_id = $4 AND usage_id = $5 AND status = $6`, set),
 		next, now, s.livemode, userID, usageID, stateNeedsReview)
 	if res.Error != nil {
 		return database.APIError(res.Error, "decide usage record")

@@ -17,6 +17,9 @@
 //   - canned answers (card errors) and edits of stripe-mock's answers (requires_action).
 //   - a slow Stripe: requests of a method and path executed only after a delay (Delay).
 //
+// Stateful resources are served by the types that Handle a path: Account (subscriptions,
+// customers, invoices), CheckoutSessions and MeterEvents (meter events by identifier).
+//
 // Dev adds what a person at the dev loop needs (dev.go): remembered customers whose default
 // payment method picks the outcome of their charges, and local Customer Portal pages.
 //
