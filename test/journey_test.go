@@ -141,6 +141,7 @@ func TestOneUsersWholeLife(t *testing.T) {
 	active := entitlementAnswer{Entitled: true, Status: "active", SubscriptionID: jnySub, PriceID: jnyMonthly}
 	j.expect("3. trial converted", active)
 	j.expectInvoices("3. trial converted", "in_journey1:paid")
+	j.usage("3. metered use", at, at.AddDate(0, 1, 0))
 
 	// 4. The renewal's payment fails: Stripe retries, the subscription is past_due, and access
 	// stays (policy.past_due_entitled, true by default) under a payment_failed hold.
