@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -227,15 +228,14 @@ func (s *Service) send(ctx context.Context, k recordKey) (outbound.Result, error
 	}
 	var row record
 	args := []any{s.livemode, k.UserID, k.UsageID}
-	// update sets columns of the locked row; set's placeholders come first.
+	// update sets columns of the locked row; set's placeholders start at $4.
 	update := func(tx *gorm.DB, set string, setArgs ...any) error {
-		n := len(setArgs)
-		return tx.Exec(fmt.Sprintf(`UPDATE usage_records SET %s WHERE livemode = $%d AND user_id = $%d AND usage_id = $%d`,
-			set, n+1, n+2, n+3), append(setArgs, args...)...).Error
+		return tx.Exec(fmt.Sprintf(`UPDATE usage_records SET %s WHERE livemode = $1 AND user_id = $2 AND usage_id = $3`, set),
+			append(slices.Clone(args), setArgs...)...).Error
 	}
 	markReported := func(tx *gorm.DB, a outbound.Attempt, note *string) error {
-		if err := update(tx, `status = $1, reported_at = $2, attempts = attempts + 1, last_attempt_at = $2,
-			error_code = NULL, error_message = $3, updated_at = $2`, stateReported, a.At, note); err != nil {
+		if err := update(tx, `status = $4, reported_at = $5, attempts = attempts + 1, last_attempt_at = $5,
+			error_code = NULL, error_message = $6, updated_at = $5`, stateReported, a.At, note); err != nil {
 			return fmt.Errorf("mark usage record reported: %w", err)
 		}
 		return nil
@@ -254,7 +254,7 @@ func (s *Service) send(ctx context.Context, k recordKey) (outbound.Result, error
 		},
 		Window: s.reviewAfter,
 		Review: func(tx *gorm.DB, a outbound.Attempt) error {
-			if err := update(tx, `status = $1, review_since = $2, updated_at = $2`, stateNeedsReview, a.At); err != nil {
+			if err := update(tx, `status = $4, review_since = $5, updated_at = $5`, stateNeedsReview, a.At); err != nil {
 				return fmt.Errorf("mark usage record for review: %w", err)
 			}
 			s.log.WarnContext(ctx, "usage record needs an operator's review: its first attempt is older than usage.review_after and Stripe never acknowledged it",
@@ -276,8 +276,8 @@ func (s *Service) send(ctx context.Context, k recordKey) (outbound.Result, error
 				return markReported(tx, a, &note)
 			}
 			code, msg := stripeErrorOf(a.Err)
-			if err := update(tx, `status = $1, attempts = attempts + 1, last_attempt_at = $2, error_code = $3,
-				error_message = $4, updated_at = $2`, stateRefused, a.At, code, msg); err != nil {
+			if err := update(tx, `status = $4, attempts = attempts + 1, last_attempt_at = $5, error_code = $6,
+				error_message = $7, updated_at = $5`, stateRefused, a.At, code, msg); err != nil {
 				return fmt.Errorf("mark usage record refused: %w", err)
 			}
 			s.log.WarnContext(ctx, "Stripe refused the meter event; the record is kept as refused", "user_id", row.UserID,
@@ -293,8 +293,8 @@ func (s *Service) send(ctx context.Context, k recordKey) (outbound.Result, error
 				s.rep.pause(a.At.Add(delay))
 			}
 			code, msg := stripeErrorOf(a.Err)
-			if err := update(tx, `attempts = attempts + 1, last_attempt_at = $1, next_attempt_at = $2, error_code = $3,
-				error_message = $4, updated_at = $1`, a.At, a.At.Add(delay), code, msg); err != nil {
+			if err := update(tx, `attempts = attempts + 1, last_attempt_at = $4, next_attempt_at = $5, error_code = $6,
+				error_message = $7, updated_at = $4`, a.At, a.At.Add(delay), code, msg); err != nil {
 				return fmt.Errorf("record usage attempt: %w", err)
 			}
 			return nil
