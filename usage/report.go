@@ -161,12 +161,12 @@ feed:
 
 // nextDue is when the earliest pending record becomes due.
 func (s *Service) nextDue(ctx context.Context) (time.Time, bool) {
-	var next *time.Time
-	if err := s.db.WithContext(ctx).Raw(`SELECT min(next_attempt_at) FROM usage_records WHERE livemode = $1 AND status = $2`,
-		s.livemode, statePending).Scan(&next).Error; err != nil || next == nil {
+	var row struct{ Next *time.Time }
+	if err := s.db.WithContext(ctx).Raw(`SELECT min(next_attempt_at) AS next FROM usage_records WHERE livemode = $1 AND status = $2`,
+		s.livemode, statePending).Scan(&row).Error; err != nil || row.Next == nil {
 		return time.Time{}, false
 	}
-	return *next, true
+	return *row.Next, true
 }
 
 // report sends one record, within the rate and any pause Stripe asked for.

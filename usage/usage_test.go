@@ -479,3 +479,18 @@ func TestMetrics(t *testing.T) {
 		}
 	}
 }
+
+// The loop's wait: none due is no error (an idle reporter logs nothing), a backoff is its time.
+func TestNextDue(t *testing.T) {
+	t.Parallel()
+	v := newEnv(t)
+	v.addCustomer("u1", false)
+	if _, ok := v.svc.nextDue(context.Background()); ok {
+		t.Error("nextDue with no records: ok")
+	}
+	v.post("u1", map[string]any{"usage_id": "a", "meter": "api_calls", "value": 1})
+	v.exec(`UPDATE usage_records SET next_attempt_at = $1`, v.clock.Now().Add(time.Minute))
+	if next, ok := v.svc.nextDue(context.Background()); !ok || !next.Equal(v.clock.Now().Add(time.Minute)) {
+		t.Errorf("nextDue = %v %v, want in a minute", next, ok)
+	}
+}
