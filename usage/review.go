@@ -7,8 +7,10 @@ import (
 	"time"
 
 	"github.com/labstack/echo/v4"
+	"gorm.io/gorm"
 
 	"billing/internal/apierr"
+	"billing/internal/audit"
 	"billing/internal/database"
 	"billing/internal/httpserver"
 	"billing/internal/ids"
@@ -87,20 +89,42 @@ func (s *Service) decide(c echo.Context) error {
 	if decision == "resend" {
 		next = statePending
 	}
-	res := s.db.WithContext(ctx).Exec(fmt.Sprintf(`UPDATE usage_records SET %s
-		WHERE livemode = $3 AND user_id = $4 AND usage_id = $5 AND status = $6`, set),
-		next, now, s.livemode, userID, usageID, stateNeedsReview)
-	if res.Error != nil {
-		return database.APIError(res.Error, "decide usage record")
-	}
-	rec, err := s.load(ctx, userID, usageID)
+	target := Identifier(userID, usageID)
+	var rec *record
+	var decided bool
+	// The decision and its audit entry commit together; a refused one is recorded alone.
+	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		res := tx.Exec(fmt.Sprintf(`UPDATE usage_records SET %s
+			WHERE livemode = $3 AND user_id = $4 AND usage_id = $5 AND status = $6`, set),
+			next, now, s.livemode, userID, usageID, stateNeedsReview)
+		if res.Error != nil {
+			return res.Error
+		}
+		decided = res.RowsAffected == 1
+		var rows []record
+		if err := tx.Raw(`SELECT * FROM usage_records WHERE livemode = $1 AND user_id = $2 AND usage_id = $3`,
+			s.livemode, userID, usageID).Scan(&rows).Error; err != nil {
+			return err
+		}
+		result := decision
+		switch {
+		case len(rows) == 0:
+			result = "refused: no such usage record"
+		case !decided:
+			rec = &rows[0]
+			result = "refused: the record is " + rec.Status + ", not needs_review"
+		default:
+			rec = &rows[0]
+		}
+		return audit.Record(ctx, tx, audit.ActionUsageReview, target, s.livemode, result)
+	})
 	if err != nil {
-		return err
+		return database.APIError(err, "decide usage record")
 	}
 	if rec == nil {
 		return apierr.New(apierr.CodeNotFound, "no usage record %s of user %s", usageID, userID)
 	}
-	if res.RowsAffected == 0 {
+	if !decided {
 		return apierr.New(apierr.CodeConflict, "usage record %s of user %s is %s, not needs_review", usageID, userID, rec.Status)
 	}
 	s.log.WarnContext(ctx, "usage record decided by an operator", "user_id", userID, "usage_id", usageID, "decision", decision)

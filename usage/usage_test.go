@@ -333,6 +333,15 @@ func TestPastTheWindowNeedsReview(t *testing.T) {
 	if rec := v.admin(http.MethodPost, "/admin/usage/review/u1/old-tried", map[string]any{"decision": "resend"}); rec.Code != http.StatusOK {
 		t.Fatalf("resend: %d %s", rec.Code, rec.Body)
 	}
+	// Each decision is in the audit log, the refused one too.
+	var audited []struct{ Target, Result string }
+	if err := v.db.Raw(`SELECT target, result FROM admin_audit WHERE action = 'usage_review' ORDER BY id`).Scan(&audited).Error; err != nil {
+		t.Fatal(err)
+	}
+	if len(audited) != 3 || audited[2].Target != "usage-u1-old-tried" || audited[2].Result != "resend" ||
+		!strings.HasPrefix(audited[0].Result, "refused") {
+		t.Errorf("audit log %+v, want the two refusals and the resend", audited)
+	}
 	v.report()
 	if r := v.row("u1", "old-tried"); r.Status != stateReported || v.meters.Sends("usage-u1-old-tried") != 1 {
 		t.Errorf("after the operator's resend: %+v, sends %d; want reported, sent once", r, v.meters.Sends("usage-u1-old-tried"))
