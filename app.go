@@ -36,6 +36,7 @@ import (
 	"billing/openapi"
 	"billing/portal"
 	"billing/reconcile"
+	meterusage "billing/usage"
 	"billing/webhooks"
 )
 
@@ -62,6 +63,11 @@ type App struct {
 	stopRescuer context.CancelFunc
 	// Reconcile runs reconciliations (periodic and admin-started); Stop ends a run going.
 	Reconcile *reconcile.Service
+	// Usage reports usage records to Stripe: its reporter runs from Start to Stop.
+	Usage *meterusage.Service
+	// stopUsage ends the reporter's loop; usageDone is closed when it has returned.
+	stopUsage context.CancelFunc
+	usageDone chan struct{}
 }
 
 // newApp wires the service. It starts nothing: Start runs the workers, and main serves Echo.
@@ -195,6 +201,10 @@ func newApp(opts appOptions) (*App, error) {
 	charges.Mount(v1)
 	portal.New(portal.Deps{DB: db, Stripe: stripe, Subscriptions: subs, Livemode: livemode, DefaultReturnURL: cfg.Portal.ReturnURL, Logger: logger}).Mount(v1)
 	subs.MountAPI(v1)
+	// Usage records are stored by the request and sent to Stripe by the reporter (Start).
+	meters := meterusage.New(meterusage.Deps{DB: db, Stripe: stripe, Livemode: livemode, Periods: subs,
+		ReviewAfter: cfg.Usage.ReviewAfter, ReportRate: float64(cfg.Usage.ReportRate), Registerer: reg, Logger: logger, Now: now})
+	meters.Mount(v1)
 
 	inbox.MountWebhook(e)
 	// The API's description, for anyone (it describes no data).
@@ -210,8 +220,10 @@ func newApp(opts appOptions) (*App, error) {
 	}).Mount(adminAPI)
 	inbox.MountAdmin(adminAPI)
 	rec.Mount(adminAPI)
+	meters.MountAdmin(adminAPI)
 
-	return &App{Echo: e, River: riverClient, Inbox: inbox, DB: db, Registry: reg, Events: registry, log: logger, Reconcile: rec}, nil
+	return &App{Echo: e, River: riverClient, Inbox: inbox, DB: db, Registry: reg, Events: registry, log: logger, Reconcile: rec,
+		Usage: meters}, nil
 }
 
 // Start runs the background workers.
@@ -222,6 +234,12 @@ func (a *App) Start(ctx context.Context) error {
 	rctx, cancel := context.WithCancel(ctx)
 	a.stopRescuer = cancel
 	go a.Inbox.RunRescuer(rctx)
+	uctx, stopUsage := context.WithCancel(ctx)
+	a.stopUsage, a.usageDone = stopUsage, make(chan struct{})
+	go func() {
+		defer close(a.usageDone)
+		a.Usage.RunReporter(uctx)
+	}()
 	return nil
 }
 
@@ -229,6 +247,15 @@ func (a *App) Start(ctx context.Context) error {
 func (a *App) Stop(ctx context.Context) error {
 	if a.stopRescuer != nil {
 		a.stopRescuer()
+	}
+	if a.stopUsage != nil {
+		// The reporter finishes the meter events in flight and records Stripe's answers.
+		a.stopUsage()
+		select {
+		case <-a.usageDone:
+		case <-ctx.Done():
+			a.log.Warn("usage reporter did not stop in time")
+		}
 	}
 	if err := a.Reconcile.Stop(ctx); err != nil {
 		a.log.Warn("reconcile run did not stop in time", "error", err)

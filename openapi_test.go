@@ -165,6 +165,17 @@ func TestOpenAPIAnswersFitTheDocument(t *testing.T) {
 	d.setCard(cus, "pm_card_chargeDeclinedInsufficientFunds")
 	expect(402)(d.do(app, http.MethodPost, "/v1/charges", map[string]any{"order_id": "o_oa2", "user_id": "u_oa", "amount": 500, "currency": "eur"}))
 
+	// Usage.
+	use := map[string]any{"usage_id": "use_oa", "meter": "api_calls", "value": 3}
+	expect(202)(d.do(app, http.MethodPost, "/v1/customers/u_oa/usage", use))
+	expect(200)(d.do(app, http.MethodPost, "/v1/customers/u_oa/usage", use))
+	use["value"] = 4
+	expect(409)(d.do(app, http.MethodPost, "/v1/customers/u_oa/usage", use))
+	expect(422)(d.do(app, http.MethodPost, "/v1/customers/u_oa/usage", map[string]any{"usage_id": "use_old", "meter": "api_calls", "value": 1, "timestamp": 1000}))
+	expect(200)(d.do(app, http.MethodGet, "/v1/customers/u_oa/usage?meter=api_calls", nil))
+	expect(200)(d.do(admin, http.MethodGet, "/admin/usage/review", nil))
+	expect(409)(d.do(admin, http.MethodPost, "/admin/usage/review/u_oa/use_oa", map[string]any{"decision": "resend"}))
+
 	// The portal.
 	expect(201)(d.do(app, http.MethodPost, "/v1/customers/u_oa/portal-sessions", map[string]any{"return_url": "https://app.example.com/account"}))
 	expect(303)(d.do(app, http.MethodPost, "/v1/customers/u_oa/subscriptions/sub_oa/cancel", nil))

@@ -81,7 +81,7 @@ func (c *Console) getAuditPage(ec echo.Context) error {
 		return database.APIError(err, "read the audit log")
 	}
 	v := &auditPage{Actor: q.Actor, Action: q.Action, Mode: ec.QueryParam("mode"), Entries: page.Entries,
-		Actions: []string{audit.ActionReplay, audit.ActionReplayType, audit.ActionReconcileStart}}
+		Actions: []string{audit.ActionReplay, audit.ActionReplayType, audit.ActionReconcileStart, audit.ActionUsageReview}}
 	filters := url.Values{"actor": {v.Actor}, "action": {v.Action}, "mode": {v.Mode}}
 	if q.Before > 0 {
 		v.NewestURL = withQuery(pathAudit, filters)

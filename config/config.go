@@ -113,6 +113,14 @@ type Config struct {
 		// Interval is how often serve reconciles with Stripe; 0 turns it off.
 		Interval time.Duration
 	}
+	Usage struct {
+		// ReportRate is how many meter events a second one replica's reporter sends at most.
+		ReportRate int
+		// ReviewAfter is how long after a usage record's first attempt the reporter still sends
+		// it; past it, a record Stripe never acknowledged waits for an operator (needs_review).
+		// It must stay under Stripe's 24-hour identifier window.
+		ReviewAfter time.Duration
+	}
 	Policy struct {
 		PastDueEntitled bool
 		// PeriodGrace is how long past its period (or trial) end an active or trialing
@@ -224,6 +232,8 @@ var defaults = map[string]string{
 	"webhooks.apply_inline":       "true",
 	"webhooks.body_budget_mib":    "32",
 	"reconcile.interval":          "6h",
+	"usage.report_rate":           "20",
+	"usage.review_after":          "20h",
 	"policy.past_due_entitled":    "true",
 	"policy.period_grace":         "2h",
 	"mail.smtp_url":               "",
@@ -290,6 +300,8 @@ func Load(path string) (*Config, error) {
 	c.Webhooks.ApplyInline = l.boolean("webhooks.apply_inline")
 	c.Webhooks.BodyBudgetMiB = l.integer("webhooks.body_budget_mib")
 	c.Reconcile.Interval = l.duration("reconcile.interval")
+	c.Usage.ReportRate = l.integer("usage.report_rate")
+	c.Usage.ReviewAfter = l.duration("usage.review_after")
 	c.Policy.PastDueEntitled = l.boolean("policy.past_due_entitled")
 	c.Policy.PeriodGrace = l.duration("policy.period_grace")
 	c.Policy.PausedCollectionEntitled = l.boolean("policy.paused_collection_entitled")
@@ -805,6 +817,14 @@ func (c *Config) validate() *Error {
 	if c.Reconcile.Interval != 0 && c.Reconcile.Interval < time.Minute {
 		return errorf("reconcile.interval", "must be 0 (off) or at least 1m, got %s", c.Reconcile.Interval)
 	}
+	if c.Usage.ReportRate < 1 || c.Usage.ReportRate > 10000 {
+		return errorf("usage.report_rate", "must be 1 to 10000 meter events a second, got %d", c.Usage.ReportRate)
+	}
+	// Stripe keeps an identifier for at least 24 hours after it first sees it; an hour of margin
+	// covers clock skew and the calls still in flight when the window passes.
+	if c.Usage.ReviewAfter <= 0 || c.Usage.ReviewAfter > 23*time.Hour {
+		return errorf("usage.review_after", "must be more than 0 and at most 23h (under Stripe's 24-hour identifier window), got %s", c.Usage.ReviewAfter)
+	}
 	if c.Policy.PeriodGrace <= 0 {
 		return errorf("policy.period_grace", "must be > 0, got %s", c.Policy.PeriodGrace)
 	}
@@ -972,6 +992,7 @@ func (c *Config) LogValue() slog.Value {
 		slog.Group("webhooks", slog.String("retention", c.Webhooks.Retention.String()), slog.Bool("apply_inline", c.Webhooks.ApplyInline),
 			slog.Int("body_budget_mib", c.Webhooks.BodyBudgetMiB)),
 		slog.Group("reconcile", slog.String("interval", c.Reconcile.Interval.String())),
+		slog.Group("usage", slog.Int("report_rate", c.Usage.ReportRate), slog.String("review_after", c.Usage.ReviewAfter.String())),
 		slog.Group("policy", slog.Bool("past_due_entitled", c.Policy.PastDueEntitled),
 			slog.String("period_grace", c.Policy.PeriodGrace.String()),
 			slog.Bool("paused_collection_entitled", c.Policy.PausedCollectionEntitled)),

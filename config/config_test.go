@@ -92,6 +92,7 @@ func TestLoadDefaults(t *testing.T) {
 	want.Webhooks.ApplyInline = true
 	want.Webhooks.BodyBudgetMiB = 32
 	want.Reconcile.Interval = 6 * time.Hour
+	want.Usage.ReportRate, want.Usage.ReviewAfter = 20, 20*time.Hour
 	want.Policy.PastDueEntitled = true
 	want.Policy.PeriodGrace = 2 * time.Hour
 	want.Policy.PausedCollectionEntitled = true
@@ -169,6 +170,7 @@ func TestLoadYAML(t *testing.T) {
 		want.Webhooks.ApplyInline = true
 		want.Webhooks.BodyBudgetMiB = 32
 		want.Reconcile.Interval = 6 * time.Hour
+		want.Usage.ReportRate, want.Usage.ReviewAfter = 20, 20*time.Hour
 		want.Policy.PastDueEntitled = false
 		want.Policy.PeriodGrace = 90 * time.Minute
 		want.Policy.PausedCollectionEntitled = false
@@ -574,6 +576,7 @@ func validConfig() *Config {
 	c.Worker.Concurrency = 8
 	c.Webhooks.BodyBudgetMiB = 32
 	c.Policy.PeriodGrace = 2 * time.Hour
+	c.Usage.ReportRate, c.Usage.ReviewAfter = 20, 20*time.Hour
 	c.Log.Level = "info"
 	c.Log.Format = "json"
 	return c
@@ -620,6 +623,9 @@ func TestValidate(t *testing.T) {
 		{"retention too short", func(c *Config) { c.Webhooks.Retention = time.Hour }, "webhooks.retention"},
 		{"reconcile interval too short", func(c *Config) { c.Reconcile.Interval = 30 * time.Second }, "reconcile.interval"},
 		{"reconcile interval negative", func(c *Config) { c.Reconcile.Interval = -time.Hour }, "reconcile.interval"},
+		{"usage report rate zero", func(c *Config) { c.Usage.ReportRate = 0 }, "usage.report_rate"},
+		{"usage review past Stripe's window", func(c *Config) { c.Usage.ReviewAfter = 24 * time.Hour }, "usage.review_after"},
+		{"usage review zero", func(c *Config) { c.Usage.ReviewAfter = 0 }, "usage.review_after"},
 		{"no period grace", func(c *Config) { c.Policy.PeriodGrace = 0 }, "policy.period_grace"},
 		{"no Stripe calls allowed", func(c *Config) { c.Stripe.MaxConcurrentCalls = 0 }, "stripe.max_concurrent_calls"},
 		{"Stripe calls could take the pool", func(c *Config) { c.Stripe.MaxConcurrentCalls = 25 }, "stripe.max_concurrent_calls"},

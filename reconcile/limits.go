@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strconv"
-	"sync"
 	"time"
 
 	"github.com/stripe/stripe-go/v79"
@@ -70,36 +68,6 @@ func (l Limits) withDefaults(livemode bool) Limits {
 // MaxRequestsPerCall is the most requests one call (a page, a re-read) can make before it fails.
 func (l Limits) MaxRequestsPerCall() int { return l.MaxAttempts * (stripeclient.Retries + 1) }
 
-// bucket is a token bucket: rate tokens a second, at most burst saved up.
-type bucket struct {
-	mu     sync.Mutex
-	rate   float64
-	burst  float64
-	tokens float64
-	last   time.Time
-	now    func() time.Time
-}
-
-func newBucket(rate float64, burst int, now func() time.Time) *bucket {
-	return &bucket{rate: rate, burst: float64(burst), tokens: float64(burst), now: now}
-}
-
-// reserve takes a token and returns how long to wait before using it.
-func (b *bucket) reserve() time.Duration {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	now := b.now()
-	if !b.last.IsZero() {
-		b.tokens = min(b.burst, b.tokens+now.Sub(b.last).Seconds()*b.rate)
-	}
-	b.last = now
-	b.tokens--
-	if b.tokens >= 0 {
-		return 0
-	}
-	return time.Duration(-b.tokens / b.rate * float64(time.Second))
-}
-
 // sleepCtx waits d or until ctx ends.
 func sleepCtx(ctx context.Context, d time.Duration) error {
 	if d <= 0 {
@@ -125,28 +93,9 @@ func retryable(err error) bool {
 	return se.HTTPStatusCode == http.StatusTooManyRequests || se.HTTPStatusCode >= 500 || se.HTTPStatusCode == 0
 }
 
-// retryAfter is the delay Stripe asked for (Retry-After, in seconds or as a date), if any.
-func retryAfter(err error, now time.Time) (time.Duration, bool) {
-	var se *stripe.Error
-	if !errors.As(err, &se) || se.LastResponse == nil {
-		return 0, false
-	}
-	v := se.LastResponse.Header.Get("Retry-After")
-	if v == "" {
-		return 0, false
-	}
-	if secs, err := strconv.ParseFloat(v, 64); err == nil && secs >= 0 {
-		return time.Duration(secs * float64(time.Second)), true
-	}
-	if at, err := http.ParseTime(v); err == nil {
-		return max(0, at.Sub(now)), true
-	}
-	return 0, false
-}
-
 // delay is the wait before attempt+1 after a failed attempt (1-based).
 func (l Limits) delay(attempt int, err error, now time.Time) time.Duration {
-	if d, ok := retryAfter(err, now); ok {
+	if d, ok := stripeclient.RetryAfter(err, now); ok {
 		return min(d, l.MaxRetryAfter)
 	}
 	d := l.BaseDelay
@@ -175,7 +124,7 @@ func (e *errGaveUp) Unwrap() error { return e.err }
 // the attempt that succeeded.
 func (s *Service) call(ctx context.Context, what string, fn func(ctx context.Context) error) (time.Time, error) {
 	for attempt := 1; ; attempt++ {
-		if err := s.sleep(ctx, s.bucket.reserve()); err != nil {
+		if err := s.sleep(ctx, s.bucket.Reserve()); err != nil {
 			return time.Time{}, err
 		}
 		fetchedAt := s.now()

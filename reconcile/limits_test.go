@@ -13,31 +13,6 @@ type fakeClock struct{ t time.Time }
 
 func (c *fakeClock) now() time.Time { return c.t }
 
-// The bucket lets a burst through, then spaces requests at the rate, and refills with time.
-func TestBucketSpacesRequests(t *testing.T) {
-	c := &fakeClock{t: time.Unix(1000, 0)}
-	b := newBucket(25, 5, c.now)
-	var waits []time.Duration
-	for range 7 {
-		waits = append(waits, b.reserve())
-	}
-	want := []time.Duration{0, 0, 0, 0, 0, 40 * time.Millisecond, 80 * time.Millisecond}
-	for i := range want {
-		if waits[i] != want[i] {
-			t.Fatalf("waits = %v, want %v", waits, want)
-		}
-	}
-	c.t = c.t.Add(time.Second) // 25 tokens' worth, capped at the burst
-	for i := range 5 {
-		if w := b.reserve(); w != 0 {
-			t.Fatalf("after a second, request %d waits %v", i, w)
-		}
-	}
-	if w := b.reserve(); w != 40*time.Millisecond {
-		t.Fatalf("beyond the burst: wait %v, want 40ms", w)
-	}
-}
-
 func tooMany(retryAfter string) error {
 	se := &stripe.Error{HTTPStatusCode: http.StatusTooManyRequests, Code: "rate_limit"}
 	h := http.Header{}

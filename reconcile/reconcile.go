@@ -32,6 +32,7 @@ import (
 	"billing/billing"
 	"billing/internal/audit"
 	"billing/internal/database"
+	"billing/internal/stripeclient"
 )
 
 // Subscriptions is the local state: billing.Service.
@@ -76,7 +77,7 @@ type Service struct {
 	limits   Limits
 	now      func() time.Time
 	sleep    func(ctx context.Context, d time.Duration) error
-	bucket   *bucket
+	bucket   *stripeclient.Bucket
 	metrics  *metrics
 
 	// Runs started by Start belong to the service: Stop cancels and waits for them.
@@ -111,7 +112,7 @@ func New(d Deps) *Service {
 		limits:   limits,
 		now:      d.Now,
 		sleep:    d.Sleep,
-		bucket:   newBucket(limits.ReadsPerSecond, limits.Burst, d.Now),
+		bucket:   stripeclient.NewBucket(limits.ReadsPerSecond, limits.Burst, d.Now),
 		metrics:  newMetrics(d.Registerer),
 		baseCtx:  ctx,
 		cancel:   cancel,

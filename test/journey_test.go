@@ -144,6 +144,7 @@ func TestOneUsersWholeLife(t *testing.T) {
 	active := entitlementAnswer{Entitled: true, Status: "active", SubscriptionID: jnySub, PriceID: jnyMonthly}
 	j.expect("3. trial converted", active)
 	j.expectInvoices("3. trial converted", "in_journey1:paid")
+	j.usage("3. metered use", at, at.AddDate(0, 1, 0))
 
 	// 3b. The plan's features: Stripe's summary carries the first 10 of 12 and says it has more;
 	// the service reads every page and gates by all of them.

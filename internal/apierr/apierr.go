@@ -98,6 +98,12 @@ const (
 
 	// A feature's lookup key that no feature can have (empty, too long, control characters).
 	CodeInvalidLookupKey Code = "invalid_lookup_key"
+	// Usage records (meter events).
+	CodeInvalidUsageID Code = "invalid_usage_id"
+	CodeInvalidMeter   Code = "invalid_meter"
+	CodeInvalidValue   Code = "invalid_value"
+	// A timestamp Stripe would refuse: older than 35 days or more than 5 minutes ahead.
+	CodeInvalidTimestamp Code = "invalid_timestamp"
 )
 
 var statuses = map[Code]int{
@@ -161,6 +167,10 @@ var statuses = map[Code]int{
 	CodeCheckoutFailed:             http.StatusUnprocessableEntity,
 
 	CodeInvalidLookupKey: http.StatusBadRequest,
+	CodeInvalidUsageID:   http.StatusBadRequest,
+	CodeInvalidMeter:     http.StatusBadRequest,
+	CodeInvalidValue:     http.StatusBadRequest,
+	CodeInvalidTimestamp: http.StatusUnprocessableEntity,
 }
 
 // Status is the HTTP status of a code; an unknown code is a 500 so that a forgotten entry is loud.

@@ -21,6 +21,8 @@ const (
 	ActionReplay         = "replay"
 	ActionReplayType     = "replay_type"
 	ActionReconcileStart = "reconcile_start"
+	// An operator's decision on a usage record past its window (reported or resend).
+	ActionUsageReview = "usage_review"
 )
 
 // SystemActor is the actor of an action taken outside an admin request (a command).

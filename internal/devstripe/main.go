@@ -57,6 +57,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	defer stop()
 	p.Dev()
+	// Usage reaches the dev Stripe as meter events, kept and deduplicated by identifier.
+	stripetest.NewMeterEvents(p, false)
 	p.OnRequest(func(r stripetest.Request) {
 		line := fmt.Sprintf("%s %s %s -> %d", time.Now().Format(time.TimeOnly), r.Method, r.Path, r.Status)
 		if r.Replayed {

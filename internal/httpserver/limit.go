@@ -3,6 +3,7 @@ package httpserver
 import (
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -38,8 +39,13 @@ func LimitConcurrency(n int, retryAfter time.Duration, match func(echo.Context) 
 	}
 }
 
-// CallsStripe matches the app's requests that call Stripe: every write of the /v1 API.
+// CallsStripe matches the app's requests that call Stripe: every write of the /v1 API but usage
+// records (…/usage), which are stored and answered without a call (a reporter sends them) and are
+// the app's most frequent write.
 func CallsStripe(c echo.Context) bool {
 	m := c.Request().Method
-	return m != http.MethodGet && m != http.MethodHead && m != http.MethodOptions
+	if m == http.MethodGet || m == http.MethodHead || m == http.MethodOptions {
+		return false
+	}
+	return !strings.HasSuffix(c.Path(), "/usage")
 }

@@ -73,3 +73,23 @@ func TestLimitConcurrency(t *testing.T) {
 		t.Errorf("after the slots freed: %d", rec.Code)
 	}
 }
+
+// Usage records are writes that never call Stripe: they are not limited.
+func TestCallsStripeLeavesUsageRecordsOut(t *testing.T) {
+	e := echo.New()
+	for _, tc := range []struct {
+		method, route string
+		want          bool
+	}{
+		{http.MethodPost, "/v1/charges", true},
+		{http.MethodPut, "/v1/customers/:user_id", true},
+		{http.MethodPost, "/v1/customers/:user_id/usage", false},
+		{http.MethodGet, "/v1/customers/:user_id/entitlement", false},
+	} {
+		c := e.NewContext(httptest.NewRequest(tc.method, "/", nil), httptest.NewRecorder())
+		c.SetPath(tc.route)
+		if got := CallsStripe(c); got != tc.want {
+			t.Errorf("CallsStripe(%s %s) = %v, want %v", tc.method, tc.route, got, tc.want)
+		}
+	}
+}

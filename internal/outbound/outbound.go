@@ -19,6 +19,13 @@
 //  5. A final refusal (Final) completes or drops the row (Refuse); any other failure leaves it
 //     pending with the attempt recorded (RecordAttempt), to be finished by the next attempt
 //     under the same key.
+//
+// An asynchronous caller (a background reporter working through many rows) may also skip a row
+// that a concurrent attempt holds (Select.SkipLocked: Busy) instead of queueing on it. And an
+// object that Stripe offers no lookup for (a meter event has no retrieve by its identifier)
+// has no Find: past the window the row is handed to Review, which records it for an operator's
+// decision; it is never created again blindly. Such a caller counts the window from a moment it
+// commits before each first attempt (State.CreatedAt), and may shorten it (Call.Window).
 package outbound
 
 import (
@@ -61,6 +68,9 @@ type Select struct {
 	SQL  string
 	Args []any
 	Into any
+	// SkipLocked skips a row that a concurrent attempt holds (FOR UPDATE SKIP LOCKED): Run
+	// returns Busy and calls nothing.
+	SkipLocked bool
 }
 
 // State is what the protocol needs to know of the locked row.
@@ -68,7 +78,9 @@ type State struct {
 	// Key is the idempotency key of the row: stored with it or derived from its identifiers,
 	// never from the request at hand.
 	Key string
-	// CreatedAt is when the row was first committed, before the key's first use.
+	// CreatedAt is a moment committed before the key's first use: when the row was first
+	// committed, or, for a caller that commits it before every first attempt, when that attempt
+	// began. The window is counted from it.
 	CreatedAt time.Time
 	// Done says that Stripe's final answer is recorded already: nothing is called.
 	Done bool
@@ -109,8 +121,14 @@ type Call[T any] struct {
 	// stops the call before Stripe and is returned by Run.
 	Locked func(tx *gorm.DB) (State, error)
 	// Find looks for the object an earlier attempt made (by metadata); found is false when
-	// there is none. Only called past KeyWindow.
+	// there is none. Only called past the window. Exactly one of Find and Review is set.
 	Find func(ctx context.Context) (obj T, found bool, err error)
+	// Review records a row past the window whose object Stripe cannot be asked about: whether
+	// an earlier attempt made it is unknowable, so it is neither created again nor dropped, but
+	// left to an operator. Its Attempt has no Step.
+	Review func(tx *gorm.DB, a Attempt) error
+	// Window is how long Stripe is trusted to remember the key; KeyWindow when zero.
+	Window time.Duration
 	// Create makes the object. p carries the context and the row's idempotency key; it must
 	// be sent as it is (the Params field of the stripe-go parameters).
 	Create func(p stripe.Params) (T, error)
@@ -142,6 +160,10 @@ const (
 	Refused
 	// Pending: the attempt failed without a final answer; RecordAttempt recorded it.
 	Pending
+	// Busy: a concurrent attempt holds the row (Select.SkipLocked); nothing was called.
+	Busy
+	// Review: past the window with no lookup; Review recorded it and nothing was called.
+	Review
 )
 
 func (o Outcome) String() string {
@@ -156,6 +178,10 @@ func (o Outcome) String() string {
 		return "refused"
 	case Pending:
 		return "pending"
+	case Busy:
+		return "busy"
+	case Review:
+		return "review"
 	}
 	return "unknown"
 }
@@ -188,12 +214,30 @@ func Run[T any](ctx context.Context, db *gorm.DB, c Call[T]) (Result, error) {
 
 	var res Result
 	err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		locked := tx.Raw(c.Lock.SQL+" FOR UPDATE", c.Lock.Args...).Scan(c.Lock.Into)
+		if c.Lock.SkipLocked {
+			// Tell a held row from a missing one: only the first is Busy.
+			var held bool
+			if err := tx.Raw(`SELECT EXISTS (`+c.Lock.SQL+`)`, c.Lock.Args...).Scan(&held).Error; err != nil {
+				return fmt.Errorf("find row: %w", err)
+			}
+			if !held {
+				res.Outcome = Gone
+				return nil
+			}
+		}
+		lockSQL := c.Lock.SQL + " FOR UPDATE"
+		if c.Lock.SkipLocked {
+			lockSQL += " SKIP LOCKED"
+		}
+		locked := tx.Raw(lockSQL, c.Lock.Args...).Scan(c.Lock.Into)
 		if locked.Error != nil {
 			return fmt.Errorf("lock row: %w", locked.Error)
 		}
 		if locked.RowsAffected == 0 {
 			res.Outcome = Gone
+			if c.Lock.SkipLocked {
+				res.Outcome = Busy
+			}
 			return nil
 		}
 		st, err := c.Locked(tx)
@@ -208,7 +252,18 @@ func Run[T any](ctx context.Context, db *gorm.DB, c Call[T]) (Result, error) {
 			return errors.New("outbound: locked row without an idempotency key")
 		}
 
-		if now().Sub(st.CreatedAt) >= KeyWindow {
+		window := KeyWindow
+		if c.Window > 0 {
+			window = c.Window
+		}
+		if now().Sub(st.CreatedAt) >= window && c.Review != nil {
+			res.Outcome = Review
+			res.Attempt = Attempt{At: now().UTC()}
+			log.WarnContext(ctx, "past the key window with no lookup: left for an operator's review, not sent again",
+				"idempotency_key", st.Key, "since", st.CreatedAt)
+			return c.Review(tx, res.Attempt)
+		}
+		if now().Sub(st.CreatedAt) >= window {
 			// Search lags writes by up to a minute, but an attempt made within that minute
 			// used the same key, which Stripe still remembers: find-then-create cannot double.
 			obj, found, err := c.Find(ctx)
@@ -267,9 +322,12 @@ func Final(err error) bool {
 
 func (c *Call[T]) check() error {
 	var missing []string
+	if c.Find != nil && c.Review != nil {
+		return errors.New("outbound: Call with both Find and Review")
+	}
 	for name, isNil := range map[string]bool{
 		"Lock.SQL": c.Lock.SQL == "", "Lock.Into": c.Lock.Into == nil, "Locked": c.Locked == nil,
-		"Find": c.Find == nil, "Create": c.Create == nil, "Complete": c.Complete == nil,
+		"Find or Review": c.Find == nil && c.Review == nil, "Create": c.Create == nil, "Complete": c.Complete == nil,
 		"Refuse": c.Refuse == nil, "RecordAttempt": c.RecordAttempt == nil,
 	} {
 		if isNil {

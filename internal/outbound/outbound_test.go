@@ -483,10 +483,89 @@ func TestIncompleteCallIsRefused(t *testing.T) {
 	c := f.call("r1")
 	c.Find, c.RecordAttempt = nil, nil
 	_, err := Run(context.Background(), f.db, c)
-	if err == nil || !strings.Contains(err.Error(), "Find, RecordAttempt") {
+	if err == nil || !strings.Contains(err.Error(), "Find or Review, RecordAttempt") {
 		t.Errorf("Run of a Call without Find and RecordAttempt: %v", err)
 	}
 	expectEvents(t, f.took())
+}
+
+// An object without a lookup (Review instead of Find): inside its window the row is created
+// under its key; past it, nothing is called and Review records it for an operator.
+func TestWithoutLookupPastTheWindowGoesToReview(t *testing.T) {
+	t.Parallel()
+	const window = 20 * time.Hour
+	for _, tc := range []struct {
+		name    string
+		age     time.Duration
+		outcome Outcome
+		events  []string
+	}{
+		{"inside the window: created", window - time.Microsecond, Completed, []string{"create", "complete after create"}},
+		{"at the window: review, nothing sent", window, Review, []string{"review"}},
+		{"long past it: review, nothing sent", 10 * window, Review, []string{"review"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			f.insert("r1", tc.age)
+			c := f.call("r1")
+			c.Find, c.Window = nil, window
+			c.Review = func(tx *gorm.DB, a Attempt) error {
+				f.record("review")
+				if a.Step != 0 || a.Err != nil || !a.At.Equal(now) {
+					t.Errorf("review attempt %+v, want one at now without a step", a)
+				}
+				return tx.Exec(`UPDATE calls SET last_step = 'review' WHERE id = 'r1'`).Error
+			}
+			res := f.run(c)
+			if res.Outcome != tc.outcome {
+				t.Errorf("outcome %v, want %v", res.Outcome, tc.outcome)
+			}
+			expectEvents(t, f.took(), tc.events...)
+			if row := f.row("r1"); tc.outcome == Review && (row.State != "pending" || row.LastStep == nil || *row.LastStep != "review") {
+				t.Errorf("row %+v, want pending and marked by Review", row)
+			}
+		})
+	}
+	f := newFixture(t)
+	f.insert("r1", time.Minute)
+	c := f.call("r1")
+	c.Review = func(*gorm.DB, Attempt) error { return nil }
+	if _, err := Run(context.Background(), f.db, c); err == nil || !strings.Contains(err.Error(), "both Find and Review") {
+		t.Errorf("Run of a Call with Find and Review: %v", err)
+	}
+	expectEvents(t, f.took())
+}
+
+// SkipLocked: a row held by a concurrent attempt is Busy, with nothing called; a missing row
+// is still Gone, and a free one is finished.
+func TestSkipLockedRowIsBusy(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.insert("r1", time.Minute)
+	tx := f.db.Begin()
+	defer tx.Rollback()
+	if err := tx.Exec(`SELECT * FROM calls WHERE id = 'r1' FOR UPDATE`).Error; err != nil {
+		t.Fatal(err)
+	}
+	c := f.call("r1")
+	c.Lock.SkipLocked = true
+	if res := f.run(c); res.Outcome != Busy {
+		t.Errorf("held row: %v, want busy", res.Outcome)
+	}
+	expectEvents(t, f.took())
+	missing := f.call("nobody")
+	missing.Lock.SkipLocked = true
+	if res := f.run(missing); res.Outcome != Gone {
+		t.Errorf("missing row: %v, want gone", res.Outcome)
+	}
+	tx.Rollback()
+	c = f.call("r1")
+	c.Lock.SkipLocked = true
+	if res := f.run(c); res.Outcome != Completed {
+		t.Errorf("released row: %v, want completed", res.Outcome)
+	}
+	expectEvents(t, f.took(), "create", "complete after create")
 }
 
 func TestKey(t *testing.T) {

@@ -11,10 +11,14 @@
 //     card errors with their decline codes, 3-D Secure cards need authentication (cards.go);
 //   - search (customers, payment_intents, by metadata) and the refunds list by payment_intent,
 //     answered from the objects created through the proxy;
-//   - faults: 500s and dropped connections before the request reaches "Stripe", and dropped
-//     connections after it executed (the answer is lost, the key remembered);
+//   - faults: 500s, 429s and dropped connections before the request reaches "Stripe", and
+//     dropped connections after it executed (the answer is lost, the key remembered), for the
+//     next n requests or for a random share of them (InjectFaultShare);
 //   - canned answers (card errors) and edits of stripe-mock's answers (requires_action).
 //   - a slow Stripe: requests of a method and path executed only after a delay (Delay).
+//
+// Stateful resources are served by the types that Handle a path: Account (subscriptions,
+// customers, invoices), CheckoutSessions and MeterEvents (meter events by identifier).
 //
 // Dev adds what a person at the dev loop needs (dev.go): remembered customers whose default
 // payment method picks the outcome of their charges, and local Customer Portal pages.
@@ -27,6 +31,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/url"
@@ -51,6 +56,9 @@ const (
 	// FaultDropAfter executes the request (the object exists, the key is stored) and then closes
 	// the connection: the caller never learns the answer.
 	FaultDropAfter
+	// Fault429 answers 429 rate_limit, with Retry-After when the rule has one; the request never
+	// reaches Stripe and its key is not stored (Stripe's rate limiter comes first).
+	Fault429
 )
 
 // Request is one request the proxy received.
@@ -87,6 +95,10 @@ type rule struct {
 	mutate       func(Request, map[string]any)
 	gate         *gate
 	delay        time.Duration
+	// share > 0: the rule applies to that share of the matching requests, drawn from the
+	// proxy's seeded randomness (remaining counts only the requests it applied to).
+	share      float64
+	retryAfter time.Duration // Fault429's Retry-After
 }
 
 type gate struct {
@@ -119,6 +131,7 @@ type Proxy struct {
 	dev     bool                        // see Dev
 	idTag   string                      // set by Dev: makes ids unique across processes
 	onReq   func(Request)               // see OnRequest
+	rng     *rand.Rand                  // draws of InjectFaultShare; see Seed
 }
 
 // route serves the requests under a path prefix from the test's own state.
@@ -167,6 +180,7 @@ func Listen(addr, upstreamURL string) (p *Proxy, stop func(), err error) {
 		client:   &http.Client{},
 		keys:     map[string]*keyEntry{},
 		objects:  map[string][]map[string]any{},
+		rng:      rand.New(rand.NewPCG(1, 2)),
 	}
 	srv := &http.Server{Handler: http.HandlerFunc(p.serve), ReadHeaderTimeout: 10 * time.Second}
 	// One connection per request: Go's transport silently resends a request that carries an
@@ -187,6 +201,27 @@ var collections = map[string]bool{
 // InjectFault makes the next times requests to method and path fail with f.
 func (p *Proxy) InjectFault(method, path string, f Fault, times int) {
 	p.addRule(&rule{method: method, path: path, remaining: times, fault: f})
+}
+
+// Throttle answers the next times requests to method and path with 429 rate_limit, before
+// Stripe's key layer as Stripe's rate limiter does; retryAfter > 0 is sent as Retry-After.
+func (p *Proxy) Throttle(method, path string, times int, retryAfter time.Duration) {
+	p.addRule(&rule{method: method, path: path, remaining: times, fault: Fault429, retryAfter: retryAfter})
+}
+
+// InjectFaultShare makes a random share (0–1) of the requests to method and path fail with f,
+// for as long as the proxy runs. For Fault429, retryAfter > 0 is sent as Retry-After, in
+// seconds with a fraction when it is not whole (Stripe's own header is whole seconds; a test
+// need not wait that long). The draws follow Seed.
+func (p *Proxy) InjectFaultShare(method, path string, f Fault, share float64, retryAfter time.Duration) {
+	p.addRule(&rule{method: method, path: path, remaining: -1, fault: f, share: share, retryAfter: retryAfter})
+}
+
+// Seed makes the draws of InjectFaultShare reproducible from seed.
+func (p *Proxy) Seed(seed uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.rng = rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 }
 
 // Respond replaces Stripe's answer to the next times requests to method and path (times < 0:
@@ -317,6 +352,9 @@ func (p *Proxy) take(method, path string, kind func(*rule) bool) *rule {
 	defer p.mu.Unlock()
 	for _, r := range p.rules {
 		if r.remaining != 0 && r.method == method && r.path == path && kind(r) {
+			if r.share > 0 && p.rng.Float64() >= r.share {
+				continue
+			}
 			if r.remaining > 0 {
 				r.remaining--
 			}
@@ -379,6 +417,16 @@ func (p *Proxy) serve(w http.ResponseWriter, hr *http.Request) {
 		case FaultDrop:
 			p.record(req)
 			drop(w)
+			return
+		case Fault429:
+			req.Status = http.StatusTooManyRequests
+			p.record(req)
+			if f.retryAfter > 0 {
+				w.Header().Set("Retry-After", strconv.FormatFloat(f.retryAfter.Seconds(), 'f', -1, 64))
+			}
+			writeJSON(w, http.StatusTooManyRequests, map[string]any{"error": map[string]any{
+				"type": "invalid_request_error", "code": "rate_limit",
+				"message": "Request rate limit exceeded. Learn more about rate limits here https://stripe.com/docs/rate-limits."}})
 			return
 		}
 	}
