@@ -153,7 +153,7 @@ func verifyService(t *testing.T) (*gorm.DB, func(args ...string) (int, string)) 
 // a read of Stripe, and names each field edited by hand afterwards.
 func TestVerifyCommand(t *testing.T) {
 	db, run := verifyService(t)
-	if code, out := run(); code != 0 || !strings.HasSuffix(out, "differences=0 unverifiable=0 replay_errors=0\n") ||
+	if code, out := run(); code != 0 || !strings.HasSuffix(out, "differences=0 history=0 unverifiable=0 replay_errors=0\n") ||
 		!strings.HasPrefix(out, "verify: events=11 reads=0 ") {
 		t.Fatalf("after the deliveries: exit %d, stdout %q", code, out)
 	}
@@ -210,6 +210,18 @@ func TestVerifyCommand(t *testing.T) {
 		t.Errorf("exit %d with differences, want 1", code)
 	}
 
+	// A when-it-began column is reported apart, and is a difference under --strict.
+	if err := db.Exec(`UPDATE subscriptions SET status_since = status_since - interval '1 day' WHERE subscription_id = 'sub_b' AND livemode = false`).Error; err != nil {
+		t.Fatal(err)
+	}
+	if code, out := run(); code != 1 || !strings.Contains(out, "subscriptions sub_b status_since (history): live=") ||
+		!strings.Contains(out, " differences=5 history=1 ") {
+		t.Errorf("a status_since edited: exit %d, stdout %q", code, out)
+	}
+	if code, out := run("--strict"); code != 1 || !strings.Contains(out, " differences=6 history=0 ") {
+		t.Errorf("--strict: exit %d, stdout %q", code, out)
+	}
+
 	// The other mode has nothing of this mode's state.
 	if code, out := run("--mode", "live"); code != 0 || !strings.HasPrefix(out, "verify: events=0 reads=0 rows=0 differences=0") {
 		t.Errorf("--mode live: exit %d, stdout %q", code, out)
@@ -227,7 +239,7 @@ func TestVerifyUnverifiableAfterPruning(t *testing.T) {
 		t.Fatal(err)
 	}
 	code, out := run()
-	if code != 0 || !strings.Contains(out, "differences=0 unverifiable=2 ") {
+	if code != 0 || !strings.Contains(out, "differences=0 history=0 unverifiable=2 ") {
 		t.Fatalf("exit %d, stdout %q", code, out)
 	}
 }

@@ -116,6 +116,7 @@ func runStorm(t *testing.T, o stormOptions) {
 	f := verify(t, db, plan, s.stats, replicas[len(replicas)-1].url(""))
 	f.Deliveries, f.Kills = len(deliveries), victim.kills
 	logFigures(t, o.name, f, s.stats, time.Since(t0))
+	t.Logf("%s: %s", o.name, runVerifyCommand(t, env))
 	if victim.kills < o.kills {
 		t.Errorf("%d kills, want at least %d", victim.kills, o.kills)
 	}

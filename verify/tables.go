@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
@@ -41,6 +42,15 @@ type Table struct {
 type Group struct {
 	Writer string
 	Fields []string
+	// When names a boolean column: the group means something only while it is true (on either
+	// side), and is compared only then. "" compares always.
+	When string
+	// History marks when-it-began columns that the handlers infer from the order in which events
+	// happen to arrive (status_since, payment_hold_since): with events delivered out of order
+	// the inference can differ from the in-order replay (an older event of another status that
+	// arrives last can no longer split the stint it falls in, the columns keep no history). Their
+	// differences are reported apart (Report.History), and count as differences under Strict.
+	History bool
 }
 
 // logTables are the log itself and the bookkeeping of reconciliation: read from the live schema,
@@ -63,15 +73,22 @@ var Tables = []Table{
 			{Writer: "sub_event_id", Fields: []string{
 				"stripe_customer_id", "livemode", "status", "price_id", "current_period_start", "current_period_end",
 				"cancel_at_period_end", "cancel_at", "canceled_at", "ended_at", "trial_start", "trial_end",
-				"status_since", "status_other_at", "pause_collection_behavior", "pause_collection_resumes_at",
+				"pause_collection_behavior", "pause_collection_resumes_at",
 				"sub_event_id", "sub_event_type", "sub_event_created", "sub_event_rank", "trial_will_end_at",
 			}},
+			{Writer: "sub_event_id", History: true, Fields: []string{"status_since", "status_other_at"}},
 			{Writer: "inv_event_id", Fields: []string{
-				"payment_hold", "payment_hold_since", "latest_invoice_id", "attempt_count", "next_payment_attempt",
+				"payment_hold", "latest_invoice_id", "attempt_count", "next_payment_attempt",
 				"amount_due", "currency", "hosted_invoice_url", "inv_event_id", "inv_event_type", "inv_event_created",
-				"inv_event_rank", "payment_hold_invoice_created", "payment_hold_kind", "payment_hold_billing_reason",
-				"inv_invoice_created",
+				"inv_event_rank", "inv_invoice_created",
 			}},
+			// The hold's own columns: what a lifted hold leaves behind in them is read by nothing
+			// (every reader looks at them only while payment_hold is true), so only a hold in
+			// force on either side compares them.
+			{Writer: "inv_event_id", When: "payment_hold", Fields: []string{
+				"payment_hold_invoice_created", "payment_hold_kind", "payment_hold_billing_reason",
+			}},
+			{Writer: "inv_event_id", When: "payment_hold", History: true, Fields: []string{"payment_hold_since"}},
 		},
 		Skip: clock,
 	},
@@ -220,7 +237,7 @@ func logHorizon(ctx context.Context, tx *gorm.DB, live func(string) string, live
 
 // compare compares the shadow of t with its live table, for rows of the mode, and appends the
 // differences to rep (and prints them on out).
-func compare(ctx context.Context, tx *gorm.DB, t Table, live func(string) string, livemode bool, seen map[string]bool,
+func compare(ctx context.Context, tx *gorm.DB, t Table, live func(string) string, livemode, strict bool, seen map[string]bool,
 	horizon time.Time, rep *Report, out io.Writer) error {
 	var fields []string
 	var writers []string
@@ -241,6 +258,15 @@ func compare(ctx context.Context, tx *gorm.DB, t Table, live func(string) string
 	sel = append(sel, "l."+quoteIdent(t.Key[0])+" IS NOT NULL", "t."+quoteIdent(t.Key[0])+" IS NOT NULL", "l.created_at")
 	for _, w := range writers {
 		sel = append(sel, "l."+quoteIdent(w)+"::text")
+	}
+	var whens []string
+	for _, g := range t.Groups {
+		if g.When != "" && !slices.Contains(whens, g.When) {
+			whens = append(whens, g.When)
+		}
+	}
+	for _, w := range whens {
+		sel = append(sel, fmt.Sprintf("coalesce(l.%[1]s, false) OR coalesce(t.%[1]s, false)", quoteIdent(w)))
 	}
 	var distinct []string
 	for _, f := range fields {
@@ -267,6 +293,7 @@ func compare(ctx context.Context, tx *gorm.DB, t Table, live func(string) string
 		var inLive, inLog bool
 		var created *time.Time
 		ws := make([]*string, len(writers))
+		on := make([]bool, len(whens))
 		vals := make([]*string, 2*len(fields))
 		dest := []any{}
 		for i := range keys {
@@ -275,6 +302,9 @@ func compare(ctx context.Context, tx *gorm.DB, t Table, live func(string) string
 		dest = append(dest, &inLive, &inLog, &created)
 		for i := range ws {
 			dest = append(dest, &ws[i])
+		}
+		for i := range on {
+			dest = append(dest, &on[i])
 		}
 		for i := range vals {
 			dest = append(dest, &vals[i])
@@ -324,9 +354,16 @@ func compare(ctx context.Context, tx *gorm.DB, t Table, live func(string) string
 				if g.Writer != "" && unknown[g.Writer] {
 					continue
 				}
+				if g.When != "" && !on[slices.Index(whens, g.When)] {
+					continue
+				}
 				if (l == nil) != (r == nil) || (l != nil && *l != *r) {
-					d := Difference{Table: t.Name, Key: key, Field: f, Live: l, Log: r}
-					rep.Differences = append(rep.Differences, d)
+					d := Difference{Table: t.Name, Key: key, Field: f, Live: l, Log: r, History: g.History}
+					if g.History && !strict {
+						rep.History = append(rep.History, d)
+					} else {
+						rep.Differences = append(rep.Differences, d)
+					}
 					fmt.Fprintln(out, d.Line())
 				}
 			}

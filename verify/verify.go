@@ -63,6 +63,8 @@ type Deps struct {
 	Snapshots SnapshotApplier
 	// Livemode is the mode verified (stripe.mode): only its events, reads and rows.
 	Livemode bool
+	// Strict counts the differences of History columns as differences (see Group.History).
+	Strict bool
 	Logger   *slog.Logger
 }
 
@@ -74,6 +76,8 @@ type Difference struct {
 	Field string
 	Live  *string
 	Log   *string
+	// History: a when-it-began column (Group.History).
+	History bool
 }
 
 // Line is the difference as `billing verify` prints it.
@@ -84,7 +88,11 @@ func (d Difference) Line() string {
 		}
 		return fmt.Sprintf("%s %s: only in the live tables (the log does not make it)", d.Table, d.Key)
 	}
-	return fmt.Sprintf("%s %s %s: live=%s log=%s", d.Table, d.Key, d.Field, quote(d.Live), quote(d.Log))
+	field := d.Field
+	if d.History {
+		field += " (history)"
+	}
+	return fmt.Sprintf("%s %s %s: live=%s log=%s", d.Table, d.Key, field, quote(d.Live), quote(d.Log))
 }
 
 func quote(p *string) string {
@@ -106,12 +114,14 @@ type Report struct {
 	// the replay; each is also a difference.
 	ReplayErrors int
 	Differences  []Difference
+	// History are the differences of History columns, when not Strict.
+	History []Difference
 }
 
 // Line is the summary line.
 func (r Report) Line() string {
-	return fmt.Sprintf("verify: events=%d reads=%d rows=%d differences=%d unverifiable=%d replay_errors=%d",
-		r.Events, r.Reads, r.Rows, len(r.Differences), r.Unverifiable, r.ReplayErrors)
+	return fmt.Sprintf("verify: events=%d reads=%d rows=%d differences=%d history=%d unverifiable=%d replay_errors=%d",
+		r.Events, r.Reads, r.Rows, len(r.Differences), len(r.History), r.Unverifiable, r.ReplayErrors)
 }
 
 // ExitCode is 0 when the live tables are what the log makes, 1 otherwise.
@@ -159,7 +169,7 @@ func Run(ctx context.Context, d Deps, out io.Writer) (Report, error) {
 		if len(t.Groups) == 0 {
 			continue
 		}
-		if err := compare(ctx, tx, t, live, d.Livemode, seen, horizon, &rep, out); err != nil {
+		if err := compare(ctx, tx, t, live, d.Livemode, d.Strict, seen, horizon, &rep, out); err != nil {
 			return rep, err
 		}
 	}
