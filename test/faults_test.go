@@ -31,16 +31,21 @@ var faultClasses = []stripetest.Fault{stripetest.Fault429, stripetest.Fault500, 
 // faultOps is the number of operations per path: each class of fault on a quarter of them.
 const faultOps = 24
 
-// faultPlan injects, before operation i of a path, its fault on the next request to method and
-// path: once on even operations, three times in a row on odd ones.
-func faultPlan(p *stripetest.Proxy, method, path string, i int) stripetest.Fault {
-	f := faultClasses[i%len(faultClasses)]
+// faultOf is the fault of operation i of a path, and how many requests in a row meet it: each
+// class on every fourth operation, half of them once, half three times in a row.
+func faultOf(i int) (stripetest.Fault, int) {
 	times := 1
-	if i%2 == 1 {
+	if (i/len(faultClasses))%2 == 1 {
 		times = 3
 	}
+	return faultClasses[i%len(faultClasses)], times
+}
+
+// faultPlan injects, before operation i of a path, its fault on the next requests to method and
+// path.
+func faultPlan(p *stripetest.Proxy, method, path string, i int) {
+	f, times := faultOf(i)
 	p.InjectFault(method, path, f, times)
-	return f
 }
 
 type faultApp struct {
@@ -217,8 +222,7 @@ func TestStripeFaultsOnEveryOutboundPath(t *testing.T) {
 		sub := "sub_fault_" + u
 		subOf[u] = acct.PutSubscription(stripetest.SubscriptionSpec{ID: sub, Customer: customers[u], Status: "active", PriceID: "price_basic",
 			CurrentPeriodStart: now.Add(-time.Hour), CurrentPeriodEnd: now.AddDate(0, 1, 0)})
-		f := faultClasses[i%len(faultClasses)]
-		times := 1 + 2*(i%2)
+		f, times := faultOf(i)
 		if f == stripetest.Fault429 {
 			// stripe-go leaves a rate limit to the caller: the read's job tries again on River's
 			// backoff (1 s, then 16 s), so one 429 per read keeps the test short.
