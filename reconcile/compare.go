@@ -24,6 +24,8 @@ const (
 	FieldTrialStart        = "trial_start"
 	FieldTrialEnd          = "trial_end"
 	FieldHold              = "hold"
+	// FieldPauseCollection: pause_collection's behavior ("" when collection is not paused).
+	FieldPauseCollection = "pause_collection"
 	// FieldMissingLocally: Stripe has the subscription, the local state does not.
 	FieldMissingLocally = "missing_locally"
 	// FieldMissingAtStripe: the local state has a subscription Stripe did not list. Never deleted.
@@ -67,6 +69,11 @@ func compare(local *billing.Subscription, r *stripe.Subscription) []diff {
 	add(FieldEndedAt, timeText(local.EndedAt), unixText(r.EndedAt))
 	add(FieldTrialStart, timeText(local.TrialStart), unixText(r.TrialStart))
 	add(FieldTrialEnd, timeText(local.TrialEnd), unixText(r.TrialEnd))
+	pause := ""
+	if r.PauseCollection != nil {
+		pause = string(r.PauseCollection.Behavior)
+	}
+	add(FieldPauseCollection, deref(local.PauseCollectionBehavior), pause)
 	if hold, known := stripeHold(r.LatestInvoice); known {
 		add(FieldHold, strconv.FormatBool(local.PaymentHold), strconv.FormatBool(hold))
 	}

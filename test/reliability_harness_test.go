@@ -189,10 +189,14 @@ func genPlan(rng *rand.Rand, run string, minSubs, minEvents int) *relPlan {
 	// Stripe is delivering: an entitled subscription whose period ended long ago without a
 	// renewal is not entitled any more (time-aware entitlement), and an ended trial gets no
 	// "your trial ends" mail.
+	// Subscriptions start an hour apart, closer for big plans, so that every event is in the past
+	// too: Stripe sends none from the future, and a read of Stripe (reconcile's) must be newer
+	// than every event it is to correct.
 	start := time.Now().Add(-72 * time.Hour).Truncate(time.Second)
+	spacing := min(time.Hour, 70*time.Hour/time.Duration(max(minSubs, minEvents/4, 1)))
 	for i := 0; len(plan.Subs) < minSubs || len(plan.Events) < minEvents; i++ {
 		s := &relSub{ID: fmt.Sprintf("sub_%s_%03d", run, i), Customer: fmt.Sprintf("cus_%s_%03d", run, i)}
-		clock := start.Add(time.Duration(i) * time.Hour)
+		clock := start.Add(time.Duration(i) * spacing)
 		subStart := clock
 		periodStart := clock
 		invoiceN, attempt := 0, 0

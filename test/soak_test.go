@@ -167,6 +167,16 @@ func TestSoak(t *testing.T) {
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	if err := cmd.Run(); err != nil {
 		t.Errorf("billing reconcile: %v\nstdout: %s\nstderr: %s", err, out.String(), tail(errOut.String(), 3000))
+		rows, qerr := db.Query(`SELECT subscription_id, field, local, stripe, coalesce(reason, '') FROM reconcile_drift WHERE NOT repaired AND livemode = false ORDER BY id LIMIT 20`)
+		if qerr == nil {
+			for rows.Next() {
+				var sub, field, local, stripe, reason string
+				if rows.Scan(&sub, &field, &local, &stripe, &reason) == nil {
+					t.Logf("not repaired: %s %s local=%q stripe=%q: %s", sub, field, local, stripe, reason)
+				}
+			}
+			rows.Close()
+		}
 	}
 	reconciled := strings.TrimSpace(out.String())
 	waitDrained(t, db, 5*time.Minute)
@@ -225,7 +235,9 @@ func soakRestartPostgres(t *testing.T, cluster interface {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	waitUntil(30*time.Second, func() bool { return s.stats.outage503.Load() > 0 && time.Since(start) >= 3*time.Second })
+	if !waitUntil(30*time.Second, func() bool { return s.stats.outage503.Load() > 0 && time.Since(start) >= 3*time.Second }) {
+		t.Logf("PostgreSQL down for 30 s without a 503 seen by the senders (they were waiting on replicas meanwhile)")
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	if err := cluster.Restart(ctx); err != nil {
