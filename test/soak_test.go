@@ -43,7 +43,7 @@ type soakRun struct {
 	// URL is the database's.
 	URL   string
 	Scale float64
-	Rng     *rand.Rand
+	Rng   *rand.Rand
 }
 
 // soakHook is a part of the mix that another package's feature adds (usage records and their

@@ -65,7 +65,7 @@ type Deps struct {
 	Livemode bool
 	// Strict counts the differences of History columns as differences (see Group.History).
 	Strict bool
-	Logger   *slog.Logger
+	Logger *slog.Logger
 }
 
 // Difference is one field (or one row) where the live tables and the log's replay disagree.
