@@ -57,7 +57,8 @@ commands:
   trigger   post a signed sample event to a running service (billing trigger -h)
   stripe    stripe setup --url URL: create or correct the webhook endpoint at Stripe (billing stripe setup -h)
   doctor    check the database, the Stripe key and secrets, the endpoint and the portal (billing doctor -h)
-  reconcile compare every subscription with Stripe and repair what differs (billing reconcile -h)`)
+  reconcile compare every subscription with Stripe and repair what differs (billing reconcile -h)
+  verify    recompute the state from the stored event log and compare it with the tables (billing verify -h)`)
 }
 
 func run(args []string) int {
@@ -78,6 +79,8 @@ func run(args []string) int {
 		return doctorCommand(args[1:])
 	case "reconcile":
 		return reconcileCommand(args[1:])
+	case "verify":
+		return verifyCommand(args[1:])
 	case "-h", "-help", "--help", "help":
 		usage(os.Stdout)
 		return 0

@@ -88,6 +88,9 @@ func (s *Service) ApplySnapshot(ctx context.Context, tx *gorm.DB, snap Snapshot)
 		return out, err
 	}
 	out.SubscriptionApplied = after == snap.Source && before != snap.Source
+	if err := recordRead(ctx, tx, obj.ID, snap); err != nil {
+		return out, err
+	}
 
 	if len(snap.LatestInvoice) == 0 || string(snap.LatestInvoice) == "null" {
 		return out, nil
@@ -123,6 +126,23 @@ func (s *Service) ApplySnapshot(ctx context.Context, tx *gorm.DB, snap Snapshot)
 	}
 	out.InvoiceApplied = after == snap.Source && before != snap.Source
 	return out, nil
+}
+
+// recordRead keeps the read in subscription_reads, in the transaction that applies it: the event
+// log does not hold it, and `billing verify` replays it with the events.
+func recordRead(ctx context.Context, tx *gorm.DB, subscriptionID string, snap Snapshot) error {
+	var inv any
+	if len(snap.LatestInvoice) > 0 && string(snap.LatestInvoice) != "null" {
+		inv = string(snap.LatestInvoice)
+	}
+	err := tx.WithContext(ctx).Exec(`
+		INSERT INTO subscription_reads (livemode, subscription_id, source, fetched_at, subscription, latest_invoice)
+		VALUES ($1, $2, $3, $4, CAST($5 AS jsonb), CAST($6 AS jsonb))`,
+		snap.Livemode, subscriptionID, snap.Source, snap.FetchedAt.UTC(), string(snap.Subscription), inv).Error
+	if err != nil {
+		return fmt.Errorf("record read %s of %s: %w", snap.Source, subscriptionID, err)
+	}
+	return nil
 }
 
 func (s *Service) subEventID(ctx context.Context, tx *gorm.DB, subscriptionID string, livemode bool) (string, error) {

@@ -28,6 +28,8 @@ const (
 	// FieldFeatures: the customer's active entitlements (their lookup keys, sorted, comma
 	// separated), recorded on the subscription that brought the customer into the run.
 	FieldFeatures = "features"
+	// FieldPauseCollection: pause_collection's behavior ("" when collection is not paused).
+	FieldPauseCollection = "pause_collection"
 	// FieldMissingLocally: Stripe has the subscription, the local state does not.
 	FieldMissingLocally = "missing_locally"
 	// FieldMissingAtStripe: the local state has a subscription Stripe did not list. Never deleted.
@@ -72,6 +74,11 @@ func compare(local *billing.Subscription, r *stripe.Subscription) []diff {
 	add(FieldTrialStart, timeText(local.TrialStart), unixText(r.TrialStart))
 	add(FieldTrialEnd, timeText(local.TrialEnd), unixText(r.TrialEnd))
 	add(FieldQuantity, quantityText(local.Quantity), quantityOf(r))
+	pause := ""
+	if r.PauseCollection != nil {
+		pause = string(r.PauseCollection.Behavior)
+	}
+	add(FieldPauseCollection, deref(local.PauseCollectionBehavior), pause)
 	if hold, known := stripeHold(r.LatestInvoice); known {
 		add(FieldHold, strconv.FormatBool(local.PaymentHold), strconv.FormatBool(hold))
 	}

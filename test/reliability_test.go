@@ -15,12 +15,10 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
-	"os"
 	"slices"
 	"testing"
 	"time"
 
-	"billing/internal/pgcluster"
 	"billing/internal/stripeevents"
 	"billing/internal/testenv"
 	"billing/webhooks"
@@ -116,6 +114,7 @@ func runStorm(t *testing.T, o stormOptions) {
 	f := verify(t, db, plan, s.stats, replicas[len(replicas)-1].url(""))
 	f.Deliveries, f.Kills = len(deliveries), victim.kills
 	logFigures(t, o.name, f, s.stats, time.Since(t0))
+	t.Logf("%s: %s", o.name, runVerifyCommand(t, env))
 	if victim.kills < o.kills {
 		t.Errorf("%d kills, want at least %d", victim.kills, o.kills)
 	}
@@ -128,7 +127,7 @@ func runStorm(t *testing.T, o stormOptions) {
 // processing: with replicas SIGKILLed meanwhile, the worst of it is the time to recover the
 // events a dead process had taken. A figure, not an assertion (timings are measured in make
 // bench and here, never asserted).
-func logRecovery(t *testing.T, db *sql.DB, plan *relPlan, stats *sendStats) {
+func logRecovery(t *testing.T, db *sql.DB, plan *relPlan, stats *sendStats) (worst time.Duration) {
 	t.Helper()
 	rows, err := db.Query(`SELECT event_id, processed_at FROM webhook_events WHERE processed_at IS NOT NULL`)
 	if err != nil {
@@ -160,7 +159,7 @@ func logRecovery(t *testing.T, db *sql.DB, plan *relPlan, stats *sendStats) {
 		waits = append(waits, wait)
 	}
 	if len(waits) == 0 {
-		return
+		return 0
 	}
 	slices.Sort(waits)
 	p := func(q float64) time.Duration {
@@ -168,6 +167,7 @@ func logRecovery(t *testing.T, db *sql.DB, plan *relPlan, stats *sendStats) {
 	}
 	t.Logf("recovery: acknowledged → applied over %d events (%d applied before their 200): p50 %s, p99 %s, worst %s",
 		len(waits), inline, p(0.5), p(0.99), waits[len(waits)-1].Round(time.Millisecond))
+	return waits[len(waits)-1]
 }
 
 // waitAcked polls until at least n deliveries were acknowledged; false if the senders finished.
@@ -191,41 +191,9 @@ func TestDatabaseOutageDuringDelivery(t *testing.T) {
 	seed := relSeed(t)
 	rng := rand.New(rand.NewPCG(seed, 7))
 
-	dir, err := os.MkdirTemp("", "billing-outage-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o755); err != nil { // the postgres user must reach it when we are root
-		t.Fatal(err)
-	}
+	cluster, url, db := dedicatedCluster(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	cluster, err := pgcluster.Start(ctx, pgcluster.Options{Dir: dir, NoSync: true, RemoveOnExit: true})
-	if errors.Is(err, pgcluster.ErrNoServer) {
-		t.Skipf("no PostgreSQL server binaries for a dedicated cluster: %v", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		sctx, scancel := context.WithTimeout(context.Background(), time.Minute)
-		defer scancel()
-		_ = cluster.Stop(sctx)
-	})
-	url := cluster.URL("postgres")
-	db := openDB(t, url)
-	// The pool must not keep connections across the outage: the checks run after it.
-	db.SetMaxIdleConns(0)
-	// NoSync also turns synchronous_commit off, and then an immediate stop drops the last commits
-	// still in the WAL buffers: a 200 for them would be a promise the test itself broke. fsync
-	// may stay off (the machine does not crash, only PostgreSQL), synchronous_commit must not.
-	if _, err := db.Exec(`ALTER SYSTEM SET synchronous_commit = on`); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.Exec(`SELECT pg_reload_conf()`); err != nil {
-		t.Fatal(err)
-	}
 
 	svc := newService(t, "billing", relEnv(t, url)) // migrates the new cluster's database
 	plan := genPlan(rng, "outage", 20, 100)

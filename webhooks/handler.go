@@ -132,3 +132,10 @@ func failureReason(err error) string {
 // FailureLivemodeMismatch is the failure reason of an event that names an object of the other
 // mode (a test-mode event and a live subscription or customer): dead-lettered, never applied.
 const FailureLivemodeMismatch = "livemode_mismatch"
+
+// DecodeStored builds the Event a handler receives from a stored row of the log, as processing
+// does: for replays of the log outside the inbox (`billing verify`).
+func DecodeStored(eventID, eventType string, livemode bool, apiVersion string, payload []byte) (Event, error) {
+	v := apiVersion
+	return decodeEvent(storedEvent{EventID: eventID, Type: eventType, Livemode: livemode, APIVersion: &v, Payload: payload})
+}

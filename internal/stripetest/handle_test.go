@@ -50,3 +50,51 @@ func newTestServer(t *testing.T, h http.Handler) string {
 	t.Cleanup(srv.Close)
 	return srv.URL
 }
+
+// Chaos faults only the paths it names, at its rate, with the kinds it names; a 429 says when to
+// come back; every injected fault is counted by kind.
+func TestChaosFaultsMatchingPaths(t *testing.T) {
+	upstream := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]any{"path": r.URL.Path})
+	})
+	p := New(t, newTestServer(t, upstream))
+	p.SetChaos(&Chaos{Prefixes: []string{"/v1/charges"}, Rate: 1, Faults: []Fault{Fault429}, Seed: 1})
+	get := func(path string) (int, string) {
+		t.Helper()
+		resp, err := http.Get(p.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		return resp.StatusCode, resp.Header.Get("Retry-After")
+	}
+	for range 3 {
+		if code, after := get("/v1/charges/ch_1"); code != http.StatusTooManyRequests || after != "1" {
+			t.Fatalf("chaos on /v1/charges: %d Retry-After %q, want 429 and 1", code, after)
+		}
+	}
+	if code, _ := get("/v1/customers"); code != http.StatusOK {
+		t.Errorf("a path chaos does not name: %d", code)
+	}
+	if got := p.Faulted(); got[Fault429] != 3 || len(got) != 1 {
+		t.Errorf("faults counted %v, want 3 of 429", got)
+	}
+	p.SetChaos(&Chaos{Rate: 0.5, Seed: 7})
+	kinds := map[int]int{}
+	for range 200 {
+		resp, err := http.Get(p.URL + "/v1/customers")
+		if err != nil {
+			kinds[0]++ // a dropped connection
+			continue
+		}
+		resp.Body.Close()
+		kinds[resp.StatusCode]++
+	}
+	if kinds[200] < 60 || kinds[429] == 0 || kinds[500] == 0 || kinds[0] == 0 {
+		t.Errorf("answers at rate 0.5 over every kind: %v", kinds)
+	}
+	p.SetChaos(nil)
+	if code, _ := get("/v1/charges/ch_1"); code != http.StatusOK {
+		t.Errorf("after SetChaos(nil): %d", code)
+	}
+}

@@ -54,12 +54,39 @@ const (
 	// FaultDrop closes the connection without an answer; the request never reaches Stripe.
 	FaultDrop
 	// FaultDropAfter executes the request (the object exists, the key is stored) and then closes
-	// the connection: the caller never learns the answer.
+	// the connection: the caller never learns the answer. To the caller it is the timeout of a
+	// request that Stripe applied: the answer never comes, whatever the wait.
 	FaultDropAfter
 	// Fault429 answers 429 rate_limit, with Retry-After when the rule has one; the request never
 	// reaches Stripe and its key is not stored (Stripe's rate limiter comes first).
 	Fault429
 )
+
+// String names the fault as the figures print it.
+func (f Fault) String() string {
+	switch f {
+	case Fault500:
+		return "500"
+	case FaultDrop:
+		return "reset"
+	case FaultDropAfter:
+		return "lost_after_applied"
+	case Fault429:
+		return "429"
+	}
+	return "none"
+}
+
+// Chaos injects faults at random into the requests whose path starts with one of Prefixes
+// (every path when empty): each such request, with probability Rate, gets one of Faults (all
+// four kinds when empty), picked at random. Rules set with InjectFault come first.
+type Chaos struct {
+	Prefixes []string
+	Rate     float64
+	Faults   []Fault
+	// Seed makes the sequence of faults reproducible (given the same order of requests).
+	Seed uint64
+}
 
 // Request is one request the proxy received.
 type Request struct {
@@ -127,11 +154,13 @@ type Proxy struct {
 	rules   []*rule
 	seq     int
 	objects map[string][]map[string]any // created objects by collection path
-	routes  []route                     // stateful resources served here, not by stripe-mock
-	dev     bool                        // see Dev
-	idTag   string                      // set by Dev: makes ids unique across processes
-	onReq   func(Request)               // see OnRequest
-	rng     *rand.Rand                  // draws of InjectFaultShare; see Seed
+	chaos   *Chaos
+	rng     *rand.Rand
+	faulted map[Fault]int // faults injected, by kind
+	routes  []route       // stateful resources served here, not by stripe-mock
+	dev     bool          // see Dev
+	idTag   string        // set by Dev: makes ids unique across processes
+	onReq   func(Request) // see OnRequest
 }
 
 // route serves the requests under a path prefix from the test's own state.
@@ -181,6 +210,7 @@ func Listen(addr, upstreamURL string) (p *Proxy, stop func(), err error) {
 		keys:     map[string]*keyEntry{},
 		objects:  map[string][]map[string]any{},
 		rng:      rand.New(rand.NewPCG(1, 2)),
+		faulted:  map[Fault]int{},
 	}
 	srv := &http.Server{Handler: http.HandlerFunc(p.serve), ReadHeaderTimeout: 10 * time.Second}
 	// One connection per request: Go's transport silently resends a request that carries an
@@ -198,9 +228,10 @@ var collections = map[string]bool{
 	"/v1/billing_portal/sessions": true,
 }
 
-// InjectFault makes the next times requests to method and path fail with f.
+// InjectFault makes the next times requests to method and path fail with f (a 429 with
+// Retry-After: 1; Throttle chooses its own).
 func (p *Proxy) InjectFault(method, path string, f Fault, times int) {
-	p.addRule(&rule{method: method, path: path, remaining: times, fault: f})
+	p.addRule(&rule{method: method, path: path, remaining: times, fault: f, retryAfter: time.Second})
 }
 
 // Throttle answers the next times requests to method and path with 429 rate_limit, before
@@ -277,6 +308,48 @@ func (p *Proxy) Gate(method, path string) (arrived <-chan struct{}, release func
 	p.addRule(&rule{method: method, path: path, remaining: 1, gate: g})
 	var once sync.Once
 	return g.arrived, func() { once.Do(func() { close(g.release) }) }
+}
+
+// SetChaos starts (or, with nil, stops) random faults; see Chaos.
+func (p *Proxy) SetChaos(c *Chaos) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.chaos = c
+	if c != nil {
+		p.rng = rand.New(rand.NewPCG(c.Seed, 27))
+	}
+}
+
+// Faulted counts the faults injected so far (by rules and by chaos), by kind.
+func (p *Proxy) Faulted() map[Fault]int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := map[Fault]int{}
+	for k, v := range p.faulted {
+		out[k] = v
+	}
+	return out
+}
+
+func (p *Proxy) chaosFault(path string) Fault {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	c := p.chaos
+	if c == nil || c.Rate <= 0 {
+		return FaultNone
+	}
+	match := len(c.Prefixes) == 0
+	for _, pre := range c.Prefixes {
+		match = match || strings.HasPrefix(path, pre)
+	}
+	if !match || p.rng.Float64() >= c.Rate {
+		return FaultNone
+	}
+	kinds := c.Faults
+	if len(kinds) == 0 {
+		kinds = []Fault{Fault429, Fault500, FaultDrop, FaultDropAfter}
+	}
+	return kinds[p.rng.IntN(len(kinds))]
 }
 
 // ForgetKeys drops every stored idempotency key, as Stripe does after 24 hours.
@@ -405,9 +478,19 @@ func (p *Proxy) serve(w http.ResponseWriter, hr *http.Request) {
 	}
 
 	// Faults in front of Stripe.
+	fault := FaultNone
+	retryAfter := time.Second // a chaos 429's
 	if f := p.take(req.Method, req.Path, func(r *rule) bool { return r.fault != FaultNone }); f != nil {
-		req.Fault = f.fault
-		switch f.fault {
+		fault, retryAfter = f.fault, f.retryAfter
+	} else {
+		fault = p.chaosFault(req.Path)
+	}
+	if fault != FaultNone {
+		req.Fault = fault
+		p.mu.Lock()
+		p.faulted[fault]++
+		p.mu.Unlock()
+		switch fault {
 		case Fault500:
 			req.Status = http.StatusInternalServerError
 			p.record(req)
@@ -421,8 +504,8 @@ func (p *Proxy) serve(w http.ResponseWriter, hr *http.Request) {
 		case Fault429:
 			req.Status = http.StatusTooManyRequests
 			p.record(req)
-			if f.retryAfter > 0 {
-				w.Header().Set("Retry-After", strconv.FormatFloat(f.retryAfter.Seconds(), 'f', -1, 64))
+			if retryAfter > 0 {
+				w.Header().Set("Retry-After", strconv.FormatFloat(retryAfter.Seconds(), 'f', -1, 64))
 			}
 			writeJSON(w, http.StatusTooManyRequests, map[string]any{"error": map[string]any{
 				"type": "invalid_request_error", "code": "rate_limit",

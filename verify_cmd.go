@@ -1,0 +1,111 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"billing/billing"
+	"billing/checkout"
+	"billing/config"
+	"billing/internal/database"
+	"billing/internal/jobs"
+	"billing/ledger"
+	"billing/migrations"
+	"billing/verify"
+	"billing/webhooks"
+)
+
+// verifyCommand is `billing verify [--mode test|live] [--config PATH]`.
+func verifyCommand(args []string) int {
+	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer cancel()
+	return runVerifyCommand(ctx, args, os.Stdout, os.Stderr)
+}
+
+// runVerifyCommand recomputes the event-driven state from the stored log and compares it with the
+// live tables: a line per difference and the summary line on stdout; exit 0 when equal, 1 on
+// differences, 2 when the verification could not run.
+func runVerifyCommand(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("verify", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	mode := fs.String("mode", "", "test or live: the mode whose state is verified (default: stripe.mode)")
+	strict := fs.Bool("strict", false, "count differences in when-it-began columns (status_since, payment_hold_since: marked \"(history)\") as differences")
+	cfgPath := fs.String("config", "", "YAML configuration file (default $BILLING_CONFIG)")
+	help := commandHelp{
+		Usage: "billing verify [--mode test|live] [--strict] [--config PATH]",
+		About: "Recomputes the state that events drive (subscriptions, invoices, customers' deletion, the\n" +
+			"settled status of charges and refunds) from the stored event log and the stored reads of\n" +
+			"Stripe alone — the same handlers, in the ordering guards' order, in a transaction that is\n" +
+			"rolled back — and compares it with the live tables field by field. Changes nothing and\n" +
+			"calls no one. stdout: a line per difference, then one summary line. Rows whose history\n" +
+			"is no longer in the log (pruned by retention) are counted as unverifiable, not compared.\n" +
+			"When-it-began columns, which the handlers infer from the arrival order, are printed\n" +
+			"marked (history) and counted apart unless --strict.\n" +
+			"Exit 0 when equal, 1 on differences, 2 when it could not run.",
+		Env: configEnv("database.url holds the state and the log; stripe.mode is the mode verified"),
+	}
+	fs.Usage = func() {}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			help.print(stdout, fs)
+			return 0
+		}
+		help.print(stderr, fs)
+		return exitUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "billing verify: unexpected argument %q\n", fs.Arg(0))
+		help.print(stderr, fs)
+		return exitUsage
+	}
+	stopped := func(format string, args ...any) int {
+		fmt.Fprintf(stderr, "billing verify: "+format+"\n", args...)
+		return verify.ExitError
+	}
+	if *mode != "" && *mode != "test" && *mode != "live" {
+		return stopped("--mode must be test or live, got %q", *mode)
+	}
+	cfg, err := config.Load(*cfgPath)
+	if err != nil {
+		return stopped("%s", err.Error())
+	}
+	if *mode == "" {
+		*mode = cfg.Stripe.Mode
+	}
+	logger, flush := newLogger(cfg)
+	defer flush()
+	db, stop, _ := openDatabase(ctx, cfg, logger)
+	if db == nil {
+		return stopped("cannot open the database (see the log line above)")
+	}
+	defer stop()
+	if pending, err := migrations.Pending(ctx, database.SQL(db)); err != nil {
+		return stopped("check the schema: %v", err)
+	} else if pending {
+		return stopped("the schema is not current: run billing migrate (or start serve) first")
+	}
+	livemode := *mode == "live"
+	// The handlers as serve builds them, minus everything that reaches out: jobs are discarded
+	// (the transaction is rolled back anyway) and no Stripe client is given.
+	subs := billing.New(billing.Deps{
+		DB: db, Jobs: jobs.Discard{}, Logger: logger,
+		PastDueEntitled: cfg.Policy.PastDueEntitled, PausedCollectionEntitled: cfg.Policy.PausedCollectionEntitled,
+		PeriodGrace: cfg.Policy.PeriodGrace,
+	})
+	reg := webhooks.NewRegistry()
+	registerEventHandlers(reg, subs,
+		checkout.New(checkout.Deps{DB: db, Billing: subs, Jobs: jobs.Discard{}, Livemode: livemode, Logger: logger}),
+		ledger.New(ledger.Deps{DB: db, Livemode: livemode, Logger: logger}))
+	rep, err := verify.Run(ctx, verify.Deps{DB: db, Registry: reg, Snapshots: subs, Livemode: livemode, Strict: *strict, Logger: logger}, stdout)
+	if err != nil {
+		return stopped("%v", err)
+	}
+	fmt.Fprintln(stdout, rep.Line())
+	return rep.ExitCode()
+}
