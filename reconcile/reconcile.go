@@ -36,7 +36,8 @@ import (
 
 // Subscriptions is the local state: billing.Service.
 type Subscriptions interface {
-	Subscription(ctx context.Context, subscriptionID string, livemode bool) (*billing.Subscription, error)
+	// Subscriptions reads the local rows of a page's ids in one query.
+	Subscriptions(ctx context.Context, subscriptionIDs []string, livemode bool) (map[string]*billing.Subscription, error)
 	ApplySnapshot(ctx context.Context, tx *gorm.DB, snap billing.Snapshot) (billing.SnapshotOutcome, error)
 }
 
