@@ -391,6 +391,11 @@ func FuzzDecodeEnvelope(f *testing.F) {
 		`{"id":"evt_1","object":"event","\u0074ype":"t","type":"u","livemode":false,"data":{"object":{}}}`,
 		"{\"id\":\"evt_1\",\"object\":\"event\",\"type\":\"t\",\"livemode\":false,\"data\":{\"object\":{\"k\":1,\"\u212a\":2}}}",
 		`{"ID":"evt_1","Object":"event","TYPE":"t","livemode":false,"data":{"object":{}}}`,
+		// Runes whose case mappings reach ASCII without folding to it: encoding/json reads them
+		// as other keys, and so must readEvent.
+		`{"id":"evt_a","ıd":"evt_b","object":"event","type":"t","livemode":false,"data":{"object":{}}}`,
+		`{"İd":"evt_b","id":"evt_a","object":"event","type":"t","livemode":false,"data":{"object":{}}}`,
+		"{\"id\":\"evt_1\",\"object\":\"event\",\"type\":\"t\",\"livemode\":true,\"api_verſion\":\"x\",\"data\":{\"object\":{}}}",
 		`{"id":"evt_1","object":"event","type":"t","livemode":false,"data":{"object":{}}} {}`,
 		`{"id":"evt_1","object":"event","type":"t","livemode":false,"data":{"object":{}}}x`,
 		`{"id":"evt_1","object":"event","type":"t","livemode":false,"data":{"object":` + strings.Repeat("[", 70) + strings.Repeat("]", 70) + `}}`,

@@ -182,7 +182,8 @@ func fieldOf(key string, names ...string) string {
 }
 
 // foldName is encoding/json's folding of field names: ASCII letters upper-cased, other runes
-// mapped through ToLower then ToUpper.
+// mapped to the smallest rune of their simple folding orbit (so that foldName(x) == foldName(y)
+// exactly when strings.EqualFold(x, y), the equality jsonkeys refuses duplicates by).
 func foldName(s string) string {
 	b := make([]byte, 0, len(s))
 	for _, r := range s {
@@ -192,7 +193,15 @@ func foldName(s string) string {
 		case r < utf8.RuneSelf:
 			b = append(b, byte(r))
 		default:
-			b = utf8.AppendRune(b, unicode.ToUpper(unicode.ToLower(r)))
+			for {
+				f := unicode.SimpleFold(r)
+				if f <= r {
+					r = f
+					break
+				}
+				r = f
+			}
+			b = utf8.AppendRune(b, r)
 		}
 	}
 	return string(b)
