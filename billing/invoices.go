@@ -99,26 +99,20 @@ func (s *Service) keepInvoice(ctx context.Context, tx *gorm.DB, ev webhooks.Even
 		inv.HostedInvoiceURL, inv.InvoicePDF, created, // $13–$15
 		ev.ID, ev.Type, ev.Created.UTC(), rank, s.now(), // $16–$20
 	}
-	ins := tx.WithContext(ctx).Exec(`
-		INSERT INTO invoices (invoice_id, livemode, stripe_customer_id, subscription_id, number, status, billing_reason,
+	// One statement: the row of the event's world is created, or ordered against the event
+	// (an insert, then an update when it existed, cost the second event of every invoice a
+	// round trip).
+	err := tx.WithContext(ctx).Exec(`
+		INSERT INTO invoices AS i (invoice_id, livemode, stripe_customer_id, subscription_id, number, status, billing_reason,
 		  amount_due, amount_paid, currency, period_start, period_end, hosted_invoice_url, invoice_pdf, created,
 		  inv_event_id, inv_event_type, inv_event_created, inv_event_rank, created_at, updated_at)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $20)
-		ON CONFLICT (invoice_id, livemode) DO NOTHING`, args...)
-	if ins.Error != nil {
-		return fmt.Errorf("insert invoice %s: %w", inv.ID, ins.Error)
-	}
-	if ins.RowsAffected == 1 {
-		return nil
-	}
-	// The row of the event's world exists: the update below orders the event against it.
-	err := tx.WithContext(ctx).Exec(`
-		UPDATE invoices SET stripe_customer_id = $3, subscription_id = $4, number = $5, status = $6, billing_reason = $7,
-		  amount_due = $8, amount_paid = $9, currency = $10, period_start = $11, period_end = $12,
-		  hosted_invoice_url = $13, invoice_pdf = $14, created = $15,
+		ON CONFLICT (invoice_id, livemode) DO UPDATE SET stripe_customer_id = $3, subscription_id = $4, number = $5,
+		  status = $6, billing_reason = $7, amount_due = $8, amount_paid = $9, currency = $10, period_start = $11,
+		  period_end = $12, hosted_invoice_url = $13, invoice_pdf = $14, created = $15,
 		  inv_event_id = $16, inv_event_type = $17, inv_event_created = $18, inv_event_rank = $19, updated_at = $20
-		WHERE invoice_id = $1 AND livemode = $2 AND `+newerThanStored("inv", 18, 19, 16)+`
-		  AND (status IS NULL OR status NOT IN ('paid', 'void') OR CAST($6 AS text) IN ('paid', 'void'))`, args...).Error
+		WHERE `+newerThanStored("i.inv", 18, 19, 16)+`
+		  AND (i.status IS NULL OR i.status NOT IN ('paid', 'void') OR CAST($6 AS text) IN ('paid', 'void'))`, args...).Error
 	if err != nil {
 		return fmt.Errorf("apply %s %s to invoice %s: %w", ev.Type, ev.ID, inv.ID, err)
 	}

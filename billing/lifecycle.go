@@ -154,9 +154,16 @@ func scanSubscription(ctx context.Context, tx *gorm.DB, query string, args ...an
 
 // handleSubscriptionEvent applies the snapshot of a customer.subscription.* event.
 func (s *Service) handleSubscriptionEvent(ctx context.Context, tx *gorm.DB, ev webhooks.Event) error {
+	_, err := s.applySubscriptionEvent(ctx, tx, ev)
+	return err
+}
+
+// applySubscriptionEvent is handleSubscriptionEvent; applied says whether the event's snapshot
+// replaced the row's (false for a stale event, or a non-terminal one after a terminal state).
+func (s *Service) applySubscriptionEvent(ctx context.Context, tx *gorm.DB, ev webhooks.Event) (applied bool, err error) {
 	obj, err := decodeSubscription(ev.Object)
 	if err != nil {
-		return permanent("%s %s: %w", ev.Type, ev.ID, err)
+		return false, permanent("%s %s: %w", ev.Type, ev.ID, err)
 	}
 	status := obj.Status
 	if ev.Type == EventSubscriptionDeleted && !IsTerminal(status) {
@@ -167,12 +174,12 @@ func (s *Service) handleSubscriptionEvent(ctx context.Context, tx *gorm.DB, ev w
 
 	prior, err := s.lockSubscription(ctx, tx, obj.ID, customerID, ev.Livemode)
 	if err != nil {
-		return err
+		return false, err
 	}
 	// A placeholder's customer came from an invoice; a subscription's customer never changes in
 	// Stripe, so a different one on a real row means corrupt input, not an update.
 	if prior.SubEventCreated != nil && prior.StripeCustomerID != customerID {
-		return permanent("%s %s: subscription %s belongs to customer %s, event names %s",
+		return false, permanent("%s %s: subscription %s belongs to customer %s, event names %s",
 			ev.Type, ev.ID, obj.ID, prior.StripeCustomerID, customerID)
 	}
 
@@ -213,16 +220,17 @@ func (s *Service) handleSubscriptionEvent(ctx context.Context, tx *gorm.DB, ev w
 		ev.ID, ev.Type, rankOf(ctx, subEventRank(ev.Type, status)), ev.Created.UTC(), s.now(), // $14–$18
 		statusBeganWith(ev, status), obj.pauseBehavior(), obj.pauseResumesAt(), obj.Quantity()) // $19–$22
 	if res.Error != nil {
-		return fmt.Errorf("apply %s %s to subscription %s: %w", ev.Type, ev.ID, obj.ID, res.Error)
+		return false, fmt.Errorf("apply %s %s to subscription %s: %w", ev.Type, ev.ID, obj.ID, res.Error)
 	}
+	applied = res.RowsAffected == 1
 	outcome := "applied"
-	if res.RowsAffected == 0 {
+	if !applied {
 		outcome = "stale"
 		if IsTerminal(prior.Status) && !IsTerminal(status) {
 			outcome = "terminal"
 		}
 		if err := s.applyStaleStatus(ctx, tx, ev, obj.ID, status); err != nil {
-			return err
+			return false, err
 		}
 	}
 	s.events.WithLabelValues(ev.Type, outcome).Inc()
@@ -230,14 +238,14 @@ func (s *Service) handleSubscriptionEvent(ctx context.Context, tx *gorm.DB, ev w
 		slog.String("event_id", ev.ID), slog.String("type", ev.Type),
 		slog.String("subscription_id", obj.ID), slog.String("outcome", outcome),
 		slog.String("from", prior.Status), slog.String("to", status))
-	if err := s.scheduleRereads(ctx, tx, ev, prior, obj, status, res.RowsAffected == 1); err != nil {
-		return err
+	if err := s.scheduleRereads(ctx, tx, ev, prior, obj, status, applied); err != nil {
+		return false, err
 	}
 
 	if ev.Type != EventSubscriptionTrialWillEnd {
-		return nil
+		return applied, nil
 	}
-	return s.trialWillEnd(ctx, tx, ev, obj.ID)
+	return applied, s.trialWillEnd(ctx, tx, ev, obj.ID)
 }
 
 // trialWillEnd records the event and enqueues the trial-ending notice, unless the subscription
@@ -280,36 +288,43 @@ func (s *Service) trialWillEnd(ctx context.Context, tx *gorm.DB, ev webhooks.Eve
 // handleInvoiceEvent applies invoice.payment_failed / invoice.payment_succeeded to the payment-hold
 // columns of the invoice's subscription.
 func (s *Service) handleInvoiceEvent(ctx context.Context, tx *gorm.DB, ev webhooks.Event) error {
+	_, err := s.applyInvoiceEvent(ctx, tx, ev)
+	return err
+}
+
+// applyInvoiceEvent is handleInvoiceEvent; applied says whether the event took the payment
+// columns of its subscription.
+func (s *Service) applyInvoiceEvent(ctx context.Context, tx *gorm.DB, ev webhooks.Event) (applied bool, err error) {
 	inv, err := decodeInvoice(ev.Object)
 	if err != nil {
-		return permanent("%s %s: %w", ev.Type, ev.ID, err)
+		return false, permanent("%s %s: %w", ev.Type, ev.ID, err)
 	}
 	subscriptionID := inv.SubscriptionID()
 	if subscriptionID == "" {
 		// A one-off invoice: no subscription, nothing to hold; only the customer's list.
 		s.events.WithLabelValues(ev.Type, "one_off").Inc()
-		return s.keepInvoice(ctx, tx, ev, inv)
+		return false, s.keepInvoice(ctx, tx, ev, inv)
 	}
 	customerID := string(inv.Customer)
 	if customerID == "" {
-		return permanent("%s %s: invoice %s has no customer", ev.Type, ev.ID, inv.ID)
+		return false, permanent("%s %s: invoice %s has no customer", ev.Type, ev.ID, inv.ID)
 	}
 
 	prior, err := s.lockSubscription(ctx, tx, subscriptionID, customerID, ev.Livemode)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if prior.StripeCustomerID != customerID {
-		return permanent("%s %s: subscription %s belongs to customer %s, invoice %s names %s",
+		return false, permanent("%s %s: subscription %s belongs to customer %s, invoice %s names %s",
 			ev.Type, ev.ID, subscriptionID, prior.StripeCustomerID, inv.ID, customerID)
 	}
 	if err := s.keepInvoice(ctx, tx, ev, inv); err != nil {
-		return err
+		return false, err
 	}
 	effect := invoiceEffectOf(ev.Type)
 	if effect == invoiceRecordOnly {
 		s.events.WithLabelValues(ev.Type, "recorded").Inc()
-		return nil
+		return false, nil
 	}
 
 	failed := effect == invoiceHolds
@@ -366,9 +381,9 @@ func (s *Service) handleInvoiceEvent(ctx context.Context, tx *gorm.DB, ev webhoo
 		ev.ID, ev.Type, ev.Created.UTC(), rankOf(ctx, invEventRank(ev.Type)), s.now(), // $11–$15
 		inv.Created.Ptr(), inv.BillingReason, holdKindOf(ev.Type)) // $16–$18
 	if res.Error != nil {
-		return fmt.Errorf("apply %s %s to subscription %s: %w", ev.Type, ev.ID, subscriptionID, res.Error)
+		return false, fmt.Errorf("apply %s %s to subscription %s: %w", ev.Type, ev.ID, subscriptionID, res.Error)
 	}
-	applied := res.RowsAffected == 1
+	applied = res.RowsAffected == 1
 	outcome := "applied"
 	if !applied {
 		outcome = "stale"
@@ -385,7 +400,7 @@ func (s *Service) handleInvoiceEvent(ctx context.Context, tx *gorm.DB, ev webhoo
 	// customer was never given access and is told on the payment page.
 	if !failed || !applied || IsTerminal(prior.Status) || isSnapshot(ctx) ||
 		neverStarted(prior.Status, deref(inv.BillingReason)) {
-		return nil
+		return applied, nil
 	}
 	kind := notices.KindPaymentFailed
 	if ev.Type == EventInvoicePaymentActionRequired {
@@ -411,7 +426,7 @@ func (s *Service) handleInvoiceEvent(ctx context.Context, tx *gorm.DB, ev webhoo
 	if inv.CustomerEmail != nil {
 		in.FallbackEmail = *inv.CustomerEmail
 	}
-	return s.notices.Enqueue(ctx, tx, in)
+	return applied, s.notices.Enqueue(ctx, tx, in)
 }
 
 func nullString(s string) *string {

@@ -3,6 +3,7 @@ package reconcile
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/hex"
 	"encoding/json"
 	"log/slog"
@@ -36,11 +37,12 @@ var testLimits = Limits{ReadsPerSecond: 10000, Burst: 10000, MaxAttempts: 5, Bas
 	MaxDelay: 8 * time.Millisecond, MaxRetryAfter: time.Minute}
 
 type env struct {
-	t     *testing.T
+	t     testing.TB
 	db    *gorm.DB
 	proxy *stripetest.Proxy
 	acct  *stripetest.Account
 	subs  *billing.Service
+	jobs  *river.Client[*sql.Tx]
 	reg   *webhooks.Registry
 	rec   *Service
 	prom  *prometheus.Registry
@@ -55,9 +57,14 @@ func withLimits(l Limits) envOpt { return func(d *Deps) { d.Limits = l } }
 
 // newEnv gives a test its own migrated database, the billing service on it, a programmable
 // test-mode Stripe account behind the proxy, and a reconciler of test mode.
-func newEnv(t *testing.T, opts ...envOpt) *env {
+func newEnv(t testing.TB, opts ...envOpt) *env {
 	t.Helper()
-	db := testenv.DB(t)
+	return newEnvOn(t, testenv.DB(t), opts...)
+}
+
+// newEnvOn is newEnv on the database db (one of testenv's).
+func newEnvOn(t testing.TB, db *gorm.DB, opts ...envOpt) *env {
+	t.Helper()
 	sqlDB, err := db.DB()
 	if err != nil {
 		t.Fatal(err)
@@ -66,7 +73,7 @@ func newEnv(t *testing.T, opts ...envOpt) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &env{t: t, db: db, reg: webhooks.NewRegistry(), prom: prometheus.NewRegistry()}
+	e := &env{t: t, db: db, jobs: rc, reg: webhooks.NewRegistry(), prom: prometheus.NewRegistry()}
 	e.subs = billing.New(billing.Deps{DB: db, Jobs: rc, Logger: slog.New(slog.DiscardHandler), PastDueEntitled: true})
 	e.subs.Register(e.reg)
 	e.proxy = stripetest.New(t, testenv.StripeMockURL(t))

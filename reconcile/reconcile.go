@@ -37,7 +37,8 @@ import (
 
 // Subscriptions is the local state: billing.Service.
 type Subscriptions interface {
-	Subscription(ctx context.Context, subscriptionID string, livemode bool) (*billing.Subscription, error)
+	// Subscriptions reads the local rows of a page's ids in one query.
+	Subscriptions(ctx context.Context, subscriptionIDs []string, livemode bool) (map[string]*billing.Subscription, error)
 	ApplySnapshot(ctx context.Context, tx *gorm.DB, snap billing.Snapshot) (billing.SnapshotOutcome, error)
 	CustomerFeatures(ctx context.Context, stripeCustomerID string, livemode bool) (billing.CustomerFeatures, error)
 	ApplyFeatureRead(ctx context.Context, tx *gorm.DB, r billing.FeatureRead) (bool, error)

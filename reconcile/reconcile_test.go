@@ -3,6 +3,7 @@ package reconcile
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 
 	"billing/billing"
 	"billing/internal/stripetest"
+	"billing/internal/testenv"
 	"billing/webhooks"
 )
 
@@ -354,5 +356,54 @@ func waitFor(t *testing.T, ch <-chan struct{}, what string) {
 	case <-ch:
 	case <-time.After(30 * time.Second):
 		t.Fatalf("timed out waiting for %s", what)
+	}
+}
+
+// A run reads and writes a page at a time: comparing costs a few statements per page, whatever
+// the number of subscriptions on it (each used to read its row, and its customer's link, alone).
+func TestComparingCostsStatementsPerPageNotPerSubscription(t *testing.T) {
+	db, st := testenv.CountedDB(t)
+	e := newEnvOn(t, db)
+	start, end := period()
+	const objects = 250 // three pages
+	var customer string
+	for i := range objects {
+		if i%10 == 0 {
+			customer = e.acct.AddCustomer(stripetest.CustomerSpec{Metadata: map[string]string{"user_id": fmt.Sprintf("u%d", i)}})
+		}
+		e.acct.PutSubscription(stripetest.SubscriptionSpec{Customer: customer, Status: "active", PriceID: "price_a",
+			CurrentPeriodStart: start, CurrentPeriodEnd: end, LatestInvoice: &stripetest.InvoiceSpec{Status: "paid", AttemptCount: 1}})
+	}
+	// Per page: the local rows, the links, the listed ids, and the drift rows with the counts in
+	// one transaction. Per run: the lock, the run's record, the temporary table, the ids missing
+	// at Stripe, the outcome.
+	const pages, perPage, perRun = 3, 8, 12
+	limit := int64(pages*perPage + perRun)
+	for _, c := range []struct {
+		what    string
+		dry     bool
+		drifted int
+	}{
+		{"a dry run on the empty database", true, objects},
+		{"a run after the backfill", false, 0},
+	} {
+		if !c.dry {
+			if sum := e.run(false); sum.Repaired != objects {
+				t.Fatalf("backfill: %s, want %d repaired", sum.Line(), objects)
+			}
+			if n := e.count(`SELECT count(*) FROM customers WHERE livemode = false`); n != objects/10 {
+				t.Fatalf("backfill: %d customers linked, want %d", n, objects/10)
+			}
+		}
+		before := st.Count()
+		sum := e.run(c.dry)
+		n := st.Count() - before
+		if sum.Objects != objects || sum.Drifted != c.drifted || sum.Err != nil {
+			t.Fatalf("%s: %s (%v), want %d objects and %d drifted", c.what, sum.Line(), sum.Err, objects, c.drifted)
+		}
+		if n > limit {
+			t.Errorf("%s: %d statements for %d subscriptions on %d pages, want at most %d", c.what, n, objects, pages, limit)
+		}
+		t.Logf("%s: %d statements for %d subscriptions", c.what, n, objects)
 	}
 }

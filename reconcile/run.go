@@ -7,7 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -41,9 +43,10 @@ type run struct {
 	started time.Time
 	sum     Summary
 	pages   int
-	// linked are the customers whose link this run has checked (per page: a customer's
-	// subscriptions usually sit together, and the set stays small); featured, those whose
-	// features it has compared.
+	// linked are the customers of the page whose link a subscription already carries: one
+	// subscription of a page reports and repairs its customer's link, the others would only
+	// repeat it (a customer's subscriptions usually sit together, and the set stays small);
+	// featured, those whose features the page has compared.
 	linked, featured map[string]bool
 }
 
@@ -261,15 +264,30 @@ type item struct {
 	err error
 }
 
-// process compares a page's subscriptions with the local state and repairs what differs. The
-// repairs of a page share one transaction (each in a savepoint, so that one subscription's
-// failure leaves the others), and the page's drift rows and counts another: two commits a page
-// instead of a few per subscription. Only an error that must stop the run is returned.
+// process compares a page's subscriptions with the local state and repairs what differs, a page
+// at a time: one query reads the page's local rows and one its customers' links, the repairs
+// share one transaction (each in a savepoint, so that one subscription's failure leaves the
+// others), one query reads the repaired rows back, and the page's drift rows and counts are one
+// more transaction. Per subscription, only the apply itself talks to the database. Only an error
+// that must stop the run is returned.
 func (r *run) process(ctx context.Context, subs []remote) error {
+	ids := make([]string, len(subs))
+	customers := make([]*stripe.Customer, len(subs))
+	for i, rem := range subs {
+		ids[i], customers[i] = rem.sub.ID, rem.sub.Customer
+	}
+	locals, err := r.s.billing.Subscriptions(ctx, ids, r.s.livemode)
+	if err != nil {
+		return fmt.Errorf("load the page's subscriptions: %w", err)
+	}
+	links, err := r.loadLinks(ctx, customers)
+	if err != nil {
+		return err
+	}
 	r.linked, r.featured = map[string]bool{}, map[string]bool{}
 	var items []*item
 	for _, rem := range subs {
-		it, err := r.examine(ctx, rem)
+		it, err := r.examine(ctx, rem, locals[rem.sub.ID], links)
 		if err != nil {
 			return err
 		}
@@ -286,10 +304,6 @@ func (r *run) process(ctx context.Context, subs []remote) error {
 			return err
 		}
 	}
-	ids := make([]string, len(subs))
-	for i, rem := range subs {
-		ids[i] = rem.sub.ID
-	}
 	if _, err := r.lk.conn.ExecContext(ctx,
 		`INSERT INTO pg_temp.reconcile_seen (subscription_id) SELECT unnest(CAST($1 AS text[])) ON CONFLICT DO NOTHING`, ids); err != nil {
 		return fmt.Errorf("record the listed ids: %w", err)
@@ -297,15 +311,12 @@ func (r *run) process(ctx context.Context, subs []remote) error {
 	return r.flush(ctx, items)
 }
 
-// examine compares one subscription with its local row; nil when nothing differs.
-func (r *run) examine(ctx context.Context, rem remote) (*item, error) {
+// examine compares one subscription with its local row (nil when there is none); nil when
+// nothing differs.
+func (r *run) examine(ctx context.Context, rem remote, local *billing.Subscription, links *linkSet) (*item, error) {
 	r.sum.Objects++
 	r.s.metrics.objects.Inc()
 	id := rem.sub.ID
-	local, err := r.s.billing.Subscription(ctx, id, r.s.livemode)
-	if err != nil {
-		return nil, fmt.Errorf("load subscription %s: %w", id, err)
-	}
 	diffs := compare(local, rem.sub)
 	if len(diffs) > 0 && newerLocally(local, rem.fetchedAt) {
 		// The row has news from the page's second or later (an event that arrived while the
@@ -322,9 +333,13 @@ func (r *run) examine(ctx context.Context, rem remote) (*item, error) {
 		rem = *fresh
 		diffs = compare(local, rem.sub)
 	}
-	link, err := r.linkDiff(ctx, rem.sub.Customer)
-	if err != nil {
-		return nil, err
+	var link *linkDrift
+	if c := rem.sub.Customer; c != nil && !r.linked[c.ID] {
+		var err error
+		if link, err = r.linkDiff(ctx, c, links); err != nil {
+			return nil, err
+		}
+		r.linked[c.ID] = true
 	}
 	features, err := r.featuresDiff(ctx, rem)
 	if err != nil {
@@ -390,18 +405,36 @@ func (r *run) repair(ctx context.Context, items []*item) error {
 	})
 }
 
-// settle compares the repaired subscriptions again: a field counts as repaired only when the
-// local state now says what Stripe said.
+// settle compares the repaired subscriptions again, read back in one query (and their links in
+// another): a field counts as repaired only when the local state now says what Stripe said.
 func (r *run) settle(ctx context.Context, items []*item) error {
+	var ids []string
+	var customers []*stripe.Customer
 	for _, it := range items {
 		if it.out != nil {
 			continue
 		}
-		id := it.rem.sub.ID
-		local, err := r.s.billing.Subscription(ctx, id, r.s.livemode)
-		if err != nil {
-			return fmt.Errorf("load subscription %s: %w", id, err)
+		ids = append(ids, it.rem.sub.ID)
+		if it.link != nil && it.link.repairable {
+			customers = append(customers, it.rem.sub.Customer)
 		}
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	locals, err := r.s.billing.Subscriptions(ctx, ids, r.s.livemode)
+	if err != nil {
+		return fmt.Errorf("load the page's repaired subscriptions: %w", err)
+	}
+	links, err := r.loadLinks(ctx, customers)
+	if err != nil {
+		return err
+	}
+	for _, it := range items {
+		if it.out != nil {
+			continue
+		}
+		local := locals[it.rem.sub.ID]
 		still := map[string]bool{}
 		for _, d := range compare(local, it.rem.sub) {
 			still[d.Field] = true
@@ -432,7 +465,7 @@ func (r *run) settle(ctx context.Context, items []*item) error {
 		if link := it.link; link != nil {
 			o := outcome{diff: link.diff, reason: link.reason}
 			if link.repairable {
-				after, err := r.linkDiff(ctx, it.rem.sub.Customer)
+				after, err := r.linkDiff(ctx, it.rem.sub.Customer, links)
 				if err != nil {
 					return err
 				}
@@ -482,10 +515,70 @@ type linkDrift struct {
 	reason     string
 }
 
+// linkRow is a row of customers: a user's link, of either mode.
+type linkRow struct {
+	UserID           string  `gorm:"column:user_id"`
+	StripeCustomerID *string `gorm:"column:stripe_customer_id"`
+	Livemode         bool    `gorm:"column:livemode"`
+}
+
+// linkSet holds the customers rows of a page's users and customers, read in one query.
+type linkSet struct {
+	users, customers map[string]bool
+	rows             []linkRow
+}
+
+// loadLinks reads the links of the users that the customers' metadata.user_id names, and of
+// the customers themselves, in one query.
+func (r *run) loadLinks(ctx context.Context, cs []*stripe.Customer) (*linkSet, error) {
+	set := &linkSet{users: map[string]bool{}, customers: map[string]bool{}}
+	for _, c := range cs {
+		if c == nil || c.Deleted || !ids.Valid(c.Metadata["user_id"]) {
+			continue
+		}
+		set.users[c.Metadata["user_id"]] = true
+		set.customers[c.ID] = true
+	}
+	if len(set.users) == 0 {
+		return set, nil
+	}
+	var err error
+	set.rows, err = r.queryLinks(ctx, slices.Collect(maps.Keys(set.users)), slices.Collect(maps.Keys(set.customers)))
+	if err != nil {
+		return nil, fmt.Errorf("load the links of the page's customers: %w", err)
+	}
+	return set, nil
+}
+
+// queryLinks reads the rows of the users or the customers in the run's mode, ordered by user.
+func (r *run) queryLinks(ctx context.Context, users, customers []string) ([]linkRow, error) {
+	var rows []linkRow
+	err := r.s.db.WithContext(ctx).Raw(
+		`SELECT user_id, stripe_customer_id, livemode FROM customers
+		WHERE livemode = $3 AND (user_id = ANY($1) OR stripe_customer_id = ANY($2)) ORDER BY user_id`,
+		users, customers, r.s.livemode).Scan(&rows).Error
+	return rows, err
+}
+
+// linksOf are the rows of the user or the customer, from the set when it holds both (else read:
+// a re-read customer may name another user than the page did).
+func (r *run) linksOf(ctx context.Context, set *linkSet, userID, customerID string) ([]linkRow, error) {
+	if !set.users[userID] || !set.customers[customerID] {
+		return r.queryLinks(ctx, []string{userID}, []string{customerID})
+	}
+	var out []linkRow
+	for _, row := range set.rows {
+		if row.UserID == userID || deref(row.StripeCustomerID) == customerID {
+			out = append(out, row)
+		}
+	}
+	return out, nil
+}
+
 // linkDiff checks that a customer whose metadata.user_id names a user is linked to that user in
 // this mode. Nil when it is, or when the customer names no user.
-func (r *run) linkDiff(ctx context.Context, c *stripe.Customer) (*linkDrift, error) {
-	if c == nil || c.Deleted || c.Metadata["user_id"] == "" || r.linked[c.ID] {
+func (r *run) linkDiff(ctx context.Context, c *stripe.Customer, links *linkSet) (*linkDrift, error) {
+	if c == nil || c.Deleted || c.Metadata["user_id"] == "" {
 		return nil, nil
 	}
 	userID := c.Metadata["user_id"]
@@ -494,21 +587,14 @@ func (r *run) linkDiff(ctx context.Context, c *stripe.Customer) (*linkDrift, err
 		return &linkDrift{diff: diff{Field: FieldCustomerLink, Stripe: want},
 			reason: "metadata.user_id is not a valid user id"}, nil
 	}
-	var rows []struct {
-		UserID           string  `gorm:"column:user_id"`
-		StripeCustomerID *string `gorm:"column:stripe_customer_id"`
-		Livemode         bool    `gorm:"column:livemode"`
-	}
-	if err := r.s.db.WithContext(ctx).Raw(
-		`SELECT user_id, stripe_customer_id, livemode FROM customers WHERE livemode = $3 AND (user_id = $1 OR stripe_customer_id = $2) ORDER BY user_id`,
-		userID, c.ID, r.s.livemode).Scan(&rows).Error; err != nil {
+	rows, err := r.linksOf(ctx, links, userID, c.ID)
+	if err != nil {
 		return nil, fmt.Errorf("load the link of customer %s: %w", c.ID, err)
 	}
 	if len(rows) == 0 {
 		return &linkDrift{diff: diff{Field: FieldCustomerLink, Stripe: want}, repairable: true}, nil
 	}
 	if len(rows) == 1 && rows[0].UserID == userID && deref(rows[0].StripeCustomerID) == c.ID && rows[0].Livemode == r.s.livemode {
-		r.linked[c.ID] = true
 		return nil, nil
 	}
 	var local []string
@@ -560,17 +646,12 @@ func (r *run) missingAtStripe(ctx context.Context) error {
 	if len(missing) == 0 {
 		return nil
 	}
-	now := r.s.now().UTC()
-	err = r.s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		for _, m := range missing {
-			if err := r.insertDrift(tx, m.SubscriptionID, []outcome{{diff: diff{Field: FieldMissingAtStripe, Local: m.Status},
-				reason: "Stripe did not list it; local subscriptions are never deleted"}}, now); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
+	drift := make([]newDrift, len(missing))
+	for i, m := range missing {
+		drift[i] = newDrift{subscriptionID: m.SubscriptionID, outcome: outcome{diff: diff{Field: FieldMissingAtStripe, Local: m.Status},
+			reason: "Stripe did not list it; local subscriptions are never deleted"}}
+	}
+	if err := r.insertDrift(r.s.db.WithContext(ctx), drift, r.s.now().UTC()); err != nil {
 		return err
 	}
 	r.sum.MissingAtStripe = len(missing)
@@ -582,11 +663,15 @@ func (r *run) missingAtStripe(ctx context.Context) error {
 // the page's progress line.
 func (r *run) flush(ctx context.Context, items []*item) error {
 	now := r.s.now().UTC()
+	var rows []newDrift
+	for _, it := range items {
+		for _, o := range it.out {
+			rows = append(rows, newDrift{subscriptionID: it.rem.sub.ID, outcome: o})
+		}
+	}
 	err := r.s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		for _, it := range items {
-			if err := r.insertDrift(tx, it.rem.sub.ID, it.out, now); err != nil {
-				return err
-			}
+		if err := r.insertDrift(tx, rows, now); err != nil {
+			return err
 		}
 		return tx.Exec(`
 			UPDATE reconcile_runs SET objects = $2, drifted = $3, repaired = $4, errors = $5 WHERE run_id = $1 AND livemode = $6`,
@@ -656,19 +741,35 @@ type outcome struct {
 	reason   string
 }
 
-// insertDrift stores a subscription's drift rows.
-func (r *run) insertDrift(tx *gorm.DB, subscriptionID string, out []outcome, now time.Time) error {
-	for _, o := range out {
-		var reason *string
-		if o.reason != "" && !o.repaired {
-			reason = &o.reason
+// newDrift is a drift row on its way to reconcile_drift.
+type newDrift struct {
+	subscriptionID string
+	outcome
+}
+
+// insertDrift stores drift rows in one statement, in their order (the order of the drift list).
+func (r *run) insertDrift(tx *gorm.DB, rows []newDrift, now time.Time) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	n := len(rows)
+	subs, fields, locals, stripes := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	repaired, reasons := make([]bool, n), make([]*string, n)
+	for i, d := range rows {
+		subs[i], fields[i], locals[i], stripes[i], repaired[i] = d.subscriptionID, d.Field, d.Local, d.Stripe, d.repaired
+		if d.reason != "" && !d.repaired {
+			reasons[i] = &d.reason
 		}
-		if err := tx.Exec(`
-			INSERT INTO reconcile_drift (run_id, subscription_id, livemode, field, local, stripe, repaired, reason, created_at)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
-			r.sum.RunID, subscriptionID, r.s.livemode, o.Field, o.Local, o.Stripe, o.repaired, reason, now).Error; err != nil {
-			return fmt.Errorf("record drift of %s: %w", subscriptionID, err)
-		}
+	}
+	err := tx.Exec(`
+		INSERT INTO reconcile_drift (run_id, subscription_id, livemode, field, local, stripe, repaired, reason, created_at)
+		SELECT $1, d.subscription_id, $2, d.field, d.local, d.stripe, d.repaired, d.reason, $3
+		FROM unnest(CAST($4 AS text[]), CAST($5 AS text[]), CAST($6 AS text[]), CAST($7 AS text[]), CAST($8 AS boolean[]), CAST($9 AS text[]))
+		  WITH ORDINALITY AS d(subscription_id, field, local, stripe, repaired, reason, n)
+		ORDER BY d.n`,
+		r.sum.RunID, r.s.livemode, now, subs, fields, locals, stripes, repaired, reasons).Error
+	if err != nil {
+		return fmt.Errorf("record %d drift rows: %w", n, err)
 	}
 	return nil
 }

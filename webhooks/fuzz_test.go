@@ -14,6 +14,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -336,8 +337,8 @@ func abs(n int64) int64 {
 // event the inbox can store (a JSON object with "object": "event", an id and a type of 1 to 255
 // bytes, a livemode, a non-empty data.object that is valid JSON, a created no later than the
 // year 9999), and that the worker's decoding
-// of the stored payload (decodeEvent) agrees with it: it refuses the same bodies, and for the
-// others carries the same id, type, object and created time. It also checks the receive path's
+// of the stored payload (decodeEvent) agrees with the receive path's (readEvent): it refuses the
+// same bodies, and for the others carries the same id, type, object and created time. It also checks the receive path's
 // reading of a verified body, readEvent (see checkReadEvent).
 func FuzzDecodeEnvelope(f *testing.F) {
 	now := time.Unix(1717200000, 0)
@@ -390,6 +391,11 @@ func FuzzDecodeEnvelope(f *testing.F) {
 		`{"id":"evt_1","object":"event","\u0074ype":"t","type":"u","livemode":false,"data":{"object":{}}}`,
 		"{\"id\":\"evt_1\",\"object\":\"event\",\"type\":\"t\",\"livemode\":false,\"data\":{\"object\":{\"k\":1,\"\u212a\":2}}}",
 		`{"ID":"evt_1","Object":"event","TYPE":"t","livemode":false,"data":{"object":{}}}`,
+		// Runes whose case mappings reach ASCII without folding to it: encoding/json reads them
+		// as other keys, and so must readEvent.
+		`{"id":"evt_a","ıd":"evt_b","object":"event","type":"t","livemode":false,"data":{"object":{}}}`,
+		`{"İd":"evt_b","id":"evt_a","object":"event","type":"t","livemode":false,"data":{"object":{}}}`,
+		"{\"id\":\"evt_1\",\"object\":\"event\",\"type\":\"t\",\"livemode\":true,\"api_verſion\":\"x\",\"data\":{\"object\":{}}}",
 		`{"id":"evt_1","object":"event","type":"t","livemode":false,"data":{"object":{}}} {}`,
 		`{"id":"evt_1","object":"event","type":"t","livemode":false,"data":{"object":{}}}x`,
 		`{"id":"evt_1","object":"event","type":"t","livemode":false,"data":{"object":` + strings.Repeat("[", 70) + strings.Repeat("]", 70) + `}}`,
@@ -401,16 +407,18 @@ func FuzzDecodeEnvelope(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body []byte) {
 		env, err := decodeEnvelope(body)
 		checkReadEvent(t, body, env, err)
+		// The worker reads a stored payload as the receive path read its body.
+		_, _, rerr := readEvent(body)
 		stored := storedEvent{EventID: env.ID, Type: env.Type, Payload: body}
 		ev, derr := decodeEvent(stored)
-		if err != nil {
+		if rerr != nil {
 			if derr == nil {
-				t.Fatalf("decodeEnvelope refuses %q (%v), decodeEvent accepts it", body, err)
+				t.Fatalf("readEvent refuses %q (%v), decodeEvent accepts it", body, rerr)
 			}
 			return
 		}
 		if derr != nil {
-			t.Fatalf("decodeEnvelope accepts %q, decodeEvent refuses it: %v", body, derr)
+			t.Fatalf("readEvent accepts %q, decodeEvent refuses it: %v", body, derr)
 		}
 		switch {
 		case !json.Valid(body):
@@ -441,6 +449,16 @@ func FuzzDecodeEnvelope(f *testing.F) {
 		}
 		_ = env.apiVersion()
 	})
+}
+
+// decodeEnvelope is the reference reading of a body: encoding/json into envelope, then the
+// inbox's checks. readEvent and decodeEvent must read every body as it does.
+func decodeEnvelope(body []byte) (envelope, error) {
+	var env envelope
+	if err := json.Unmarshal(body, &env); err != nil {
+		return env, fmt.Errorf("body is not a JSON event: %w", err)
+	}
+	return env, checkEnvelope(env)
 }
 
 // checkReadEvent checks the receive path's reading of a verified body against decodeEnvelope's

@@ -77,6 +77,9 @@ type storedEvent struct {
 	Attempts     int
 	ReceivedAt   time.Time
 	EventCreated *time.Time
+	// event is the handler's event when the receive path has read it already (inline): the body
+	// is read once.
+	event *Event
 }
 
 // process runs one attempt in one transaction: it locks the event by its primary key, applies
@@ -167,11 +170,21 @@ func (i *Inbox) dispatch(ctx context.Context, tx *gorm.DB, ev storedEvent) (err 
 	return nil
 }
 
+// decodeEvent is the event a handler gets: the one the receive path read (inline), else read
+// from the stored payload.
 func decodeEvent(ev storedEvent) (Event, error) {
-	env, err := decodeEnvelope(ev.Payload)
+	if ev.event != nil {
+		return *ev.event, nil
+	}
+	env, _, err := readEvent(ev.Payload)
 	if err != nil {
 		return Event{}, fmt.Errorf("decode stored event %s: %w", ev.EventID, err)
 	}
+	return eventOf(ev, env), nil
+}
+
+// eventOf is the handler's event of a stored event and its envelope.
+func eventOf(ev storedEvent, env envelope) Event {
 	out := Event{
 		ID:                 ev.EventID,
 		Type:               ev.Type,
@@ -184,7 +197,7 @@ func decodeEvent(ev storedEvent) (Event, error) {
 	if env.Created > 0 {
 		out.Created = time.Unix(env.Created, 0).UTC()
 	}
-	return out, nil
+	return out
 }
 
 func deref(s *string) string {

@@ -1,0 +1,71 @@
+package billing
+
+import (
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/labstack/echo/v4"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverdatabasesql"
+
+	"billing/internal/stripeevents"
+	"billing/internal/testenv"
+	"billing/webhooks"
+)
+
+// BenchmarkInlineEventStatements delivers the lifecycle mix (created, payment_failed,
+// payment_succeeded, updated, deleted of a new subscription and invoice per round) through POST
+// /webhooks/stripe with events applied in their receive transaction, and reports the statements
+// each event costs PostgreSQL (BEGIN and COMMIT included: round trips, the cost that wall time on
+// a shared machine hides). Quick: -benchtime 20x (20 rounds of 5 events).
+func BenchmarkInlineEventStatements(b *testing.B) {
+	db, st := testenv.CountedDB(b)
+	sqlDB, err := db.DB()
+	if err != nil {
+		b.Fatal(err)
+	}
+	logger := slog.New(slog.DiscardHandler)
+	rc, err := river.NewClient(riverdatabasesql.New(sqlDB), &river.Config{Logger: logger})
+	if err != nil {
+		b.Fatal(err)
+	}
+	reg := webhooks.NewRegistry()
+	inbox := webhooks.New(webhooks.Config{DB: db, Logger: logger, Registry: reg, TestSecrets: []string{pathSecret},
+		Tolerance: 5 * time.Minute, MaxAttempts: 3, RetryDelay: time.Millisecond, ApplyInline: true,
+		Metrics: webhooks.NewMetrics(prometheus.NewRegistry())})
+	inbox.SetJobs(rc)
+	New(Deps{DB: db, Jobs: rc, Logger: logger, PastDueEntitled: true}).Register(reg)
+	e := echo.New()
+	inbox.MountWebhook(e)
+	types := []string{EventSubscriptionCreated, EventInvoicePaymentFailed, EventInvoicePaymentSucceeded,
+		EventSubscriptionUpdated, EventSubscriptionDeleted}
+	var statements, events int64
+	created := time.Now().Add(-time.Hour)
+	b.ResetTimer()
+	for n := range b.N {
+		for k, typ := range types {
+			body, err := stripeevents.SampleWith(typ, stripeevents.SampleOptions{Suffix: fmt.Sprintf("st%d", n),
+				EventID: fmt.Sprintf("evt_st%d_%d", n, k), Now: created.Add(time.Duration(k) * time.Second)})
+			if err != nil {
+				b.Fatal(err)
+			}
+			req := httptest.NewRequest(http.MethodPost, "/webhooks/stripe", strings.NewReader(string(body)))
+			req.Header.Set("Stripe-Signature", stripeevents.SignatureHeader(body, pathSecret, time.Now()))
+			rec := httptest.NewRecorder()
+			before := st.Count()
+			e.ServeHTTP(rec, req)
+			statements += st.Count() - before
+			events++
+			if rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), `"received"`) {
+				b.Fatalf("%s answered %d %s", typ, rec.Code, rec.Body)
+			}
+		}
+	}
+	b.ReportMetric(float64(statements)/float64(events), "statements/event")
+}
