@@ -181,7 +181,7 @@ func newApp(opts appOptions) (*App, error) {
 		PeriodGrace:     cfg.Policy.PeriodGrace,
 		Reread: billing.RereadDeps{Stripe: stripe.Subscriptions, Entitlements: stripe.EntitlementsActiveEntitlements,
 			Livemode: livemode},
-		Registerer:      reg,
+		Registerer: reg,
 		// Access while collection is paused (pause_collection).
 		PausedCollectionEntitled: cfg.Policy.PausedCollectionEntitled,
 	})

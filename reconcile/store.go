@@ -196,4 +196,3 @@ func (s *Service) DriftPage(ctx context.Context, runID, field string, after int6
 
 // Livemode is the mode the service reconciles.
 func (s *Service) Livemode() bool { return s.livemode }
-
