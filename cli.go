@@ -123,15 +123,25 @@ func (h commandHelp) print(w io.Writer, fs *flag.FlagSet) {
 // parseFlags parses a subcommand's flags. done is true when the command must stop with code:
 // 0 after -h/--help (the usage on stdout), 2 after a wrong flag (the usage on stderr).
 func parseFlags(fs *flag.FlagSet, h commandHelp, args []string) (code int, done bool) {
-	fs.SetOutput(os.Stderr)
+	return parseFlagsTo(fs, h, args, os.Stdout, os.Stderr, false)
+}
+
+// parseFlagsTo is parseFlags writing to the given streams; with noArgs, an argument left after
+// the flags is a usage error too.
+func parseFlagsTo(fs *flag.FlagSet, h commandHelp, args []string, stdout, stderr io.Writer, noArgs bool) (code int, done bool) {
+	fs.SetOutput(stderr)
 	fs.Usage = func() {}
 	err := fs.Parse(args)
 	switch {
 	case errors.Is(err, flag.ErrHelp):
-		h.print(os.Stdout, fs)
+		h.print(stdout, fs)
 		return 0, true
 	case err != nil:
-		h.print(os.Stderr, fs)
+		h.print(stderr, fs)
+		return exitUsage, true
+	case noArgs && fs.NArg() > 0:
+		fmt.Fprintf(stderr, "billing %s: unexpected argument %q\n", fs.Name(), fs.Arg(0))
+		h.print(stderr, fs)
 		return exitUsage, true
 	}
 	return 0, false

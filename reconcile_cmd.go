@@ -47,19 +47,8 @@ func runReconcileCommand(ctx context.Context, args []string, stdout, stderr io.W
 			"repaired, 1 when something still differs (a dry run's drift), 2 when the run stopped.",
 		Env: configEnv("stripe.secret_key decides the account and mode; database.url holds the local state"),
 	}
-	fs.Usage = func() {}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			help.print(stdout, fs)
-			return 0
-		}
-		help.print(stderr, fs)
-		return exitUsage
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "billing reconcile: unexpected argument %q\n", fs.Arg(0))
-		help.print(stderr, fs)
-		return exitUsage
+	if code, done := parseFlagsTo(fs, help, args, stdout, stderr, true); done {
+		return code
 	}
 	stopped := func(format string, args ...any) int {
 		fmt.Fprintf(stderr, "billing reconcile: "+format+"\n", args...)

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -50,19 +49,8 @@ func runVerifyCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 			"Exit 0 when equal, 1 on differences, 2 when it could not run.",
 		Env: configEnv("database.url holds the state and the log; stripe.mode is the mode verified"),
 	}
-	fs.Usage = func() {}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			help.print(stdout, fs)
-			return 0
-		}
-		help.print(stderr, fs)
-		return exitUsage
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "billing verify: unexpected argument %q\n", fs.Arg(0))
-		help.print(stderr, fs)
-		return exitUsage
+	if code, done := parseFlagsTo(fs, help, args, stdout, stderr, true); done {
+		return code
 	}
 	stopped := func(format string, args ...any) int {
 		fmt.Fprintf(stderr, "billing verify: "+format+"\n", args...)
