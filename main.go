@@ -16,9 +16,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -26,10 +28,12 @@ import (
 	"gorm.io/gorm"
 
 	"billing/config"
+	"billing/internal/auth"
 	"billing/internal/database"
 	"billing/internal/httpserver"
 	"billing/internal/logging"
 	"billing/internal/pgcluster"
+	"billing/internal/runenv"
 	"billing/internal/stripeclient"
 	"billing/migrations"
 )
@@ -161,19 +165,27 @@ func newLogWriter(cfg *config.Config) (logger *slog.Logger, out io.Writer, flush
 // openDatabase connects to the configured database, or starts the embedded cluster when none is
 // configured. stop releases what it started.
 func openDatabase(ctx context.Context, cfg *config.Config, logger *slog.Logger) (db *gorm.DB, stop func(), code int) {
+	db, _, stop, code = openDatabaseURL(ctx, cfg, logger)
+	return db, stop, code
+}
+
+// openDatabaseURL is openDatabase that also answers the embedded cluster's URL ("" when
+// database.url is configured).
+func openDatabaseURL(ctx context.Context, cfg *config.Config, logger *slog.Logger) (db *gorm.DB, embeddedURL string, stop func(), code int) {
 	url := cfg.Database.URL
 	stop = func() {}
 	if url == "" {
 		cluster, err := pgcluster.Start(ctx, pgcluster.Options{Dir: embeddedDir, Logger: logger})
 		if errors.Is(err, pgcluster.ErrNoServer) {
 			fmt.Fprintln(os.Stderr, "billing: "+err.Error())
-			return nil, stop, exitUsage
+			return nil, "", stop, exitUsage
 		}
 		if err != nil {
 			logger.Error("start embedded PostgreSQL", "dir", embeddedDir, "error", err)
-			return nil, stop, exitFailure
+			return nil, "", stop, exitFailure
 		}
 		url = cluster.URL("postgres")
+		embeddedURL = url
 		logger.Info("no database.url configured: using the embedded PostgreSQL cluster", "dir", embeddedDir, "port", cluster.Port(),
 			"psql", "psql '"+url+"'")
 		stop = func() {
@@ -190,7 +202,7 @@ func openDatabase(ctx context.Context, cfg *config.Config, logger *slog.Logger) 
 	if err != nil {
 		logger.Error("cannot reach the database", "error", err)
 		stop()
-		return nil, func() {}, exitFailure
+		return nil, "", func() {}, exitFailure
 	}
 	closeDB := func() {
 		if sqlDB, err := db.DB(); err == nil {
@@ -198,7 +210,7 @@ func openDatabase(ctx context.Context, cfg *config.Config, logger *slog.Logger) 
 		}
 	}
 	stopCluster := stop
-	return db, func() { closeDB(); stopCluster() }, 0
+	return db, embeddedURL, func() { closeDB(); stopCluster() }, 0
 }
 
 func migrate(args []string) int {
@@ -245,7 +257,7 @@ func serve(args []string) int {
 		logger.Warn("stripe.secret_key is not set: calls to Stripe will fail")
 	}
 
-	db, stop, code := openDatabase(ctx, cfg, logger)
+	db, embeddedURL, stop, code := openDatabaseURL(ctx, cfg, logger)
 	if db == nil {
 		return code
 	}
@@ -273,6 +285,15 @@ func serve(args []string) int {
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.ListenAndServe() }()
 	logger.Info("listening", "addr", cfg.HTTP.Addr)
+	if embeddedURL != "" {
+		// The dev loop's tools (doctor, reconcile, trigger, dev) find this service and its cluster
+		// here instead of starting a second cluster on the same directory.
+		if err := runenv.Write(runenv.File, devRunEnv(cfg, embeddedURL)); err != nil {
+			logger.Warn("cannot write "+runenv.File+": doctor, reconcile, trigger and dev will not find this service", "error", err)
+		} else {
+			defer runenv.Remove(runenv.File, os.Getpid())
+		}
+	}
 	var debugSrv *http.Server
 	if cfg.HTTP.DebugAddr != "" {
 		debugSrv = httpserver.NewDebugServer(cfg.HTTP.DebugAddr)
@@ -325,4 +346,31 @@ func serve(args []string) int {
 	}
 	logger.Info("stopped")
 	return exit
+}
+
+// devRunEnv is what a serve on the embedded cluster tells the dev loop's tools. Secrets are
+// written only in test mode: a live key or secret never lands in a file of the checkout.
+func devRunEnv(cfg *config.Config, databaseURL string) runenv.Env {
+	host, port, _ := net.SplitHostPort(cfg.HTTP.Addr)
+	if host == "" || host == "0.0.0.0" || host == "::" {
+		host = "localhost"
+	}
+	e := runenv.Env{PID: os.Getpid(), ServiceURL: "http://" + net.JoinHostPort(host, port), DatabaseURL: databaseURL,
+		StripeURL: cfg.Stripe.APIURL}
+	if cfg.Stripe.Mode != "test" {
+		return e
+	}
+	if strings.HasPrefix(cfg.Stripe.SecretKey, "sk_test_") {
+		e.StripeKey = cfg.Stripe.SecretKey
+	}
+	if len(cfg.Stripe.WebhookSecrets.Test) > 0 {
+		e.WebhookSecret = cfg.Stripe.WebhookSecrets.Test[0]
+	}
+	if len(cfg.Auth.APITokens) > 0 {
+		e.APIToken = cfg.Auth.APITokens[0]
+	}
+	if len(cfg.Auth.AdminTokens) > 0 {
+		_, e.AdminToken = auth.SplitAdminToken(cfg.Auth.AdminTokens[0])
+	}
+	return e
 }
