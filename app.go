@@ -215,7 +215,7 @@ func newApp(opts appOptions) (*App, error) {
 	// /admin group.
 	admin.New(admin.Deps{
 		Holds: subs, DeadLetters: inbox, Events: inbox, Subscriptions: subs, Charges: charges,
-		Reconcile: admin.NewReconcileReader(db), People: customers.NewDirectory(db), Accounts: subs, Runs: rec,
+		Reconcile: admin.NewReconcileReader(db), People: customers.NewDirectory(db), Accounts: subs, Runs: rec, Usage: meters,
 		Audit: audit.NewLog(db), Livemode: livemode, Logger: logger, Now: now,
 	}).Mount(adminAPI)
 	inbox.MountAdmin(adminAPI)

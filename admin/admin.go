@@ -22,6 +22,7 @@ import (
 	"billing/internal/audit"
 	"billing/ledger"
 	"billing/reconcile"
+	"billing/usage"
 	"billing/webhooks"
 )
 
@@ -81,6 +82,11 @@ type AccountSource interface {
 	CustomerNotices(ctx context.Context, stripeCustomerID string, livemode bool, before *billing.PageCursor, limit int) ([]billing.NoticeRow, error)
 }
 
+// UsageSource is metered usage as the customer page reads it: usage.Service.
+type UsageSource interface {
+	MeterTotals(ctx context.Context, userID string, livemode bool, period *usage.Period) ([]usage.MeterTotal, error)
+}
+
 // RunSource is reconciliation as its page reads and starts it: reconcile.Service.
 type RunSource interface {
 	RunPage(ctx context.Context, before string, limit int) ([]reconcile.RunView, bool, error)
@@ -114,6 +120,7 @@ type Deps struct {
 	Accounts      AccountSource
 	Runs          RunSource
 	Audit         AuditSource
+	Usage         UsageSource
 	// Livemode is stripe.mode: the mode the console says it runs in.
 	Livemode bool
 	Logger   *slog.Logger

@@ -31,6 +31,7 @@ import (
 	"billing/internal/testenv"
 	"billing/ledger"
 	"billing/reconcile"
+	"billing/usage"
 	"billing/webhooks"
 )
 
@@ -102,6 +103,7 @@ func newConsole(t *testing.T) *console {
 		Holds: c.svc, DeadLetters: c.inbox, Events: c.inbox, Subscriptions: c.svc,
 		Charges: ledger.New(ledger.Deps{DB: db}), Reconcile: NewReconcileReader(db),
 		People: customers.NewDirectory(db), Accounts: c.svc, Runs: c.rec, Audit: audit.NewLog(db), Logger: logger,
+		Usage: usage.New(usage.Deps{DB: db, Periods: c.svc, Logger: logger}),
 	}).Mount(group)
 	c.inbox.MountAdmin(group)
 	c.rec.Mount(group)

@@ -14,6 +14,7 @@ import (
 	"billing/customers"
 	"billing/internal/database"
 	"billing/ledger"
+	"billing/usage"
 )
 
 // How much of each list the customer page shows at once; each pages on by its own link.
@@ -39,9 +40,13 @@ type world struct {
 	Account  *billing.Account
 	Problems []string
 
-	Invoices                               []billing.InvoiceRow
-	Charges                                []chargeWithRefunds
-	Notices                                []billing.NoticeRow
+	Invoices []billing.InvoiceRow
+	Charges  []chargeWithRefunds
+	Notices  []billing.NoticeRow
+	// Usage is per meter over UsagePeriod, the entitled subscription's current period (nil: no
+	// such period, the sums are of every record).
+	Usage                                  []usage.MeterTotal
+	UsagePeriod                            *usage.Period
 	InvoicesMore, ChargesMore, NoticesMore string
 	// Paged says a section starts below its newest rows: the link back to the newest.
 	FirstURL string
@@ -133,6 +138,13 @@ func (c *Console) fillWorld(ctx context.Context, w *world, q url.Values) {
 		}
 		w.Notices = notices
 	}
+	if c.d.Usage != nil {
+		w.UsagePeriod = entitledPeriod(w.Account)
+		var err error
+		if w.Usage, err = c.d.Usage.MeterTotals(ctx, w.Person.UserID, w.Livemode, w.UsagePeriod); err != nil {
+			fail("usage", err)
+		}
+	}
 	if c.d.Charges != nil {
 		var before *ledger.ChargeCursor
 		if cur, err := ledger.ParseChargeCursor(q.Get(mode + "_charges")); err == nil {
@@ -163,6 +175,20 @@ func (c *Console) fillWorld(ctx context.Context, w *world, q url.Values) {
 			w.Charges = append(w.Charges, chargeWithRefunds{ChargeRow: r, Refunds: byOrder[r.OrderID]})
 		}
 	}
+}
+
+// entitledPeriod is the current period of the subscription the entitlement reports, the span
+// GET /v1/customers/{user_id}/usage sums; nil when there is none.
+func entitledPeriod(a *billing.Account) *usage.Period {
+	if a == nil || a.Entitlement.SubscriptionID == nil {
+		return nil
+	}
+	for _, s := range a.Subscriptions {
+		if s.SubscriptionID == *a.Entitlement.SubscriptionID && s.CurrentPeriodStart != nil && s.CurrentPeriodEnd != nil {
+			return &usage.Period{Start: s.CurrentPeriodStart.UTC(), End: s.CurrentPeriodEnd.UTC()}
+		}
+	}
+	return nil
 }
 
 func modeName(live bool) string {

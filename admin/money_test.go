@@ -428,3 +428,53 @@ func TestDeadLettersPage(t *testing.T) {
 		t.Errorf("second page: %v", rest)
 	}
 }
+
+// The customer page sums usage per meter over the entitled subscription's current period, in
+// each mode's world apart: records outside the period, and the other mode's, are not counted.
+func TestCustomerPageUsage(t *testing.T) {
+	t.Parallel()
+	c := newConsole(t)
+	c.story(t)
+	c.money(t)
+	record := func(live bool, usageID, meter string, value int64, when time.Time, status string) {
+		t.Helper()
+		cus := "cus_1"
+		if live {
+			cus = "cus_1live"
+		}
+		c.exec(t, `INSERT INTO usage_records (livemode, user_id, usage_id, meter, value, occurred_at, stripe_customer_id,
+			identifier, status, next_attempt_at, created_at, updated_at)
+			VALUES ($1, 'user-1', $2, $3, $4, $5, $6, $7, $8, now(), now(), now())`,
+			live, usageID, meter, value, when, cus, "usage-user-1-"+usageID, status)
+	}
+	// sub_1's current period is [at(0), at(30 days)).
+	record(false, "u1", "api_calls", 5, at(10), "pending")
+	record(false, "u2", "api_calls", 7, at(20), "reported")
+	record(false, "u3", "api_calls", 2, at(30), "needs_review")
+	record(false, "u4", "api_calls", 100, at(40), "refused")
+	record(false, "u5", "api_calls", 1000, at(-10), "reported")
+	record(false, "u6", "api_calls", 2000, at(30*86400), "pending")
+	record(false, "u7", "storage", 3, at(50), "reported")
+	record(true, "u8", "api_calls", 50, at(60), "reported")
+
+	doc := parse(t, c.html(t, "/admin/ui/customers/user-1", http.StatusOK))
+	test := cells(t, doc, "test-usage", "data-meter")
+	want := map[string]string{"total": "14", "pending": "7", "review": "2", "review.href": "/admin/usage/review", "refused": "100", "records": "4"}
+	for k, v := range want {
+		if test["api_calls"][k] != v {
+			t.Errorf("test api_calls %s = %q, want %q (row %v)", k, test["api_calls"][k], v, test["api_calls"])
+		}
+	}
+	if test["storage"]["total"] != "3" || test["storage"]["pending"] != "0" || len(test) != 2 {
+		t.Errorf("test usage rows: %v", test)
+	}
+	// The live world has no subscription, hence no period: every live record, and only those.
+	live := cells(t, doc, "live-usage", "data-meter")
+	if live["api_calls"]["total"] != "50" || len(live) != 1 {
+		t.Errorf("live usage rows: %v", live)
+	}
+	// A user without usage has no table.
+	if rows := cells(t, parse(t, c.html(t, "/admin/ui/customers/user-nosub", http.StatusOK)), "test-usage", "data-meter"); rows != nil {
+		t.Errorf("user-nosub usage: %v", rows)
+	}
+}

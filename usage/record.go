@@ -3,6 +3,7 @@ package usage
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"time"
@@ -205,21 +206,61 @@ func (s *Service) Summary(ctx context.Context, userID, meter string) (*summary, 
 			}
 		}
 	}
-	from, to := time.Unix(0, 0).UTC(), time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)
+	var period *Period
 	if sum.PeriodStart != nil {
-		from, to = *sum.PeriodStart, *sum.PeriodEnd
+		period = &Period{Start: *sum.PeriodStart, End: *sum.PeriodEnd}
 	}
-	var sums struct{ Total, Pending int64 }
-	if err := s.db.WithContext(ctx).Raw(`
-		SELECT coalesce(sum(value) FILTER (WHERE status <> $1), 0) AS total,
-			coalesce(sum(value) FILTER (WHERE status IN ($2, $3)), 0) AS pending
-		FROM usage_records
-		WHERE livemode = $4 AND user_id = $5 AND meter = $6 AND occurred_at >= $7 AND occurred_at < $8`,
-		stateRefused, statePending, stateNeedsReview, s.livemode, userID, meter, from, to).Scan(&sums).Error; err != nil {
+	totals, err := s.totals(ctx, userID, s.livemode, meter, period)
+	if err != nil {
 		return nil, database.APIError(err, "sum usage")
 	}
-	sum.Total, sum.Pending = sums.Total, sums.Pending
+	for _, t := range totals {
+		sum.Total, sum.Pending = t.Total, t.Pending
+	}
 	return sum, nil
+}
+
+// Period is a half-open span [Start, End) of usage, a subscription's current period.
+type Period struct{ Start, End time.Time }
+
+// MeterTotal is one meter's usage over a period: Total is what Stripe did not refuse, Pending
+// the part of it not acknowledged yet (NeedsReview of that waits for an operator), Refused what
+// Stripe refused (kept out of Total).
+type MeterTotal struct {
+	Meter                                string
+	Total, Pending, NeedsReview, Refused int64
+	Records                              int64
+}
+
+// MeterTotals sums a user's usage per meter of one mode over the period (every record when
+// period is nil), meters by name. The console shows both modes' worlds, hence the mode argument.
+func (s *Service) MeterTotals(ctx context.Context, userID string, livemode bool, period *Period) ([]MeterTotal, error) {
+	totals, err := s.totals(ctx, userID, livemode, "", period)
+	if err != nil {
+		return nil, fmt.Errorf("sum usage of %s: %w", userID, err)
+	}
+	return totals, nil
+}
+
+// totals is the one query behind the usage sums: per meter, or of one meter when meter is set.
+func (s *Service) totals(ctx context.Context, userID string, livemode bool, meter string, period *Period) ([]MeterTotal, error) {
+	from, to := time.Unix(0, 0).UTC(), time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)
+	if period != nil {
+		from, to = period.Start, period.End
+	}
+	var rows []MeterTotal
+	err := s.db.WithContext(ctx).Raw(`
+		SELECT meter,
+			coalesce(sum(value) FILTER (WHERE status <> $1), 0) AS total,
+			coalesce(sum(value) FILTER (WHERE status IN ($2, $3)), 0) AS pending,
+			coalesce(sum(value) FILTER (WHERE status = $3), 0) AS needs_review,
+			coalesce(sum(value) FILTER (WHERE status = $1), 0) AS refused,
+			count(*) AS records
+		FROM usage_records
+		WHERE livemode = $4 AND user_id = $5 AND ($6 = '' OR meter = $6) AND occurred_at >= $7 AND occurred_at < $8
+		GROUP BY meter ORDER BY meter`,
+		stateRefused, statePending, stateNeedsReview, livemode, userID, meter, from, to).Scan(&rows).Error
+	return rows, err
 }
 
 // recordKey names one row.
