@@ -289,7 +289,29 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		c.cleanupSockDir()
 		return nil, err
 	}
+	// Best effort: without the file, a second Start only loses the better advice.
+	_ = os.WriteFile(c.ownerFile(), []byte(strconv.Itoa(os.Getpid())+"\n"), 0o600)
 	return c, nil
+}
+
+// ownerFile names the process that started the running server, so that another Start can tell a
+// cluster in use from a leftover.
+func (c *Cluster) ownerFile() string { return filepath.Join(c.dir, "owner.pid") }
+
+// liveOwner is the pid of ownerFile when that process is alive and is not this one, else 0.
+func (c *Cluster) liveOwner() int {
+	b, err := os.ReadFile(c.ownerFile())
+	if err != nil {
+		return 0
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 || pid == os.Getpid() {
+		return 0
+	}
+	if err := syscall.Kill(pid, 0); err != nil && !errors.Is(err, syscall.EPERM) {
+		return 0
+	}
+	return pid
 }
 
 // prepareDirs creates Dir (0700) and the socket dir, and when root hands
@@ -447,6 +469,12 @@ func (c *Cluster) checkNotRunning(ctx context.Context) error {
 		pid, port, live := c.pidFileOwner(pidFile)
 		if !live {
 			return nil
+		}
+		if owner := c.liveOwner(); owner > 0 {
+			// A process of ours runs this cluster (a `billing serve` of make run): it is in use,
+			// not a leftover, and stopping it would pull the database from under that process.
+			return fmt.Errorf("pgcluster: %w: postgres pid %d (port %s) is using %s for process %d, which is still running; connect to it (its URL is in .data/run.env under make run) instead of starting it again",
+				ErrAlreadyRunning, pid, port, c.dataDir, owner)
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("pgcluster: %w: postgres pid %d (port %s) is using %s. If that is a leftover from an earlier run, stop it with: %s -D %s stop -m fast",
@@ -628,6 +656,7 @@ func (c *Cluster) stopLocked(ctx context.Context, mode string) error {
 		}
 	}
 	c.running = false
+	os.Remove(c.ownerFile())
 	c.log.Info("PostgreSQL stopped", "mode", mode)
 	return nil
 }

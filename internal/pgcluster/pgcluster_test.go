@@ -183,7 +183,28 @@ func TestAlreadyRunning(t *testing.T) {
 		t.Fatalf("err = %v, want ErrAlreadyRunning", err)
 	}
 	t.Logf("error: %v", err)
+	if !strings.Contains(err.Error(), "stop -m fast") {
+		t.Errorf("owned by this very process, the cluster cannot be told from a leftover and should be offered for stopping: %v", err)
+	}
 	mustQuery(t, c.URL("postgres"), "SELECT 1::text") // first one unharmed
+
+	// Started by another live process (a running serve): in use, never offered for stopping.
+	other := exec.Command("sleep", "60")
+	if err := other.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { other.Process.Kill(); other.Wait() })
+	if err := os.WriteFile(filepath.Join(dir, "owner.pid"), []byte(fmt.Sprintf("%d\n", other.Process.Pid)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err = Start(ctx, Options{Dir: dir, NoSync: true})
+	if !errors.Is(err, ErrAlreadyRunning) {
+		t.Fatalf("err = %v, want ErrAlreadyRunning", err)
+	}
+	if strings.Contains(err.Error(), "stop -m fast") || !strings.Contains(err.Error(), fmt.Sprintf("process %d, which is still running", other.Process.Pid)) {
+		t.Errorf("a cluster in use by a live process must be named as such and not offered for stopping: %v", err)
+	}
+	mustQuery(t, c.URL("postgres"), "SELECT 1::text")
 }
 
 func TestStalePidFile(t *testing.T) {
