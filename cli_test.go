@@ -70,8 +70,14 @@ type cliRun struct {
 // env, from a temporary directory.
 func runCLI(t *testing.T, env []string, args ...string) cliRun {
 	t.Helper()
+	return runCLIIn(t, t.TempDir(), env, args...)
+}
+
+// runCLIIn is runCLI in the directory dir.
+func runCLIIn(t *testing.T, dir string, env []string, args ...string) cliRun {
+	t.Helper()
 	cmd := exec.Command(cliBinary(t), args...)
-	cmd.Dir = t.TempDir()
+	cmd.Dir = dir
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "BILLING_") {
 			cmd.Env = append(cmd.Env, kv)

@@ -51,6 +51,7 @@ func doctorCommand(args []string) int {
 		fmt.Fprintln(os.Stderr, err.Error())
 		return exitUsage
 	}
+	useRunningService(cfg, os.Stderr)
 	logger, flush := newLogger(cfg)
 	defer flush()
 	ctx := context.Background()
@@ -69,7 +70,7 @@ func doctorCommand(args []string) int {
 		// The embedded cluster, as serve and migrate use it.
 		db, stop, _ := openDatabase(ctx, cfg, logger)
 		if db == nil {
-			opts.DBErr = errors.New("the embedded PostgreSQL cluster did not start (see the log line above)")
+			opts.DBErr = errors.New("the embedded PostgreSQL cluster did not start (the log on stderr says why)")
 		} else {
 			defer stop()
 			opts.DB = database.SQL(db)

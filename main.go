@@ -348,14 +348,23 @@ func serve(args []string) int {
 	return exit
 }
 
-// devRunEnv is what a serve on the embedded cluster tells the dev loop's tools. Secrets are
-// written only in test mode: a live key or secret never lands in a file of the checkout.
-func devRunEnv(cfg *config.Config, databaseURL string) runenv.Env {
-	host, port, _ := net.SplitHostPort(cfg.HTTP.Addr)
+// localURL is the URL a tool on this machine reaches a listen address at: a wildcard or empty
+// host is localhost.
+func localURL(addr string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		host, port = addr, "80"
+	}
 	if host == "" || host == "0.0.0.0" || host == "::" {
 		host = "localhost"
 	}
-	e := runenv.Env{PID: os.Getpid(), ServiceURL: "http://" + net.JoinHostPort(host, port), DatabaseURL: databaseURL,
+	return "http://" + net.JoinHostPort(host, port)
+}
+
+// devRunEnv is what a serve on the embedded cluster tells the dev loop's tools. Secrets are
+// written only in test mode: a live key or secret never lands in a file of the checkout.
+func devRunEnv(cfg *config.Config, databaseURL string) runenv.Env {
+	e := runenv.Env{PID: os.Getpid(), ServiceURL: localURL(cfg.HTTP.Addr), DatabaseURL: databaseURL,
 		StripeURL: cfg.Stripe.APIURL}
 	if cfg.Stripe.Mode != "test" {
 		return e

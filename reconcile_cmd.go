@@ -66,6 +66,7 @@ func runReconcileCommand(ctx context.Context, args []string, stdout, stderr io.W
 		return stopped("--mode %s does not match stripe.mode %s: the secret key decides the mode, so configure stripe.mode and a %s secret key to reconcile %s mode",
 			*mode, cfg.Stripe.Mode, *mode, *mode)
 	}
+	useRunningService(cfg, stderr)
 	if cfg.Stripe.SecretKey == "" {
 		return stopped("stripe.secret_key is not set: nothing to list")
 	}
@@ -74,6 +75,8 @@ func runReconcileCommand(ctx context.Context, args []string, stdout, stderr io.W
 
 	db, stop, _ := openDatabase(ctx, cfg, logger)
 	if db == nil {
+		// The log says why; written out first, so that the line above is the reason.
+		flush()
 		return stopped("cannot open the database (see the log line above)")
 	}
 	defer stop()

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"billing/config"
+	"billing/internal/runenv"
 	"billing/internal/stripeevents"
 )
 
@@ -31,14 +32,15 @@ var triggerHelp = commandHelp{
 		{config.ConfigEnv, "YAML configuration file (like --config), read for the webhook secret"},
 		{"BILLING_STRIPE_WEBHOOK_SECRETS_TEST", "secrets to sign test-mode events with (the first one)"},
 		{"BILLING_STRIPE_WEBHOOK_SECRETS_LIVE", "the same for --live"},
+		{"BILLING_HTTP_ADDR", "the service's listen address: trigger posts to its port on localhost"},
 	},
 }
 
 // trigger posts a signed sample event to a running service: the local `stripe trigger`.
 func trigger(args []string) int {
 	fs := flag.NewFlagSet("trigger", flag.ContinueOnError)
-	url := fs.String("url", "http://localhost:8080/webhooks/stripe", "webhook endpoint of the running service")
-	secret := fs.String("secret", "", "webhook secret to sign with (default: the first configured secret of the mode)")
+	url := fs.String("url", triggerURL(), "webhook endpoint of the running service (default: BILLING_HTTP_ADDR's port on localhost, else the `make run` service's)")
+	secret := fs.String("secret", "", "webhook secret to sign with (default: the first configured secret of the mode, else the running `make run` service's test secret)")
 	live := fs.Bool("live", false, "send a live-mode event")
 	suffix := fs.String("id", "", "suffix of the objects' ids (default random): sub_<id>, cus_<id>, in_<id>")
 	eventID := fs.String("event-id", "", "the event's id (default a new evt_… every time; repeat one to redeliver)")
@@ -76,6 +78,8 @@ func trigger(args []string) int {
 		}
 		if s := cfg.WebhookSecrets(*live); len(s) > 0 {
 			*secret = s[0]
+		} else if e, _, err := runenv.Find(workDir()); err == nil && !*live {
+			*secret = e.WebhookSecret
 		}
 	}
 	if *secret == "" {

@@ -66,10 +66,13 @@ func runVerifyCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 	if *mode == "" {
 		*mode = cfg.Stripe.Mode
 	}
+	useRunningService(cfg, stderr)
 	logger, flush := newLogger(cfg)
 	defer flush()
 	db, stop, _ := openDatabase(ctx, cfg, logger)
 	if db == nil {
+		// The log says why; written out first, so that the line above is the reason.
+		flush()
 		return stopped("cannot open the database (see the log line above)")
 	}
 	defer stop()

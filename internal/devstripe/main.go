@@ -57,6 +57,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	defer stop()
 	p.Dev()
+	// The default portal configuration of a Stripe account set up for the service: cancelling
+	// allowed, so that `billing doctor` and serve's start-up checks pass offline as they do
+	// against an account that `billing stripe setup` prepared.
+	p.PortalConfigurations().Add(true, true, true)
 	// Usage reaches the dev Stripe as meter events, kept and deduplicated by identifier.
 	stripetest.NewMeterEvents(p, false)
 	p.OnRequest(func(r stripetest.Request) {
