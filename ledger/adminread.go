@@ -32,13 +32,18 @@ type ChargeRow struct {
 	CreatedAt        time.Time `gorm:"column:created_at"`
 }
 
-// chargeFrom selects ChargeRows of charges c of the mode $1; a statement goes on with AND. Refunds
-// count once completed and not failed or canceled.
+// refundedSQL is what has been refunded of the charge c, the same on every read (the API's
+// amount_refunded, the console): the larger of Stripe's figure, which also counts refunds made
+// elsewhere (the Dashboard) but comes only with charge.refunded events that may lag or never come,
+// and the local refunds Stripe accepted (completed, and not failed, canceled or refused).
+const refundedSQL = `GREATEST(coalesce(c.amount_refunded, 0), coalesce((SELECT sum(r.amount) FROM refunds r
+	WHERE r.order_id = c.order_id AND r.livemode = c.livemode
+	  AND r.state = 'completed' AND r.status NOT IN ('failed', 'canceled', '` + refundError + `')), 0))`
+
+// chargeFrom selects ChargeRows of charges c of the mode $1; a statement goes on with AND.
 const chargeFrom = `SELECT c.order_id, c.user_id, c.stripe_customer_id, c.livemode, c.amount, c.currency, c.description,
 	c.state, c.status, c.payment_intent_id, c.error_code, c.decline_code, c.attempts, c.created_at,
-	coalesce((SELECT sum(r.amount) FROM refunds r
-	          WHERE r.order_id = c.order_id AND r.livemode = c.livemode
-	            AND r.state = 'completed' AND r.status NOT IN ('failed', 'canceled')), 0) AS refunded
+	` + refundedSQL + ` AS refunded
 	FROM charges c WHERE c.livemode = $1`
 
 // CustomerCharges lists the ledger rows of a Stripe customer of one mode, newest first.

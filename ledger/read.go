@@ -11,7 +11,8 @@ import (
 
 // chargeView is GET /v1/charges/{order_id}: the fields POST /v1/charges answers, with the status
 // as it is now (settled by events, or finished by the service itself), and what else the row
-// knows. A row still pending reads "pending" with no PaymentIntent yet.
+// knows. A row still pending reads "pending" with no PaymentIntent yet. amount_refunded is
+// refundedSQL.
 type chargeView struct {
 	OrderID         string  `json:"order_id" gorm:"column:order_id"`
 	Status          string  `json:"status" gorm:"column:status"`
@@ -31,9 +32,9 @@ func (s *Service) getCharge(c echo.Context) error {
 	}
 	var rows []chargeView
 	err := s.db.WithContext(c.Request().Context()).Raw(`
-		SELECT order_id, coalesce(status, 'pending') AS status, payment_intent_id, amount, currency, idempotency_key,
-		  decline_code, coalesce(amount_refunded, 0) AS amount_refunded, livemode
-		FROM charges WHERE order_id = $1 /* all modes: one per database; refused below when of the other */`, orderID).Scan(&rows).Error
+		SELECT c.order_id, coalesce(c.status, 'pending') AS status, c.payment_intent_id, c.amount, c.currency, c.idempotency_key,
+		  c.decline_code, `+refundedSQL+` AS amount_refunded, c.livemode
+		FROM charges c WHERE c.order_id = $1 /* all modes: one per database; refused below when of the other */`, orderID).Scan(&rows).Error
 	if err != nil {
 		return database.APIError(err, "load charge")
 	}

@@ -372,6 +372,33 @@ func TestGetCharge(t *testing.T) {
 	if got := v.getCharge("o_declined"); got["status"] != "declined" || got["decline_code"] != "insufficient_funds" {
 		t.Errorf("declined: %v", got)
 	}
+	// Refunds the service made count at once, before (or without) Stripe's charge.refunded; a
+	// refused one does not; Stripe's larger figure (a Dashboard refund) wins when it comes.
+	v.mustCharge("o_refunded", "u1", 1250)
+	expectStatus(t, v.refund("o_refunded", map[string]any{"refund_id": "r1", "amount": 250}), http.StatusCreated)
+	if got := v.getCharge("o_refunded"); got["amount_refunded"] != float64(250) {
+		t.Errorf("after a refund of 250: amount_refunded %v", got["amount_refunded"])
+	}
+	v.proxy.Respond(http.MethodPost, refundsPath, 1, func(stripetest.Request) stripetest.Answer {
+		return stripetest.Answer{Status: 400, Body: map[string]any{"error": map[string]any{
+			"type": "invalid_request_error", "code": "charge_disputed", "message": "This charge is disputed.",
+		}}}
+	})
+	expectError(t, v.refund("o_refunded", map[string]any{"refund_id": "r_refused", "amount": 100}), http.StatusUnprocessableEntity, "refund_failed")
+	expectStatus(t, v.refund("o_refunded", map[string]any{"refund_id": "r2", "amount": 1000}), http.StatusCreated)
+	if got := v.getCharge("o_refunded"); got["amount_refunded"] != float64(1250) {
+		t.Errorf("after refunds of 250 and 1000 (and a refused 100): amount_refunded %v, want 1250", got["amount_refunded"])
+	}
+	v.exec(`UPDATE charges SET amount_refunded = 1000 WHERE order_id = 'o_refunded'`)
+	if got := v.getCharge("o_refunded"); got["amount_refunded"] != float64(1250) {
+		t.Errorf("Stripe's smaller, older figure: amount_refunded %v, want the local 1250", got["amount_refunded"])
+	}
+	v.mustCharge("o_dashboard", "u1", 500)
+	v.exec(`UPDATE charges SET amount_refunded = 300 WHERE order_id = 'o_dashboard'`)
+	if got := v.getCharge("o_dashboard"); got["amount_refunded"] != float64(300) {
+		t.Errorf("a refund made in the Dashboard: amount_refunded %v, want Stripe's 300", got["amount_refunded"])
+	}
+
 	v.exec(`INSERT INTO charges (order_id, user_id, stripe_customer_id, amount, currency, request_hash, idempotency_key, livemode, state)
 		VALUES ('o_live', 'u1', 'cus_u1', 10, 'usd', 'h', 'charge-o_live', true, 'pending')`)
 	expectError(t, v.do(http.MethodGet, "/v1/charges/o_live", nil), http.StatusConflict, "livemode_conflict")
