@@ -14,10 +14,15 @@ RUN --mount=type=cache,target=/go/pkg/mod \
     go mod download
 COPY . .
 # CGO_ENABLED=0: no libc dependency, so the binary runs on any base image. -trimpath and -s -w:
-# no build paths, symbol table or DWARF in the binary.
+# no build paths, symbol table or DWARF in the binary. .git stays out of the context, so the
+# release and commit that `billing --version` names come as build arguments:
+#   docker build --build-arg VERSION=$(git describe --tags --always --dirty) --build-arg COMMIT=$(git rev-parse HEAD) -t billing .
+# Left empty, --version says "(devel)" and "commit unknown".
+ARG VERSION=
+ARG COMMIT=
 RUN --mount=type=cache,target=/go/pkg/mod \
     --mount=type=cache,target=/root/.cache/go-build \
-    CGO_ENABLED=0 GOOS=linux go build -trimpath -ldflags "-s -w" -o /out/billing .
+    CGO_ENABLED=0 GOOS=linux go build -trimpath -ldflags "-s -w -X main.version=${VERSION} -X main.commit=${COMMIT}" -o /out/billing .
 
 # --- runtime -----------------------------------------------------------------------------------
 # debian:12-slim rather than distroless: a HEALTHCHECK needs a program that can GET /readyz, and

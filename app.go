@@ -28,6 +28,7 @@ import (
 	"billing/internal/database"
 	"billing/internal/httpserver"
 	"billing/internal/jobs"
+	"billing/internal/logging"
 	"billing/internal/mail"
 	"billing/internal/stripeclient"
 	"billing/ledger"
@@ -161,7 +162,7 @@ func newApp(opts appOptions) (*App, error) {
 		// polls PostgreSQL 10 times a second instead of 40.
 		PollInterval: 200 * time.Millisecond,
 		PeriodicJobs: append(append(inbox.PeriodicJobs(), rec.PeriodicJobs()...), charges.PeriodicJobs()...),
-		Logger:       logger.With("component", "river"),
+		Logger:       slog.New(logging.Demote(logger.Handler(), ": Producer job counts")).With("component", "river"),
 	})
 	if err != nil {
 		return nil, err

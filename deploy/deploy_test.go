@@ -448,7 +448,8 @@ func TestDockerfile(t *testing.T) {
 			buildRun = r.args
 		}
 	}
-	for _, want := range []string{"CGO_ENABLED=0", "-trimpath", `-ldflags "-s -w"`} {
+	// -X: .git is not in the build context, so --version would name no release or commit.
+	for _, want := range []string{"CGO_ENABLED=0", "-trimpath", `-ldflags "-s -w `, "-X main.version=${VERSION}", "-X main.commit=${COMMIT}"} {
 		if !strings.Contains(buildRun, want) {
 			t.Errorf("Dockerfile: the go build step %q lacks %s", buildRun, want)
 		}
