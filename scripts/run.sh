@@ -32,6 +32,10 @@ export BILLING_LOG_FORMAT=${BILLING_LOG_FORMAT:-text}
 unset BILLING_DATABASE_URL
 port=${BILLING_HTTP_ADDR##*:}
 export BILLING_PORTAL_RETURN_URL=${BILLING_PORTAL_RETURN_URL:-http://localhost:${port}/}
+# Where Checkout sends the customer back; the app gives its own pages per request (success_url,
+# cancel_url), these are the defaults so that a first Checkout call needs none.
+export BILLING_CHECKOUT_SUCCESS_URL=${BILLING_CHECKOUT_SUCCESS_URL:-"http://localhost:${port}/?checkout=success&session_id={CHECKOUT_SESSION_ID}"}
+export BILLING_CHECKOUT_CANCEL_URL=${BILLING_CHECKOUT_CANCEL_URL:-"http://localhost:${port}/?checkout=cancel"}
 
 go build -o bin/stripe-mock github.com/stripe/stripe-mock
 go build -o bin/devstripe ./internal/devstripe
