@@ -75,7 +75,8 @@ Try:
   curl -s -X POST -H '${api}' -H 'Content-Type: application/json' -d '{"order_id":"order_1","user_id":"user_1","amount":1250,"currency":"eur"}' localhost:${port}/v1/charges
   # a declining card for user_1 (cus_… from the PUT answer), then charge a new order_id:
   curl -s -u ${BILLING_STRIPE_SECRET_KEY}: localhost:${STRIPE_PORT}/v1/customers/CUS_ID -d 'invoice_settings[default_payment_method]=pm_card_chargeDeclined'
-  bin/billing trigger customer.subscription.created --customer CUS_ID --url http://localhost:${port}/webhooks/stripe --secret ${BILLING_STRIPE_WEBHOOK_SECRETS_TEST}
+  bin/billing trigger customer.subscription.created --customer CUS_ID   # finds this service through .data/run.env
+  bin/billing doctor                                                     # the same: its database, its Stripe, its secret
   curl -s -H 'Authorization: Bearer ${BILLING_AUTH_ADMIN_TOKENS}' localhost:${port}/admin/events
 
 MSG
