@@ -254,28 +254,49 @@ func (s *Service) CustomerFeatures(ctx context.Context, stripeCustomerID string,
 }
 
 func (s *Service) customerFeaturesTx(ctx context.Context, tx *gorm.DB, stripeCustomerID string, livemode bool) (CustomerFeatures, error) {
-	var out CustomerFeatures
 	if stripeCustomerID == "" {
-		return out, nil
+		return CustomerFeatures{}, nil
 	}
-	rows, err := tx.WithContext(ctx).Statement.ConnPool.QueryContext(ctx, `
-		SELECT lookup_keys, complete, feat_event_id, feat_event_type, feat_event_created, updated_at FROM customer_features
-		WHERE stripe_customer_id = $1 AND livemode = $2`, stripeCustomerID, livemode)
-	if err != nil {
-		return out, fmt.Errorf("load the features of customer %s: %w", stripeCustomerID, err)
-	}
-	defer rows.Close()
-	if rows.Next() {
-		out.Found = true
-		err = rows.Scan(pgtype.NewMap().SQLScanner(&out.LookupKeys), &out.Complete, &out.EventID, &out.EventType, &out.EventCreated, &out.UpdatedAt)
-	}
-	if err == nil {
-		err = rows.Err()
-	}
+	m, err := customerFeaturesOf(ctx, tx, []string{stripeCustomerID}, livemode)
 	if err != nil {
 		return CustomerFeatures{}, fmt.Errorf("load the features of customer %s: %w", stripeCustomerID, err)
 	}
-	return out, nil
+	return m[stripeCustomerID], nil
+}
+
+// CustomerFeaturesOf returns the stored features of Stripe customers of a mode in one statement
+// (reconcile compares a page's customers at once), by customer id; a customer with nothing
+// stored is absent.
+func (s *Service) CustomerFeaturesOf(ctx context.Context, stripeCustomerIDs []string, livemode bool) (map[string]CustomerFeatures, error) {
+	m, err := customerFeaturesOf(ctx, s.db, stripeCustomerIDs, livemode)
+	if err != nil {
+		return nil, fmt.Errorf("load the features of %d customers: %w", len(stripeCustomerIDs), err)
+	}
+	return m, nil
+}
+
+func customerFeaturesOf(ctx context.Context, tx *gorm.DB, ids []string, livemode bool) (map[string]CustomerFeatures, error) {
+	out := make(map[string]CustomerFeatures, len(ids))
+	if len(ids) == 0 {
+		return out, nil
+	}
+	rows, err := tx.WithContext(ctx).Statement.ConnPool.QueryContext(ctx, `
+		SELECT stripe_customer_id, lookup_keys, complete, feat_event_id, feat_event_type, feat_event_created, updated_at
+		FROM customer_features WHERE stripe_customer_id = ANY($1) AND livemode = $2`, ids, livemode)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	types := pgtype.NewMap()
+	for rows.Next() {
+		var id string
+		f := CustomerFeatures{Found: true}
+		if err := rows.Scan(&id, types.SQLScanner(&f.LookupKeys), &f.Complete, &f.EventID, &f.EventType, &f.EventCreated, &f.UpdatedAt); err != nil {
+			return nil, err
+		}
+		out[id] = f
+	}
+	return out, rows.Err()
 }
 
 // ListActiveEntitlements reads every page of a customer's active entitlements from Stripe and

@@ -15,9 +15,11 @@ import (
 
 // Features: a customer's active entitlements are read once per page of subscriptions for each
 // customer with a subscription that Stripe does not show as ended (an ended customer's features
-// are granted to no one, whatever they are), compared with the stored list, and repaired by
-// applying the read through the code that applies the job's reads (billing.ApplyFeatureRead).
-// Stripe lists them per customer only: one read (of every page) per such customer and run.
+// are granted to no one, whatever they are), compared with the stored lists (one statement for
+// the page, after the reads, so that an event that lands meanwhile is seen as newer than the
+// read), and repaired by applying the read through the code that applies the job's reads
+// (billing.ApplyFeatureRead). Stripe lists them per customer only: one read (of every page) per
+// such customer and run.
 
 // featureDrift is a customer's list that differs.
 type featureDrift struct {
@@ -25,45 +27,68 @@ type featureDrift struct {
 	read billing.FeatureRead
 }
 
-// featuresDiff reads the active entitlements of the subscription's customer and compares them
-// with the stored list; nil when they agree, when the customer was compared already in this page,
-// or when its subscription has ended.
-func (r *run) featuresDiff(ctx context.Context, rem remote) (*featureDrift, error) {
-	sub := rem.sub
-	if sub.Customer == nil || sub.Customer.ID == "" || sub.Customer.Deleted || billing.IsTerminal(string(sub.Status)) {
-		return nil, nil
-	}
-	id := sub.Customer.ID
-	if r.featured[id] {
-		return nil, nil
-	}
-	r.featured[id] = true
-	keys, fetchedAt, err := r.activeEntitlements(ctx, id)
-	if err != nil {
-		if gone(err) {
-			return nil, nil // the customer is gone at Stripe: the subscription's own drift says so
+// featureRead is what Stripe says of one customer's active entitlements.
+type featureRead struct {
+	customer  string
+	keys      []string
+	fetchedAt time.Time
+}
+
+// pageFeatures reads the active entitlements of the page's customers and compares them with the
+// stored lists: the drifts by customer id.
+func (r *run) pageFeatures(ctx context.Context, subs []remote) (map[string]*featureDrift, error) {
+	seen := map[string]bool{}
+	var reads []featureRead
+	for _, rem := range subs {
+		sub := rem.sub
+		if sub.Customer == nil || sub.Customer.ID == "" || sub.Customer.Deleted || billing.IsTerminal(string(sub.Status)) || seen[sub.Customer.ID] {
+			continue
 		}
-		return nil, err
+		id := sub.Customer.ID
+		seen[id] = true
+		keys, fetchedAt, err := r.activeEntitlements(ctx, id)
+		if err != nil {
+			if gone(err) {
+				continue // the customer is gone at Stripe: the subscription's own drift says so
+			}
+			return nil, err
+		}
+		reads = append(reads, featureRead{customer: id, keys: sortedUnique(keys), fetchedAt: fetchedAt})
 	}
-	local, err := r.s.billing.CustomerFeatures(ctx, id, r.s.livemode)
+	ids := make([]string, len(reads))
+	for i, rd := range reads {
+		ids[i] = rd.customer
+	}
+	locals, err := r.s.billing.CustomerFeaturesOf(ctx, ids, r.s.livemode)
 	if err != nil {
 		return nil, err
 	}
-	keys = sortedUnique(keys)
-	if slices.Equal(keys, local.LookupKeys) || (!local.Found && len(keys) == 0) {
-		return nil, nil
+	drifts := map[string]*featureDrift{}
+	for _, rd := range reads {
+		if d := r.featuresDiff(rd, locals[rd.customer]); d != nil {
+			drifts[rd.customer] = d
+		}
 	}
-	if sec := fetchedAt.UTC().Truncate(time.Second); local.Found &&
+	return drifts, nil
+}
+
+// featuresDiff compares a customer's read with its stored list; nil when they agree or when the
+// list has news from the read's second or later.
+func (r *run) featuresDiff(rd featureRead, local billing.CustomerFeatures) *featureDrift {
+	if slices.Equal(rd.keys, local.LookupKeys) || (!local.Found && len(rd.keys) == 0) {
+		return nil
+	}
+	if sec := rd.fetchedAt.UTC().Truncate(time.Second); local.Found &&
 		(local.EventCreated.After(sec) || (local.EventCreated.Equal(sec) && !local.FromRead())) {
 		// An event from the read's second or later: the read cannot say the list is wrong. (An
 		// earlier read of the same second is no fresher than this one.)
-		return nil, nil
+		return nil
 	}
 	return &featureDrift{
-		diff: diff{Field: FieldFeatures, Local: strings.Join(local.LookupKeys, ","), Stripe: strings.Join(keys, ",")},
-		read: billing.FeatureRead{StripeCustomerID: id, Livemode: r.s.livemode, LookupKeys: keys, FetchedAt: fetchedAt,
+		diff: diff{Field: FieldFeatures, Local: strings.Join(local.LookupKeys, ","), Stripe: strings.Join(rd.keys, ",")},
+		read: billing.FeatureRead{StripeCustomerID: rd.customer, Livemode: r.s.livemode, LookupKeys: rd.keys, FetchedAt: rd.fetchedAt,
 			Source: "reconcile:" + r.sum.RunID},
-	}, nil
+	}
 }
 
 // activeEntitlements reads every page of a customer's active entitlements, each page a call of

@@ -40,7 +40,8 @@ type Subscriptions interface {
 	// Subscriptions reads the local rows of a page's ids in one query.
 	Subscriptions(ctx context.Context, subscriptionIDs []string, livemode bool) (map[string]*billing.Subscription, error)
 	ApplySnapshot(ctx context.Context, tx *gorm.DB, snap billing.Snapshot) (billing.SnapshotOutcome, error)
-	CustomerFeatures(ctx context.Context, stripeCustomerID string, livemode bool) (billing.CustomerFeatures, error)
+	// CustomerFeaturesOf reads the stored features of a page's customers in one query.
+	CustomerFeaturesOf(ctx context.Context, stripeCustomerIDs []string, livemode bool) (map[string]billing.CustomerFeatures, error)
 	ApplyFeatureRead(ctx context.Context, tx *gorm.DB, r billing.FeatureRead) (bool, error)
 }
 

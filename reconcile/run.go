@@ -46,8 +46,10 @@ type run struct {
 	// linked are the customers of the page whose link a subscription already carries: one
 	// subscription of a page reports and repairs its customer's link, the others would only
 	// repeat it (a customer's subscriptions usually sit together, and the set stays small);
-	// featured, those whose features the page has compared.
-	linked, featured map[string]bool
+	// features are the page's customers whose features differ, until a subscription of theirs
+	// carries the drift.
+	linked   map[string]bool
+	features map[string]*featureDrift
 }
 
 // begin records a new run; the caller holds the mode's lock. Runs left unfinished by a process
@@ -284,7 +286,10 @@ func (r *run) process(ctx context.Context, subs []remote) error {
 	if err != nil {
 		return err
 	}
-	r.linked, r.featured = map[string]bool{}, map[string]bool{}
+	r.linked = map[string]bool{}
+	if r.features, err = r.pageFeatures(ctx, subs); err != nil {
+		return err
+	}
 	var items []*item
 	for _, rem := range subs {
 		it, err := r.examine(ctx, rem, locals[rem.sub.ID], links)
@@ -341,9 +346,10 @@ func (r *run) examine(ctx context.Context, rem remote, local *billing.Subscripti
 		}
 		r.linked[c.ID] = true
 	}
-	features, err := r.featuresDiff(ctx, rem)
-	if err != nil {
-		return nil, err
+	var features *featureDrift
+	if c := rem.sub.Customer; c != nil {
+		features = r.features[c.ID]
+		delete(r.features, c.ID)
 	}
 	if len(diffs) == 0 && link == nil && features == nil {
 		return nil, nil
@@ -408,7 +414,7 @@ func (r *run) repair(ctx context.Context, items []*item) error {
 // settle compares the repaired subscriptions again, read back in one query (and their links in
 // another): a field counts as repaired only when the local state now says what Stripe said.
 func (r *run) settle(ctx context.Context, items []*item) error {
-	var ids []string
+	var ids, featured []string
 	var customers []*stripe.Customer
 	for _, it := range items {
 		if it.out != nil {
@@ -417,6 +423,9 @@ func (r *run) settle(ctx context.Context, items []*item) error {
 		ids = append(ids, it.rem.sub.ID)
 		if it.link != nil && it.link.repairable {
 			customers = append(customers, it.rem.sub.Customer)
+		}
+		if it.features != nil {
+			featured = append(featured, it.features.read.StripeCustomerID)
 		}
 	}
 	if len(ids) == 0 {
@@ -427,6 +436,10 @@ func (r *run) settle(ctx context.Context, items []*item) error {
 		return fmt.Errorf("load the page's repaired subscriptions: %w", err)
 	}
 	links, err := r.loadLinks(ctx, customers)
+	if err != nil {
+		return err
+	}
+	features, err := r.s.billing.CustomerFeaturesOf(ctx, featured, r.s.livemode)
 	if err != nil {
 		return err
 	}
@@ -452,10 +465,7 @@ func (r *run) settle(ctx context.Context, items []*item) error {
 			it.out = append(it.out, o)
 		}
 		if f := it.features; f != nil {
-			now, err := r.s.billing.CustomerFeatures(ctx, f.read.StripeCustomerID, r.s.livemode)
-			if err != nil {
-				return fmt.Errorf("load the features of %s: %w", f.read.StripeCustomerID, err)
-			}
+			now := features[f.read.StripeCustomerID]
 			o := outcome{diff: f.diff, repaired: strings.Join(now.LookupKeys, ",") == f.diff.Stripe}
 			if !o.repaired {
 				o.reason, all = "an event newer than Stripe's answer changed the features meanwhile; the next run compares again", false
