@@ -1,8 +1,9 @@
 // Command devstripe is the Stripe API of `make run`: the test double of the tests
-// (internal/stripetest) in front of stripe-mock, in its Dev mode, so that charges behave as in
-// Stripe's test mode (pm_card_visa succeeds, pm_card_chargeDeclined… decline, 3-D Secure cards
-// need authentication) and portal sessions open a local page. It is a separate program so that
-// the service's binary never carries a double of Stripe.
+// (internal/stripetest) in front of stripe-mock, in its Dev mode and with an account's state
+// (stripetest.DevStripe), so that charges behave as in Stripe's test mode (pm_card_visa succeeds,
+// pm_card_chargeDeclined… decline, 3-D Secure cards need authentication), portal sessions open a
+// local page, and what the service creates is what it reads back. It is a separate program so
+// that the service's binary never carries a double of Stripe.
 //
 //	go run ./internal/devstripe --listen 127.0.0.1:12111 --upstream http://127.0.0.1:12112
 package main
@@ -56,9 +57,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	defer stop()
-	p.Dev()
-	// Usage reaches the dev Stripe as meter events, kept and deduplicated by identifier.
-	stripetest.NewMeterEvents(p, false)
+	// Customers, Checkout sessions, subscriptions, invoices and meter events are kept, so that
+	// the service reads back what it created.
+	stripetest.NewDevStripe(p)
 	p.OnRequest(func(r stripetest.Request) {
 		line := fmt.Sprintf("%s %s %s -> %d", time.Now().Format(time.TimeOnly), r.Method, r.Path, r.Status)
 		if r.Replayed {

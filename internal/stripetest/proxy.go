@@ -161,6 +161,8 @@ type Proxy struct {
 	dev     bool          // see Dev
 	idTag   string        // set by Dev: makes ids unique across processes
 	onReq   func(Request) // see OnRequest
+	// customerSource answers a customer's default_source when an Account keeps the customers.
+	customerSource func(customerID string) string
 }
 
 // route serves the requests under a path prefix from the test's own state.
@@ -411,6 +413,13 @@ func (p *Proxy) routeFor(path string) func(Request) Answer {
 		}
 	}
 	return nil
+}
+
+// setCustomerSource makes fn the lookup of a customer's default_source (an Account's).
+func (p *Proxy) setCustomerSource(fn func(customerID string) string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.customerSource = fn
 }
 
 func (p *Proxy) addRule(r *rule) {
