@@ -39,7 +39,11 @@ pids=()
 trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done' EXIT
 bin/stripe-mock -http-addr "127.0.0.1:${STRIPE_MOCK_PORT}" -https-addr 127.0.0.1:0 >.data/stripe-mock.log 2>&1 &
 pids+=($!)
-bin/devstripe --listen "127.0.0.1:${STRIPE_PORT}" --upstream "http://127.0.0.1:${STRIPE_MOCK_PORT}" >.data/devstripe.log 2>&1 &
+# The dev Stripe sends the events of what happens there (a completed Checkout, a renewal) to the
+# service, signed with its test secret; it retries while serve is still starting.
+bin/devstripe --listen "127.0.0.1:${STRIPE_PORT}" --upstream "http://127.0.0.1:${STRIPE_MOCK_PORT}" \
+  --webhook-url "http://localhost:${port}/webhooks/stripe" --webhook-secret "${BILLING_STRIPE_WEBHOOK_SECRETS_TEST}" \
+  >.data/devstripe.log 2>&1 &
 devstripe_pid=$!
 pids+=("$devstripe_pid")
 # devstripe says it listens once stripe-mock answers; stop here if either gave up.

@@ -33,8 +33,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	listen := fs.String("listen", "127.0.0.1:12111", "address to listen on (loopback when the host is empty)")
 	upstream := fs.String("upstream", "", "base URL of stripe-mock (required)")
 	wait := fs.Duration("wait", time.Minute, "how long to wait for stripe-mock to answer before giving up")
+	webhookURL := fs.String("webhook-url", "", "the service's webhook endpoint, where the events of completed Checkouts and renewals go (none: not sent)")
+	webhookSecret := fs.String("webhook-secret", "", "the endpoint's signing secret (whsec_…; the service's stripe.webhook_secrets.test)")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: devstripe --upstream URL [--listen ADDR]\n\nflags:")
+		fmt.Fprintln(fs.Output(), "usage: devstripe --upstream URL [--listen ADDR] [--webhook-url URL --webhook-secret WHSEC]\n\nflags:")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -45,6 +47,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if *upstream == "" {
 		fmt.Fprintln(stderr, "devstripe: --upstream is required (the URL of stripe-mock)")
+		return 2
+	}
+	if (*webhookURL == "") != (*webhookSecret == "") {
+		fmt.Fprintln(stderr, "devstripe: --webhook-url and --webhook-secret go together (events are signed with the secret)")
 		return 2
 	}
 	if err := waitFor(*upstream, *wait); err != nil {
@@ -59,7 +65,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	defer stop()
 	// Customers, Checkout sessions, subscriptions, invoices and meter events are kept, so that
 	// the service reads back what it created.
-	stripetest.NewDevStripe(p)
+	dev := stripetest.NewDevStripe(p)
+	if *webhookURL != "" {
+		dev.Webhooks = &stripetest.WebhookSender{URL: *webhookURL, Secret: *webhookSecret}
+	}
 	p.OnRequest(func(r stripetest.Request) {
 		line := fmt.Sprintf("%s %s %s -> %d", time.Now().Format(time.TimeOnly), r.Method, r.Path, r.Status)
 		if r.Replayed {
@@ -74,6 +83,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stdout, "devstripe: new customers pay with %s; other test cards: %s, and pm_card_threeDSecure2Required (authentication)\n",
 		stripetest.DefaultCard, strings.Join([]string{"pm_card_chargeDeclined", "pm_card_chargeDeclinedInsufficientFunds", "pm_card_chargeDeclinedExpiredCard"}, ", "))
 	fmt.Fprintf(stdout, "devstripe: portal sessions open %s/dev-portal/bps_…\n", p.PortalBase())
+	if *webhookURL != "" {
+		fmt.Fprintf(stdout, "devstripe: events go to %s\n", *webhookURL)
+	} else {
+		fmt.Fprintln(stdout, "devstripe: no --webhook-url: events are not sent")
+	}
 
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)

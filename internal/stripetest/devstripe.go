@@ -1,5 +1,11 @@
 package stripetest
 
+import (
+	"time"
+
+	"billing/internal/stripeevents"
+)
+
 // DevStripe is the Stripe of the dev loop (`make run`, internal/devstripe): the proxy in Dev mode
 // with state, so that what the service creates is what it reads back — customers, subscriptions
 // and invoices in an Account, Checkout sessions, meter events — instead of stripe-mock's fixture
@@ -10,6 +16,8 @@ type DevStripe struct {
 	Account  *Account
 	Sessions *CheckoutSessions
 	Meter    *MeterEvents
+	// Webhooks delivers the events of what happens here to the service; nil: none are sent.
+	Webhooks *WebhookSender
 }
 
 // NewDevStripe puts p in Dev mode and mounts the dev loop's state on it (test mode).
@@ -22,4 +30,10 @@ func NewDevStripe(p *Proxy) *DevStripe {
 		Sessions: NewCheckoutSessions(p, false),
 		Meter:    NewMeterEvents(p, false),
 	}
+}
+
+// event is an event of the pinned API version and test mode carrying obj, stamped with the
+// account's clock (a test clock moves it on, as Stripe's test clocks do).
+func (d *DevStripe) event(typ string, obj map[string]any, created time.Time) []byte {
+	return stripeevents.Event(d.Proxy.newID("evt_"), typ, created, false, obj, nil)
 }
