@@ -108,6 +108,14 @@ type InvoiceSpec struct {
 	Currency           string // "usd" when empty
 	NextPaymentAttempt time.Time
 	HostedInvoiceURL   string
+	// Created is the invoice's own creation (zero: the subscription's); AmountPaid,
+	// BillingReason (subscription_create, subscription_cycle) and the period it bills are
+	// omitted when zero.
+	Created       time.Time
+	AmountPaid    int64
+	BillingReason string
+	PeriodStart   time.Time
+	PeriodEnd     time.Time
 }
 
 // SubscriptionSpec describes a subscription to add or replace. Zero times are null.
@@ -186,13 +194,26 @@ func (a *Account) put(s SubscriptionSpec) string {
 		if cur == "" {
 			cur = "usd"
 		}
-		a.invoices[inv.ID] = mustJSON(map[string]any{
+		obj := map[string]any{
 			"id": inv.ID, "object": "invoice", "status": inv.Status, "customer": s.Customer,
 			"subscription": s.ID, "attempt_count": inv.AttemptCount, "attempted": inv.AttemptCount > 0,
 			"amount_due": inv.AmountDue, "currency": cur, "livemode": a.livemode,
 			"next_payment_attempt": unixOrNull(inv.NextPaymentAttempt),
 			"hosted_invoice_url":   nullable(inv.HostedInvoiceURL), "created": created,
-		})
+		}
+		if !inv.Created.IsZero() {
+			obj["created"] = inv.Created.Unix()
+		}
+		if inv.AmountPaid != 0 {
+			obj["amount_paid"] = inv.AmountPaid
+		}
+		if inv.BillingReason != "" {
+			obj["billing_reason"] = inv.BillingReason
+		}
+		if !inv.PeriodStart.IsZero() {
+			obj["period_start"], obj["period_end"] = inv.PeriodStart.Unix(), unixOrNull(inv.PeriodEnd)
+		}
+		a.invoices[inv.ID] = mustJSON(obj)
 		latest = inv.ID
 	}
 	price := map[string]any{"id": s.PriceID, "object": "price", "active": true, "currency": "usd",
@@ -291,6 +312,55 @@ func (a *Account) Subscription(id string) json.RawMessage {
 		return nil
 	}
 	return mustJSON(a.expand(decode(raw), map[string]bool{"latest_invoice": true}))
+}
+
+// Spec returns a subscription as a spec (with its latest invoice and its created), to change and
+// put back; false when unknown.
+func (a *Account) Spec(id string) (SubscriptionSpec, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	raw, ok := a.subs[id]
+	if !ok {
+		return SubscriptionSpec{}, false
+	}
+	obj := decode(raw)
+	spec := specOf(obj, a.invoices)
+	spec.Created = time.Unix(int64(obj["created"].(float64)), 0)
+	return spec, true
+}
+
+// Now is the account's clock: in Dev mode the wall clock moved on by Advance.
+func (a *Account) Now() time.Time {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.now()
+}
+
+// Advance moves the dev clock on by d (a test clock); it never goes back.
+func (a *Account) Advance(d time.Duration) time.Time {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	switch {
+	case d <= 0:
+	case a.dev:
+		a.offset += d
+	default:
+		a.clock += int64(d / time.Second)
+	}
+	return a.now()
+}
+
+// NewInvoiceID makes an id for an invoice to put (unique like the account's other ids).
+func (a *Account) NewInvoiceID() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.nextID("in_")
+}
+
+// SetDefaultPaymentMethod sets a customer's invoice_settings.default_payment_method, as an update
+// does.
+func (a *Account) SetDefaultPaymentMethod(customerID, pm string) bool {
+	return a.saveCustomer(customerID, url.Values{"invoice_settings[default_payment_method]": {pm}}).Status == http.StatusOK
 }
 
 // Invoice returns an invoice's JSON object, nil when unknown.
@@ -816,6 +886,19 @@ func specOf(obj map[string]any, invoices map[string][]byte) SubscriptionSpec {
 			}
 			if f, ok := inv["next_payment_attempt"].(float64); ok {
 				spec.NextPaymentAttempt = time.Unix(int64(f), 0)
+			}
+			if f, ok := inv["created"].(float64); ok {
+				spec.Created = time.Unix(int64(f), 0)
+			}
+			if f, ok := inv["amount_paid"].(float64); ok {
+				spec.AmountPaid = int64(f)
+			}
+			spec.BillingReason, _ = inv["billing_reason"].(string)
+			if f, ok := inv["period_start"].(float64); ok {
+				spec.PeriodStart = time.Unix(int64(f), 0)
+			}
+			if f, ok := inv["period_end"].(float64); ok {
+				spec.PeriodEnd = time.Unix(int64(f), 0)
 			}
 			s.LatestInvoice = spec
 		}

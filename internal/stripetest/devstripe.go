@@ -1,6 +1,7 @@
 package stripetest
 
 import (
+	"sync"
 	"time"
 
 	"billing/internal/stripeevents"
@@ -18,18 +19,26 @@ type DevStripe struct {
 	Meter    *MeterEvents
 	// Webhooks delivers the events of what happens here to the service; nil: none are sent.
 	Webhooks *WebhookSender
+
+	mu      sync.Mutex        // one dev action at a time: its changes and events stay in order
+	pending map[string]string // session → its incomplete subscription (a declined Checkout)
 }
 
 // NewDevStripe puts p in Dev mode and mounts the dev loop's state on it (test mode).
 func NewDevStripe(p *Proxy) *DevStripe {
 	// Dev first: the account and the sessions take its id tag.
 	p.Dev()
-	return &DevStripe{
+	d := &DevStripe{
 		Proxy:    p,
 		Account:  NewAccount(p, false),
 		Sessions: NewCheckoutSessions(p, false),
 		Meter:    NewMeterEvents(p, false),
+		pending:  map[string]string{},
 	}
+	p.mu.Lock()
+	p.devPages = d.serveDev()
+	p.mu.Unlock()
+	return d
 }
 
 // event is an event of the pinned API version and test mode carrying obj, stamped with the

@@ -163,6 +163,8 @@ type Proxy struct {
 	onReq   func(Request) // see OnRequest
 	// customerSource answers a customer's default_source when an Account keeps the customers.
 	customerSource func(customerID string) string
+	// devPages serves /dev/… (DevStripe's endpoints), in Dev mode.
+	devPages http.Handler
 }
 
 // route serves the requests under a path prefix from the test's own state.
@@ -473,6 +475,13 @@ func (p *Proxy) OnRequest(fn func(Request)) {
 func (p *Proxy) serve(w http.ResponseWriter, hr *http.Request) {
 	if p.isDev() && strings.HasPrefix(hr.URL.Path, devPortalPath) {
 		p.portalPage(w, hr)
+		return
+	}
+	p.mu.Lock()
+	dev := p.devPages
+	p.mu.Unlock()
+	if dev != nil && strings.HasPrefix(hr.URL.Path, "/dev/") {
+		dev.ServeHTTP(w, hr)
 		return
 	}
 	body, _ := io.ReadAll(hr.Body)
