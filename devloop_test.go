@@ -14,7 +14,9 @@ import (
 	"testing"
 	"time"
 
+	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
 
 	"billing/config"
 	"billing/internal/apitest"
@@ -30,6 +32,7 @@ const devSecret = "whsec_devloop_test_secret_0123456789abcdef0123456789"
 // dev Stripe (the proxy in Dev mode in front of stripe-mock), served over HTTP.
 type devService struct {
 	t      *testing.T
+	dbURL  string
 	app    *App
 	proxy  *stripetest.Proxy
 	stripe *stripetest.DevStripe
@@ -51,13 +54,22 @@ func newDevService(t *testing.T) *devService {
 	cfg.Auth.APITokens = []string{apitest.AppToken}
 	cfg.Auth.AdminTokens = []string{apitest.AdminToken}
 	cfg.Portal.ReturnURL = "http://localhost:8080/"
-	a, err := newApp(appOptions{Config: cfg, DB: testenv.DB(t), Logger: apitest.Logger(t, slog.LevelWarn)})
+	dbURL := testenv.DatabaseURL(t)
+	db, err := gorm.Open(postgres.Open(dbURL), &gorm.Config{Logger: logger.Default.LogMode(logger.Silent)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sqlDB, err := db.DB(); err == nil {
+		// Registered after DatabaseURL's cleanup, so it runs before the DROP.
+		t.Cleanup(func() { sqlDB.Close() })
+	}
+	a, err := newApp(appOptions{Config: cfg, DB: db, Logger: apitest.Logger(t, slog.LevelWarn)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv := httptest.NewServer(a.Echo)
 	t.Cleanup(srv.Close)
-	return &devService{t: t, app: a, proxy: proxy, stripe: dev, server: srv}
+	return &devService{t: t, dbURL: dbURL, app: a, proxy: proxy, stripe: dev, server: srv}
 }
 
 // do sends a JSON request with token and decodes the JSON answer (nil for an empty body).
