@@ -83,6 +83,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stdout, "devstripe: new customers pay with %s; other test cards: %s, and pm_card_threeDSecure2Required (authentication)\n",
 		stripetest.DefaultCard, strings.Join([]string{"pm_card_chargeDeclined", "pm_card_chargeDeclinedInsufficientFunds", "pm_card_chargeDeclinedExpiredCard"}, ", "))
 	fmt.Fprintf(stdout, "devstripe: portal sessions open %s/dev-portal/bps_…\n", p.PortalBase())
+	fmt.Fprintln(stdout, "devstripe: complete a Checkout session with `billing dev checkout complete cs_…`; move time on with `billing dev advance --days N`")
 	if *webhookURL != "" {
 		fmt.Fprintf(stdout, "devstripe: events go to %s\n", *webhookURL)
 	} else {
