@@ -14,7 +14,9 @@ import (
 	"testing"
 	"time"
 
+	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
 
 	"billing/config"
 	"billing/internal/apitest"
@@ -30,15 +32,17 @@ const devSecret = "whsec_devloop_test_secret_0123456789abcdef0123456789"
 // dev Stripe (the proxy in Dev mode in front of stripe-mock), served over HTTP.
 type devService struct {
 	t      *testing.T
+	dbURL  string
 	app    *App
 	proxy  *stripetest.Proxy
+	stripe *stripetest.DevStripe
 	server *httptest.Server
 }
 
 func newDevService(t *testing.T) *devService {
 	t.Helper()
 	proxy := stripetest.New(t, testenv.StripeMockURL(t))
-	proxy.Dev()
+	dev := stripetest.NewDevStripe(proxy)
 	cfg, err := config.Load("")
 	if err != nil {
 		t.Fatal(err)
@@ -50,13 +54,22 @@ func newDevService(t *testing.T) *devService {
 	cfg.Auth.APITokens = []string{apitest.AppToken}
 	cfg.Auth.AdminTokens = []string{apitest.AdminToken}
 	cfg.Portal.ReturnURL = "http://localhost:8080/"
-	a, err := newApp(appOptions{Config: cfg, DB: testenv.DB(t), Logger: apitest.Logger(t, slog.LevelWarn)})
+	dbURL := testenv.DatabaseURL(t)
+	db, err := gorm.Open(postgres.Open(dbURL), &gorm.Config{Logger: logger.Default.LogMode(logger.Silent)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sqlDB, err := db.DB(); err == nil {
+		// Registered after DatabaseURL's cleanup, so it runs before the DROP.
+		t.Cleanup(func() { sqlDB.Close() })
+	}
+	a, err := newApp(appOptions{Config: cfg, DB: db, Logger: apitest.Logger(t, slog.LevelWarn)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv := httptest.NewServer(a.Echo)
 	t.Cleanup(srv.Close)
-	return &devService{t: t, app: a, proxy: proxy, server: srv}
+	return &devService{t: t, dbURL: dbURL, app: a, proxy: proxy, stripe: dev, server: srv}
 }
 
 // do sends a JSON request with token and decodes the JSON answer (nil for an empty body).
@@ -149,6 +162,25 @@ func TestDevLoopChargesFollowTheCustomersTestCard(t *testing.T) {
 		if status != http.StatusPaymentRequired || e["code"] != tc.code || (tc.decline != "" && e["decline_code"] != tc.decline) {
 			t.Errorf("%s: %d %v, want 402 %s %s", tc.card, status, body, tc.code, tc.decline)
 		}
+	}
+
+	// The dev Stripe keeps what the service created: the customer reads back as linked, and a
+	// Checkout session as opened (not stripe-mock's fixture of another customer).
+	if c := d.stripe.Account.DefaultPaymentMethod(cus); c != stripetest.DefaultCard {
+		t.Errorf("customer %s at the dev Stripe: default payment method %q", cus, c)
+	}
+	status, cs := d.do(apitest.AppToken, http.MethodPost, "/v1/customers/u_dev/checkout-sessions", map[string]any{
+		"request_id": "dev-1", "price_id": "price_dev", "quantity": 2,
+		"success_url": "http://localhost:8080/ok", "cancel_url": "http://localhost:8080/no"})
+	csID, _ := cs["id"].(string)
+	if got := d.stripe.Sessions.Get(csID); status != http.StatusCreated || got == nil || got["customer"] != cus {
+		t.Fatalf("checkout session: %d %v, kept %v", status, cs, got)
+	}
+	if f := d.stripe.Sessions.Request(csID); f.Get("line_items[0][price]") != "price_dev" || f.Get("line_items[0][quantity]") != "2" {
+		t.Errorf("the session's create is not kept: %v", f)
+	}
+	if status, read := d.do(apitest.AppToken, http.MethodGet, "/v1/checkout-sessions/"+csID, nil); status != http.StatusOK || read["status"] != "open" {
+		t.Errorf("GET checkout session: %d %v", status, read)
 	}
 
 	// Portal sessions open a local page, never stripe-mock's placeholder.

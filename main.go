@@ -62,7 +62,8 @@ commands:
   stripe    stripe setup --url URL: create or correct the webhook endpoint at Stripe (billing stripe setup -h)
   doctor    check the database, the Stripe key and secrets, the endpoint and the portal (billing doctor -h)
   reconcile compare every subscription with Stripe and repair what differs (billing reconcile -h)
-  verify    recompute the state from the stored event log and compare it with the tables (billing verify -h)`)
+  verify    recompute the state from the stored event log and compare it with the tables (billing verify -h)
+  dev       play a customer completing Checkout, or time passing, at the dev Stripe of make run (billing dev -h)`)
 }
 
 func run(args []string) int {
@@ -85,6 +86,8 @@ func run(args []string) int {
 		return reconcileCommand(args[1:])
 	case "verify":
 		return verifyCommand(args[1:])
+	case "dev":
+		return devCommand(args[1:])
 	case "-h", "-help", "--help", "help":
 		usage(os.Stdout)
 		return 0

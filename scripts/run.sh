@@ -43,7 +43,11 @@ pids=()
 trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done' EXIT
 bin/stripe-mock -http-addr "127.0.0.1:${STRIPE_MOCK_PORT}" -https-addr 127.0.0.1:0 >.data/stripe-mock.log 2>&1 &
 pids+=($!)
-bin/devstripe --listen "127.0.0.1:${STRIPE_PORT}" --upstream "http://127.0.0.1:${STRIPE_MOCK_PORT}" >.data/devstripe.log 2>&1 &
+# The dev Stripe sends the events of what happens there (a completed Checkout, a renewal) to the
+# service, signed with its test secret; it retries while serve is still starting.
+bin/devstripe --listen "127.0.0.1:${STRIPE_PORT}" --upstream "http://127.0.0.1:${STRIPE_MOCK_PORT}" \
+  --webhook-url "http://localhost:${port}/webhooks/stripe" --webhook-secret "${BILLING_STRIPE_WEBHOOK_SECRETS_TEST}" \
+  >.data/devstripe.log 2>&1 &
 devstripe_pid=$!
 pids+=("$devstripe_pid")
 # devstripe says it listens once stripe-mock answers; stop here if either gave up.
@@ -75,6 +79,10 @@ Try:
   curl -s -X POST -H '${api}' -H 'Content-Type: application/json' -d '{"order_id":"order_1","user_id":"user_1","amount":1250,"currency":"eur"}' localhost:${port}/v1/charges
   # a declining card for user_1 (cus_… from the PUT answer), then charge a new order_id:
   curl -s -u ${BILLING_STRIPE_SECRET_KEY}: localhost:${STRIPE_PORT}/v1/customers/CUS_ID -d 'invoice_settings[default_payment_method]=pm_card_chargeDeclined'
+  # open Checkout for user_1, pay it as the customer, then let a month pass (events go to the service):
+  curl -s -X POST -H '${api}' -H 'Content-Type: application/json' -d '{"request_id":"r1","price_id":"price_1","quantity":1,"success_url":"http://localhost:${port}/","cancel_url":"http://localhost:${port}/"}' localhost:${port}/v1/customers/user_1/checkout-sessions
+  bin/billing dev checkout complete CS_ID
+  bin/billing dev advance --days 31
   bin/billing trigger customer.subscription.created --customer CUS_ID   # finds this service through .data/run.env
   bin/billing doctor                                                     # the same: its database, its Stripe, its secret
   curl -s -H 'Authorization: Bearer ${BILLING_AUTH_ADMIN_TOKENS}' localhost:${port}/admin/events

@@ -1,8 +1,9 @@
 // Command devstripe is the Stripe API of `make run`: the test double of the tests
-// (internal/stripetest) in front of stripe-mock, in its Dev mode, so that charges behave as in
-// Stripe's test mode (pm_card_visa succeeds, pm_card_chargeDeclined… decline, 3-D Secure cards
-// need authentication) and portal sessions open a local page. It is a separate program so that
-// the service's binary never carries a double of Stripe.
+// (internal/stripetest) in front of stripe-mock, in its Dev mode and with an account's state
+// (stripetest.DevStripe), so that charges behave as in Stripe's test mode (pm_card_visa succeeds,
+// pm_card_chargeDeclined… decline, 3-D Secure cards need authentication), portal sessions open a
+// local page, and what the service creates is what it reads back. It is a separate program so
+// that the service's binary never carries a double of Stripe.
 //
 //	go run ./internal/devstripe --listen 127.0.0.1:12111 --upstream http://127.0.0.1:12112
 package main
@@ -32,8 +33,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	listen := fs.String("listen", "127.0.0.1:12111", "address to listen on (loopback when the host is empty)")
 	upstream := fs.String("upstream", "", "base URL of stripe-mock (required)")
 	wait := fs.Duration("wait", time.Minute, "how long to wait for stripe-mock to answer before giving up")
+	webhookURL := fs.String("webhook-url", "", "the service's webhook endpoint, where the events of completed Checkouts and renewals go (none: not sent)")
+	webhookSecret := fs.String("webhook-secret", "", "the endpoint's signing secret (whsec_…; the service's stripe.webhook_secrets.test)")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: devstripe --upstream URL [--listen ADDR]\n\nflags:")
+		fmt.Fprintln(fs.Output(), "usage: devstripe --upstream URL [--listen ADDR] [--webhook-url URL --webhook-secret WHSEC]\n\nflags:")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -46,6 +49,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "devstripe: --upstream is required (the URL of stripe-mock)")
 		return 2
 	}
+	if (*webhookURL == "") != (*webhookSecret == "") {
+		fmt.Fprintln(stderr, "devstripe: --webhook-url and --webhook-secret go together (events are signed with the secret)")
+		return 2
+	}
 	if err := waitFor(*upstream, *wait); err != nil {
 		fmt.Fprintln(stderr, "devstripe: "+err.Error())
 		return 1
@@ -56,13 +63,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	defer stop()
-	p.Dev()
+	// Customers, Checkout sessions, subscriptions, invoices and meter events are kept, so that
+	// the service reads back what it created.
+	dev := stripetest.NewDevStripe(p)
+	if *webhookURL != "" {
+		dev.Webhooks = &stripetest.WebhookSender{URL: *webhookURL, Secret: *webhookSecret}
+	}
 	// The default portal configuration of a Stripe account set up for the service: cancelling
 	// allowed, so that `billing doctor` and serve's start-up checks pass offline as they do
 	// against an account that `billing stripe setup` prepared.
 	p.PortalConfigurations().Add(true, true, true)
-	// Usage reaches the dev Stripe as meter events, kept and deduplicated by identifier.
-	stripetest.NewMeterEvents(p, false)
 	p.OnRequest(func(r stripetest.Request) {
 		line := fmt.Sprintf("%s %s %s -> %d", time.Now().Format(time.TimeOnly), r.Method, r.Path, r.Status)
 		if r.Replayed {
@@ -77,6 +87,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stdout, "devstripe: new customers pay with %s; other test cards: %s, and pm_card_threeDSecure2Required (authentication)\n",
 		stripetest.DefaultCard, strings.Join([]string{"pm_card_chargeDeclined", "pm_card_chargeDeclinedInsufficientFunds", "pm_card_chargeDeclinedExpiredCard"}, ", "))
 	fmt.Fprintf(stdout, "devstripe: portal sessions open %s/dev-portal/bps_…\n", p.PortalBase())
+	fmt.Fprintln(stdout, "devstripe: complete a Checkout session with `billing dev checkout complete cs_…`; move time on with `billing dev advance --days N`")
+	if *webhookURL != "" {
+		fmt.Fprintf(stdout, "devstripe: events go to %s\n", *webhookURL)
+	} else {
+		fmt.Fprintln(stdout, "devstripe: no --webhook-url: events are not sent")
+	}
 
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)

@@ -3,7 +3,6 @@ package stripetest
 import (
 	"encoding/json"
 	"fmt"
-	"maps"
 	"net/http"
 	"net/url"
 	"slices"
@@ -32,8 +31,16 @@ import (
 //
 // Throttle makes it answer 429s, SetPageDelay makes list pages slow; the proxy's own faults,
 // gates and canned answers come first, as for any request.
+//
+// On a proxy in Dev mode it is the dev loop's account: ids carry the proxy's tag (unique across
+// restarts), a new customer that names no payment method gets DefaultCard, and its clock is the
+// wall clock moved on by Advance (a test clock), instead of a counter from a fixed date.
 type Account struct {
 	livemode bool
+	dev      bool
+	idTag    string
+	// offset is how far Advance moved the dev clock past the wall clock.
+	offset time.Duration
 
 	mu        sync.Mutex
 	subs      map[string][]byte // subscription JSON with latest_invoice and customer as ids
@@ -67,6 +74,14 @@ func NewAccount(p *Proxy, livemode bool) *Account {
 		entitlements: map[string][]string{},
 		clock:        1700000000,
 	}
+	if p.isDev() {
+		p.mu.Lock()
+		a.dev, a.idTag = true, p.idTag
+		p.mu.Unlock()
+		a.clock = time.Now().Unix()
+	}
+	// Charges without a payment method use the default source of the account's customer.
+	p.setCustomerSource(a.defaultSource)
 	p.Handle("/v1/subscriptions", a.serve)
 	p.Handle("/v1/customers", a.serve)
 	p.Handle("/v1/invoices", a.serve)
@@ -80,6 +95,8 @@ type CustomerSpec struct {
 	Email    string
 	Name     string
 	Metadata map[string]string
+	// DefaultPaymentMethod is invoice_settings.default_payment_method (a test card: pm_card_…).
+	DefaultPaymentMethod string
 }
 
 // InvoiceSpec describes a subscription's latest invoice.
@@ -91,6 +108,14 @@ type InvoiceSpec struct {
 	Currency           string // "usd" when empty
 	NextPaymentAttempt time.Time
 	HostedInvoiceURL   string
+	// Created is the invoice's own creation (zero: the subscription's); AmountPaid,
+	// BillingReason (subscription_create, subscription_cycle) and the period it bills are
+	// omitted when zero.
+	Created       time.Time
+	AmountPaid    int64
+	BillingReason string
+	PeriodStart   time.Time
+	PeriodEnd     time.Time
 }
 
 // SubscriptionSpec describes a subscription to add or replace. Zero times are null.
@@ -127,6 +152,8 @@ func (a *Account) AddCustomer(c CustomerSpec) string {
 	obj := map[string]any{
 		"id": c.ID, "object": "customer", "email": nullable(c.Email), "name": nullable(c.Name),
 		"metadata": md, "livemode": a.livemode, "created": a.tick(), "deleted": nil,
+		"invoice_settings": map[string]any{"default_payment_method": nullable(c.DefaultPaymentMethod)},
+		"default_source":   nil,
 	}
 	if _, ok := a.customers[c.ID]; !ok {
 		a.custOrder = append([]string{c.ID}, a.custOrder...)
@@ -167,13 +194,26 @@ func (a *Account) put(s SubscriptionSpec) string {
 		if cur == "" {
 			cur = "usd"
 		}
-		a.invoices[inv.ID] = mustJSON(map[string]any{
+		obj := map[string]any{
 			"id": inv.ID, "object": "invoice", "status": inv.Status, "customer": s.Customer,
 			"subscription": s.ID, "attempt_count": inv.AttemptCount, "attempted": inv.AttemptCount > 0,
 			"amount_due": inv.AmountDue, "currency": cur, "livemode": a.livemode,
 			"next_payment_attempt": unixOrNull(inv.NextPaymentAttempt),
 			"hosted_invoice_url":   nullable(inv.HostedInvoiceURL), "created": created,
-		})
+		}
+		if !inv.Created.IsZero() {
+			obj["created"] = inv.Created.Unix()
+		}
+		if inv.AmountPaid != 0 {
+			obj["amount_paid"] = inv.AmountPaid
+		}
+		if inv.BillingReason != "" {
+			obj["billing_reason"] = inv.BillingReason
+		}
+		if !inv.PeriodStart.IsZero() {
+			obj["period_start"], obj["period_end"] = inv.PeriodStart.Unix(), unixOrNull(inv.PeriodEnd)
+		}
+		a.invoices[inv.ID] = mustJSON(obj)
 		latest = inv.ID
 	}
 	price := map[string]any{"id": s.PriceID, "object": "price", "active": true, "currency": "usd",
@@ -272,6 +312,55 @@ func (a *Account) Subscription(id string) json.RawMessage {
 		return nil
 	}
 	return mustJSON(a.expand(decode(raw), map[string]bool{"latest_invoice": true}))
+}
+
+// Spec returns a subscription as a spec (with its latest invoice and its created), to change and
+// put back; false when unknown.
+func (a *Account) Spec(id string) (SubscriptionSpec, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	raw, ok := a.subs[id]
+	if !ok {
+		return SubscriptionSpec{}, false
+	}
+	obj := decode(raw)
+	spec := specOf(obj, a.invoices)
+	spec.Created = time.Unix(int64(obj["created"].(float64)), 0)
+	return spec, true
+}
+
+// Now is the account's clock: in Dev mode the wall clock moved on by Advance.
+func (a *Account) Now() time.Time {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.now()
+}
+
+// Advance moves the dev clock on by d (a test clock); it never goes back.
+func (a *Account) Advance(d time.Duration) time.Time {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	switch {
+	case d <= 0:
+	case a.dev:
+		a.offset += d
+	default:
+		a.clock += int64(d / time.Second)
+	}
+	return a.now()
+}
+
+// NewInvoiceID makes an id for an invoice to put (unique like the account's other ids).
+func (a *Account) NewInvoiceID() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.nextID("in_")
+}
+
+// SetDefaultPaymentMethod sets a customer's invoice_settings.default_payment_method, as an update
+// does.
+func (a *Account) SetDefaultPaymentMethod(customerID, pm string) bool {
+	return a.saveCustomer(customerID, url.Values{"invoice_settings[default_payment_method]": {pm}}).Status == http.StatusOK
 }
 
 // Invoice returns an invoice's JSON object, nil when unknown.
@@ -516,7 +605,7 @@ func (a *Account) saveSubscription(id string, f url.Values, expand map[string]bo
 		if f.Get("customer") == "" {
 			return Answer{Status: http.StatusBadRequest, Body: apiError("invalid_request_error", "parameter_missing", "Missing required param: customer.")}
 		}
-		now := time.Unix(a.clock, 0)
+		now := a.now()
 		spec = SubscriptionSpec{Customer: f.Get("customer"), Status: "active", CurrentPeriodStart: now, CurrentPeriodEnd: now.AddDate(0, 1, 0)}
 	} else {
 		raw, ok := a.subs[id]
@@ -540,7 +629,7 @@ func (a *Account) saveSubscription(id string, f url.Values, expand map[string]bo
 	if v := f.Get("trial_end"); v != "" {
 		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
 			spec.TrialEnd, spec.Status = time.Unix(n, 0), "trialing"
-			spec.TrialStart = time.Unix(a.clock, 0)
+			spec.TrialStart = a.now()
 		}
 	}
 	if md := metadataOf(f); len(md) > 0 {
@@ -571,41 +660,72 @@ func (a *Account) cancel(id string, expand map[string]bool) Answer {
 }
 
 func (a *Account) saveCustomer(id string, f url.Values) Answer {
-	a.mu.Lock()
-	var obj map[string]any
 	if id == "" {
-		a.mu.Unlock()
 		md := map[string]string{}
 		for k, v := range metadataOf(f) {
 			md[k], _ = v.(string)
 		}
-		id = a.AddCustomer(CustomerSpec{Email: f.Get("email"), Name: f.Get("name"), Metadata: md})
-		a.mu.Lock()
-		obj = decode(a.customers[id])
-	} else {
-		raw, ok := a.customers[id]
-		if !ok {
-			a.mu.Unlock()
-			return notFound(id)
+		spec := CustomerSpec{Email: f.Get("email"), Name: f.Get("name"), Metadata: md}
+		if a.dev && !f.Has("invoice_settings[default_payment_method]") && !f.Has("source") {
+			// So that the dev loop's charges succeed until a developer sets another test card.
+			spec.DefaultPaymentMethod = DefaultCard
 		}
-		obj = decode(raw)
-		for _, k := range []string{"email", "name"} {
-			if f.Has(k) {
-				obj[k] = nullable(f.Get(k))
-			}
-		}
-		if md := metadataOf(f); len(md) > 0 {
-			cur, _ := obj["metadata"].(map[string]any)
-			if cur == nil {
-				cur = map[string]any{}
-			}
-			maps.Copy(cur, md)
-			obj["metadata"] = cur
-		}
-		a.customers[id] = mustJSON(obj)
+		id = a.AddCustomer(spec)
 	}
-	a.mu.Unlock()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	raw, ok := a.customers[id]
+	if !ok {
+		return notFound(id)
+	}
+	obj := decode(raw)
+	for _, k := range []string{"email", "name", "description"} {
+		if f.Has(k) {
+			obj[k] = nullable(f.Get(k))
+		}
+	}
+	if f.Has("invoice_settings[default_payment_method]") {
+		obj["invoice_settings"] = map[string]any{"default_payment_method": nullable(f.Get("invoice_settings[default_payment_method]"))}
+	}
+	if f.Has("source") {
+		// Stripe charges a customer's default source when a payment names no method.
+		obj["default_source"] = nullable(f.Get("source"))
+	}
+	if md := metadataOf(f); len(md) > 0 {
+		cur, _ := obj["metadata"].(map[string]any)
+		if cur == nil {
+			cur = map[string]any{}
+		}
+		for k, v := range md {
+			// An empty value unsets the key, as in Stripe.
+			if v == "" {
+				delete(cur, k)
+			} else {
+				cur[k] = v
+			}
+		}
+		obj["metadata"] = cur
+	}
+	a.customers[id] = mustJSON(obj)
 	return Answer{Status: http.StatusOK, Body: obj}
+}
+
+// defaultSource is a customer's default_source ("" when unknown or none).
+func (a *Account) defaultSource(customerID string) string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	s, _ := decode(a.customers[customerID])["default_source"].(string)
+	return s
+}
+
+// DefaultPaymentMethod is a customer's invoice_settings.default_payment_method ("" when unknown
+// or none).
+func (a *Account) DefaultPaymentMethod(customerID string) string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	settings, _ := decode(a.customers[customerID])["invoice_settings"].(map[string]any)
+	pm, _ := settings["default_payment_method"].(string)
+	return pm
 }
 
 func (a *Account) searchCustomers(query string) Answer {
@@ -767,6 +887,19 @@ func specOf(obj map[string]any, invoices map[string][]byte) SubscriptionSpec {
 			if f, ok := inv["next_payment_attempt"].(float64); ok {
 				spec.NextPaymentAttempt = time.Unix(int64(f), 0)
 			}
+			if f, ok := inv["created"].(float64); ok {
+				spec.Created = time.Unix(int64(f), 0)
+			}
+			if f, ok := inv["amount_paid"].(float64); ok {
+				spec.AmountPaid = int64(f)
+			}
+			spec.BillingReason, _ = inv["billing_reason"].(string)
+			if f, ok := inv["period_start"].(float64); ok {
+				spec.PeriodStart = time.Unix(int64(f), 0)
+			}
+			if f, ok := inv["period_end"].(float64); ok {
+				spec.PeriodEnd = time.Unix(int64(f), 0)
+			}
 			s.LatestInvoice = spec
 		}
 	}
@@ -789,13 +922,27 @@ func expansions(v url.Values) map[string]bool {
 // nextID makes a fresh id; call with mu held.
 func (a *Account) nextID(prefix string) string {
 	a.seq++
-	return fmt.Sprintf("%sacct%08d", prefix, a.seq)
+	return fmt.Sprintf("%sacct%s%08d", prefix, a.idTag, a.seq)
 }
 
-// tick returns the created time of a new object; call with mu held.
+// tick returns the created time of a new object; call with mu held. The dev clock never goes
+// back, and objects of one second share it, as at Stripe.
 func (a *Account) tick() int64 {
+	if a.dev {
+		a.clock = max(a.clock, time.Now().Add(a.offset).Unix())
+		return a.clock
+	}
 	a.clock++
 	return a.clock
+}
+
+// now is the account's present: the dev clock, or else the time of the newest object; call with
+// mu held.
+func (a *Account) now() time.Time {
+	if a.dev {
+		return time.Unix(max(a.clock, time.Now().Add(a.offset).Unix()), 0)
+	}
+	return time.Unix(a.clock, 0)
 }
 
 func apiError(typ, code, msg string) map[string]any {

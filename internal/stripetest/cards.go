@@ -103,13 +103,19 @@ func (p *Proxy) confirmPaymentIntent(req Request, pi map[string]any) (status int
 	return http.StatusPaymentRequired, b, true
 }
 
-// defaultSource is the default_source of a customer created through the proxy ("" if unknown).
+// defaultSource is the default_source of a customer created through the proxy or kept by its
+// Account ("" if unknown).
 func (p *Proxy) defaultSource(customerID string) string {
 	if customerID == "" {
 		return ""
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.customerSource != nil {
+		if s := p.customerSource(customerID); s != "" {
+			return s
+		}
+	}
 	for _, c := range p.objects["/v1/customers"] {
 		if c["id"] == customerID {
 			s, _ := c["default_source"].(string)

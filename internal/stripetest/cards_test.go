@@ -123,10 +123,17 @@ func TestDevIsOffForTests(t *testing.T) {
 }
 
 // In Dev mode a customer's default payment method, set at create or by an update, is what its
-// charges use; without one a new customer charges the default test card.
+// charges use; without one a new customer charges the default test card. The same holds whether
+// the proxy keeps the customers itself or the dev loop's account does (DevStripe).
 func TestDevCustomersChooseTheirTestCard(t *testing.T) {
+	for name, setup := range map[string]func(*Proxy){"proxy": (*Proxy).Dev, "account": func(p *Proxy) { NewDevStripe(p) }} {
+		t.Run(name, func(t *testing.T) { testDevCustomersChooseTheirTestCard(t, setup) })
+	}
+}
+
+func testDevCustomersChooseTheirTestCard(t *testing.T, setup func(*Proxy)) {
 	p := New(t, testenv.StripeMockURL(t))
-	p.Dev()
+	setup(p)
 
 	_, c := call(t, p, http.MethodPost, "/v1/customers", url.Values{"email": {"a@example.com"}, "metadata[user_id]": {"u1"}})
 	id := str(c, "id")
@@ -146,7 +153,7 @@ func TestDevCustomersChooseTheirTestCard(t *testing.T) {
 
 	// Another dev Stripe (a restart of make run) never hands out the same ids.
 	again := New(t, testenv.StripeMockURL(t))
-	again.Dev()
+	setup(again)
 	if _, c := call(t, again, http.MethodPost, "/v1/customers", url.Values{"email": {"a@example.com"}}); str(c, "id") == id {
 		t.Errorf("a second dev proxy reused customer id %s", id)
 	}

@@ -3,7 +3,9 @@ package stripetest
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,13 +25,30 @@ type CheckoutSessions struct {
 	order    []string // ids in creation order
 	livemode bool
 	now      func() time.Time
+	// forms are the creates' parameters by session: what Stripe knows of a session beyond the
+	// object (line items, subscription_data), which completing it needs.
+	forms map[string]url.Values
+	idTag string // the proxy's, in Dev mode: ids unique across restarts
 }
 
 // NewCheckoutSessions serves the sessions of one mode on p.
 func NewCheckoutSessions(p *Proxy, livemode bool) *CheckoutSessions {
-	c := &CheckoutSessions{byID: map[string]map[string]any{}, livemode: livemode, now: time.Now}
+	c := &CheckoutSessions{byID: map[string]map[string]any{}, livemode: livemode, now: time.Now, forms: map[string]url.Values{}}
+	p.mu.Lock()
+	c.idTag = p.idTag
+	p.mu.Unlock()
 	p.Handle("/v1/checkout/sessions", c.serve)
 	return c
+}
+
+// Request returns the parameters of the create that made a session (nil when it was added).
+func (c *CheckoutSessions) Request(id string) url.Values {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if f, ok := c.forms[id]; ok {
+		return maps.Clone(f)
+	}
+	return nil
 }
 
 // Complete marks a session paid and complete with its subscription, as Stripe does when the
@@ -124,6 +143,7 @@ func (c *CheckoutSessions) create(r Request) Answer {
 	}
 	c.byID[id] = s
 	c.order = append(c.order, id)
+	c.forms[id] = maps.Clone(f)
 	return Answer{Status: http.StatusOK, Body: checkoutCopy(s)}
 }
 
@@ -156,7 +176,7 @@ func (c *CheckoutSessions) nextID() string {
 	if c.livemode {
 		mode = "live"
 	}
-	return fmt.Sprintf("cs_%s_proxy%06d", mode, c.seq)
+	return fmt.Sprintf("cs_%s_proxy%s%06d", mode, c.idTag, c.seq)
 }
 
 func checkoutCopy(m map[string]any) map[string]any {

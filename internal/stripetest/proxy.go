@@ -161,6 +161,10 @@ type Proxy struct {
 	dev     bool          // see Dev
 	idTag   string        // set by Dev: makes ids unique across processes
 	onReq   func(Request) // see OnRequest
+	// customerSource answers a customer's default_source when an Account keeps the customers.
+	customerSource func(customerID string) string
+	// devPages serves /dev/… (DevStripe's endpoints), in Dev mode.
+	devPages http.Handler
 }
 
 // route serves the requests under a path prefix from the test's own state.
@@ -413,6 +417,13 @@ func (p *Proxy) routeFor(path string) func(Request) Answer {
 	return nil
 }
 
+// setCustomerSource makes fn the lookup of a customer's default_source (an Account's).
+func (p *Proxy) setCustomerSource(fn func(customerID string) string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.customerSource = fn
+}
+
 func (p *Proxy) addRule(r *rule) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -464,6 +475,13 @@ func (p *Proxy) OnRequest(fn func(Request)) {
 func (p *Proxy) serve(w http.ResponseWriter, hr *http.Request) {
 	if p.isDev() && strings.HasPrefix(hr.URL.Path, devPortalPath) {
 		p.portalPage(w, hr)
+		return
+	}
+	p.mu.Lock()
+	dev := p.devPages
+	p.mu.Unlock()
+	if dev != nil && strings.HasPrefix(hr.URL.Path, "/dev/") {
+		dev.ServeHTTP(w, hr)
 		return
 	}
 	body, _ := io.ReadAll(hr.Body)

@@ -1,0 +1,130 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"billing/internal/apitest"
+	"billing/internal/runenv"
+	"billing/internal/stripetest"
+)
+
+// The whole life offline, as `make run` plays it: the dev Stripe keeps what the service creates,
+// `billing dev` completes Checkout and moves the clock on, and the events the dev Stripe sends
+// are what makes the user entitled, billed again, and held when the card declines; in the end
+// the service agrees with the dev Stripe (reconcile finds no drift).
+func TestDevLoopPlaysTheWholeLifeOffline(t *testing.T) {
+	// Not parallel: reconcile reads its configuration from the environment (t.Setenv).
+	d := newDevService(t)
+	d.stripe.Webhooks = &stripetest.WebhookSender{URL: d.server.URL + "/webhooks/stripe", Secret: devSecret}
+	ctx := context.Background()
+	if err := d.app.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		sctx, c := context.WithTimeout(context.Background(), 30*time.Second)
+		defer c()
+		_ = d.app.Stop(sctx)
+	})
+
+	// `billing dev` finds the dev Stripe as under make run: the run file of a live serve (this
+	// process stands in for it).
+	dir := t.TempDir()
+	if err := runenv.Write(filepath.Join(dir, runenv.File), runenv.Env{PID: os.Getpid(), ServiceURL: d.server.URL, StripeURL: d.proxy.URL}); err != nil {
+		t.Fatal(err)
+	}
+	dev := func(args ...string) string {
+		t.Helper()
+		var out, errOut bytes.Buffer
+		if code := devCommandIn(dir, args, &out, &errOut); code != 0 {
+			t.Fatalf("billing dev %s: exit %d\nstdout: %s\nstderr: %s", strings.Join(args, " "), code, out.String(), errOut.String())
+		}
+		return out.String()
+	}
+	// poll reads until ok or the deadline; the deadline only ends a failing test.
+	poll := func(what, path string, ok func(map[string]any) bool) map[string]any {
+		t.Helper()
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			_, got := d.do(apitest.AppToken, http.MethodGet, path, nil)
+			if ok(got) {
+				return got
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within 60s; last %s answered %v", what, path, got)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+
+	const user = "u_whole_life"
+	status, cust := d.do(apitest.AppToken, http.MethodPut, "/v1/customers/"+user, map[string]any{"email": "life@example.com", "name": "Life"})
+	if status != http.StatusCreated {
+		t.Fatalf("PUT customer: %d %v", status, cust)
+	}
+	cus, _ := cust["stripe_customer_id"].(string)
+	status, cs := d.do(apitest.AppToken, http.MethodPost, "/v1/customers/"+user+"/checkout-sessions", map[string]any{
+		"request_id": "life-1", "price_id": "price_dev_monthly", "quantity": 3,
+		"success_url": "http://localhost:8080/welcome", "cancel_url": "http://localhost:8080/pricing"})
+	session, _ := cs["id"].(string)
+	if status != http.StatusCreated || session == "" {
+		t.Fatalf("checkout session: %d %v", status, cs)
+	}
+
+	// The customer pays: the events make the user entitled to the seats bought.
+	out := dev("checkout", "complete", session)
+	for _, want := range []string{"created: active", "customer.subscription.created", "invoice.paid", "checkout.session.completed"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("dev checkout complete printed no %q:\n%s", want, out)
+		}
+	}
+	e := poll("entitled after Checkout", "/v1/customers/"+user+"/entitlement", func(e map[string]any) bool {
+		return e["entitled"] == true && e["status"] == "active" && e["quantity"] == float64(3)
+	})
+	if e["on_hold"] != false {
+		t.Errorf("entitlement after Checkout: %v", e)
+	}
+	invoices := func(n int) func(map[string]any) bool {
+		return func(p map[string]any) bool { l, _ := p["invoices"].([]any); return len(l) == n }
+	}
+	poll("the first invoice", "/v1/customers/"+user+"/invoices", invoices(1))
+
+	// A month on: the renewal's invoice, paid; still entitled.
+	if out := dev("advance", "--days", "31"); !strings.Contains(out, "renewed: active") || !strings.Contains(out, "invoice.payment_succeeded") {
+		t.Errorf("dev advance printed:\n%s", out)
+	}
+	poll("the renewal's invoice", "/v1/customers/"+user+"/invoices", invoices(2))
+	poll("entitled after the renewal", "/v1/customers/"+user+"/entitlement", func(e map[string]any) bool {
+		return e["entitled"] == true && e["status"] == "active" && e["on_hold"] == false
+	})
+
+	// A declining card fails the next renewal: a payment hold.
+	d.setCard(cus, "pm_card_chargeDeclined")
+	if out := dev("advance", "--days", "31"); !strings.Contains(out, "renewal_failed: past_due") || !strings.Contains(out, "invoice.payment_failed") {
+		t.Errorf("dev advance on a declining card printed:\n%s", out)
+	}
+	poll("held after the failed renewal", "/v1/customers/"+user+"/entitlement", func(e map[string]any) bool {
+		return e["on_hold"] == true && e["status"] == "past_due"
+	})
+	poll("the failed renewal's invoice", "/v1/customers/"+user+"/invoices", invoices(3))
+
+	// The service and the dev Stripe agree.
+	for k, v := range map[string]string{
+		"BILLING_CONFIG": "", "BILLING_DATABASE_URL": d.dbURL, "BILLING_STRIPE_MODE": "test",
+		"BILLING_STRIPE_SECRET_KEY": "sk_test_123", "BILLING_STRIPE_API_URL": d.proxy.URL, "BILLING_LOG_LEVEL": "error",
+	} {
+		t.Setenv(k, v)
+	}
+	var rout, rerr bytes.Buffer
+	code := runReconcileCommand(ctx, []string{"--dry-run"}, &rout, &rerr)
+	t.Logf("reconcile --dry-run: exit %d: %s", code, rout.String())
+	if code != 0 || !strings.Contains(rout.String(), " drifted=0 ") {
+		t.Errorf("reconcile --dry-run: exit %d\nstdout: %s\nstderr: %s", code, rout.String(), rerr.String())
+	}
+}

@@ -1,0 +1,361 @@
+package stripetest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// The life of a subscription at the dev Stripe, played by a person at the dev loop: completing a
+// Checkout session as its customer would, and moving the account's clock on (a test clock) so
+// that periods renew, trials end and cancellations take effect. Each changes the Account and then
+// sends the service the events Stripe would send, in Stripe's order.
+
+// DevUnitAmount is what every price costs a seat a period at the dev Stripe (stripe-mock keeps no
+// prices), in cents of usd.
+const DevUnitAmount = 2000
+
+// DevResult is what a dev action did, as the /dev/ endpoints answer it.
+type DevResult struct {
+	// Now is the account's clock after the action.
+	Now     time.Time   `json:"now"`
+	Session string      `json:"session,omitempty"`
+	Changes []DevChange `json:"changes"`
+	// Events are the events sent, in order (Status 0 and no attempts: not sent).
+	Events []Delivery `json:"events"`
+	Error  string     `json:"error,omitempty"`
+}
+
+// DevChange is what happened to one subscription.
+type DevChange struct {
+	Subscription  string    `json:"subscription"`
+	What          string    `json:"what"` // created, paid, payment_failed, renewed, renewal_failed, canceled, expired
+	Status        string    `json:"status"`
+	Invoice       string    `json:"invoice,omitempty"`
+	InvoiceStatus string    `json:"invoice_status,omitempty"`
+	At            time.Time `json:"at"`
+}
+
+// DevError is a refused dev action, with the HTTP status it answers.
+type DevError struct {
+	Status int
+	Msg    string
+}
+
+func (e *DevError) Error() string { return e.Msg }
+
+func devErrorf(status int, format string, args ...any) error {
+	return &DevError{Status: status, Msg: fmt.Sprintf(format, args...)}
+}
+
+// cardDeclines reports whether charging pm fails off-session and at Checkout. A card that needs
+// 3-D Secure is authenticated by the customer at Checkout, but not at a renewal, where nobody is
+// there to.
+func cardDeclines(pm string, offSession bool) bool {
+	out, special := testCard(pm)
+	return special && (!out.authenticate || offSession)
+}
+
+// CompleteCheckout pays an open subscription-mode session as its customer would with card (its
+// default payment method when empty; a card given becomes the default, as Checkout saves it for
+// renewals). The subscription is created for the session's customer with the price, quantity,
+// trial and metadata the service asked for, its first invoice paid; then
+// customer.subscription.created, invoice.paid, invoice.payment_succeeded and
+// checkout.session.completed go out. A declining card leaves the session open and the
+// subscription incomplete with its first invoice open (invoice.payment_failed); completing the
+// session again pays that invoice.
+func (d *DevStripe) CompleteCheckout(ctx context.Context, sessionID, card string) (DevResult, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	sess := d.Sessions.Get(sessionID)
+	switch {
+	case sess == nil:
+		return DevResult{}, devErrorf(http.StatusNotFound, "no checkout session %s at this dev Stripe (it keeps sessions as long as it runs)", sessionID)
+	case sess["status"] != "open":
+		return DevResult{}, devErrorf(http.StatusConflict, "checkout session %s is %v, not open", sessionID, sess["status"])
+	case sess["mode"] != "subscription":
+		return DevResult{}, devErrorf(http.StatusBadRequest, "checkout session %s is of mode %v; only subscription sessions are played here", sessionID, sess["mode"])
+	}
+	customer, _ := sess["customer"].(string)
+	if customer == "" {
+		return DevResult{}, devErrorf(http.StatusBadRequest, "checkout session %s has no customer", sessionID)
+	}
+	if card == "" {
+		card = d.Account.DefaultPaymentMethod(customer)
+	} else if !d.Account.SetDefaultPaymentMethod(customer, card) {
+		return DevResult{}, devErrorf(http.StatusNotFound, "no customer %s at this dev Stripe", customer)
+	}
+	if card == "" {
+		card = DefaultCard
+	}
+	now := d.Account.Now()
+	declined := cardDeclines(card, false)
+
+	var events [][]byte
+	subID, retry := d.pending[sessionID]
+	var spec SubscriptionSpec
+	if retry {
+		spec, _ = d.Account.Spec(subID)
+	} else {
+		var err error
+		if spec, err = d.checkoutSpec(d.Sessions.Request(sessionID), customer, now); err != nil {
+			return DevResult{}, err
+		}
+	}
+	inv := spec.LatestInvoice
+	inv.AttemptCount++
+	change := DevChange{What: "created"}
+	switch {
+	case declined && inv.AmountDue > 0:
+		inv.Status = "open"
+		change.What = "payment_failed"
+	case inv.AmountDue == 0:
+		inv.Status = "paid"
+	default:
+		inv.Status, inv.AmountPaid = "paid", inv.AmountDue
+		spec.Status = "active"
+		if retry {
+			change.What = "paid"
+		}
+	}
+	subID = d.Account.PutSubscription(spec)
+	if !retry {
+		events = append(events, d.event("customer.subscription.created", d.subscriptionObject(subID), now))
+	}
+	if inv.Status == "open" {
+		events = append(events, d.event("invoice.payment_failed", d.invoiceObject(inv.ID), now))
+		d.pending[sessionID] = subID
+	} else {
+		events = append(events,
+			d.event("invoice.paid", d.invoiceObject(inv.ID), now),
+			d.event("invoice.payment_succeeded", d.invoiceObject(inv.ID), now))
+		if retry {
+			events = append(events, d.event("customer.subscription.updated", d.subscriptionObject(subID), now))
+		}
+		delete(d.pending, sessionID)
+		events = append(events, d.event("checkout.session.completed", d.Sessions.Complete(sessionID, subID), now))
+	}
+	change.Subscription, change.Status, change.Invoice, change.InvoiceStatus, change.At = subID, spec.Status, inv.ID, inv.Status, now
+	res := DevResult{Now: now, Session: sessionID, Changes: []DevChange{change}}
+	return d.send(ctx, res, events)
+}
+
+// checkoutSpec is the subscription a session's create asked for, starting at now.
+func (d *DevStripe) checkoutSpec(f map[string][]string, customer string, now time.Time) (SubscriptionSpec, error) {
+	get := func(k string) string {
+		if v := f[k]; len(v) > 0 {
+			return v[0]
+		}
+		return ""
+	}
+	price := get("line_items[0][price]")
+	if price == "" {
+		return SubscriptionSpec{}, devErrorf(http.StatusBadRequest, "the session was not created through this dev Stripe's API: its line items are unknown")
+	}
+	qty := int64(1)
+	if q := get("line_items[0][quantity]"); q != "" {
+		n, err := strconv.ParseInt(q, 10, 64)
+		if err != nil || n < 1 {
+			return SubscriptionSpec{}, devErrorf(http.StatusBadRequest, "line_items[0][quantity] %q", q)
+		}
+		qty = n
+	}
+	md := map[string]string{}
+	for k, v := range f {
+		if name, ok := strings.CutPrefix(k, "subscription_data[metadata]["); ok && len(v) > 0 {
+			md[strings.TrimSuffix(name, "]")] = v[0]
+		}
+	}
+	spec := SubscriptionSpec{
+		Customer: customer, Status: "incomplete", PriceID: price, Quantity: qty, Metadata: md, Created: now,
+		CurrentPeriodStart: now, CurrentPeriodEnd: now.AddDate(0, 1, 0),
+	}
+	inv := &InvoiceSpec{ID: d.Account.NewInvoiceID(), Currency: "usd", AmountDue: DevUnitAmount * qty, Created: now,
+		BillingReason: "subscription_create", PeriodStart: now, PeriodEnd: spec.CurrentPeriodEnd}
+	if days, _ := strconv.Atoi(get("subscription_data[trial_period_days]")); days > 0 {
+		// A trial's period is the trial; its first invoice is of nothing, paid at once.
+		spec.Status, spec.TrialStart, spec.TrialEnd = "trialing", now, now.AddDate(0, 0, days)
+		spec.CurrentPeriodEnd = spec.TrialEnd
+		inv.AmountDue, inv.PeriodEnd = 0, spec.TrialEnd
+	}
+	spec.LatestInvoice = inv
+	return spec, nil
+}
+
+// AdvanceClock moves the account's clock on by by and plays what falls due meanwhile, period by
+// period: a subscription set to cancel at its period's end is canceled
+// (customer.subscription.deleted); any other active, trialing or past_due one renews into its
+// next period with an invoice charged to the customer's default payment method —
+// customer.subscription.updated, invoice.paid and invoice.payment_succeeded when it pays;
+// invoice.payment_failed and customer.subscription.updated (past_due) when it declines. An
+// incomplete subscription expires 23 hours after its creation, as at Stripe.
+func (d *DevStripe) AdvanceClock(ctx context.Context, by time.Duration) (DevResult, error) {
+	if by <= 0 {
+		return DevResult{}, devErrorf(http.StatusBadRequest, "advance by a positive time, not %s", by)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	to := d.Account.Advance(by)
+	res := DevResult{Now: to, Changes: []DevChange{}}
+	var events [][]byte
+	ids := d.Account.SubscriptionIDs()
+	slices.Reverse(ids) // oldest first
+	for _, id := range ids {
+		for {
+			ch, evs, ok := d.nextDue(id, to)
+			if !ok {
+				break
+			}
+			res.Changes = append(res.Changes, ch)
+			events = append(events, evs...)
+		}
+	}
+	return d.send(ctx, res, events)
+}
+
+// nextDue plays the next thing due on a subscription by to, if any.
+func (d *DevStripe) nextDue(id string, to time.Time) (DevChange, [][]byte, bool) {
+	spec, ok := d.Account.Spec(id)
+	if !ok {
+		return DevChange{}, nil, false
+	}
+	ch := DevChange{Subscription: id}
+	switch spec.Status {
+	case "incomplete":
+		at := spec.Created.Add(23 * time.Hour)
+		if at.After(to) {
+			return ch, nil, false
+		}
+		spec.Status, spec.EndedAt = "incomplete_expired", at
+		d.Account.PutSubscription(spec)
+		ch.What, ch.Status, ch.At = "expired", spec.Status, at
+		return ch, [][]byte{d.event("customer.subscription.updated", d.subscriptionObject(id), at)}, true
+	case "active", "trialing", "past_due":
+	default:
+		return ch, nil, false
+	}
+	due := spec.CurrentPeriodEnd
+	if spec.Status == "trialing" && !spec.TrialEnd.IsZero() {
+		due = spec.TrialEnd
+	}
+	if due.IsZero() || due.After(to) {
+		return ch, nil, false
+	}
+	ch.At = due
+	if spec.CancelAtPeriodEnd || (!spec.CancelAt.IsZero() && !spec.CancelAt.After(due)) {
+		spec.Status, spec.EndedAt = "canceled", due
+		if spec.CanceledAt.IsZero() {
+			spec.CanceledAt = due
+		}
+		d.Account.PutSubscription(spec)
+		ch.What, ch.Status = "canceled", spec.Status
+		return ch, [][]byte{d.event("customer.subscription.deleted", d.subscriptionObject(id), due)}, true
+	}
+	spec.CurrentPeriodStart, spec.CurrentPeriodEnd = due, due.AddDate(0, 1, 0)
+	qty := max(spec.Quantity, 1)
+	inv := &InvoiceSpec{ID: d.Account.NewInvoiceID(), Currency: "usd", AmountDue: DevUnitAmount * qty, AttemptCount: 1,
+		Created: due, BillingReason: "subscription_cycle", PeriodStart: due, PeriodEnd: spec.CurrentPeriodEnd}
+	spec.LatestInvoice = inv
+	pm := d.Account.DefaultPaymentMethod(spec.Customer)
+	if pm == "" {
+		pm = d.Account.defaultSource(spec.Customer)
+	}
+	ch.Invoice = inv.ID
+	if cardDeclines(pm, true) {
+		// Stripe retries a failed renewal; the first retry is in 3 days here.
+		inv.Status, inv.NextPaymentAttempt = "open", due.AddDate(0, 0, 3)
+		spec.Status = "past_due"
+		d.Account.PutSubscription(spec)
+		ch.What, ch.Status, ch.InvoiceStatus = "renewal_failed", spec.Status, inv.Status
+		return ch, [][]byte{
+			d.event("invoice.payment_failed", d.invoiceObject(inv.ID), due),
+			d.event("customer.subscription.updated", d.subscriptionObject(id), due),
+		}, true
+	}
+	inv.Status, inv.AmountPaid = "paid", inv.AmountDue
+	spec.Status = "active"
+	d.Account.PutSubscription(spec)
+	ch.What, ch.Status, ch.InvoiceStatus = "renewed", spec.Status, inv.Status
+	return ch, [][]byte{
+		d.event("customer.subscription.updated", d.subscriptionObject(id), due),
+		d.event("invoice.paid", d.invoiceObject(inv.ID), due),
+		d.event("invoice.payment_succeeded", d.invoiceObject(inv.ID), due),
+	}, true
+}
+
+// send delivers the events of an action (or lists them unsent without Webhooks).
+func (d *DevStripe) send(ctx context.Context, res DevResult, events [][]byte) (DevResult, error) {
+	if d.Webhooks == nil {
+		for _, ev := range events {
+			res.Events = append(res.Events, deliveryOf(ev))
+		}
+		return res, nil
+	}
+	ds, err := d.Webhooks.Send(ctx, events...)
+	res.Events = ds
+	if err != nil {
+		res.Error = err.Error()
+		return res, devErrorf(http.StatusBadGateway, "%s", err.Error())
+	}
+	return res, nil
+}
+
+func deliveryOf(ev []byte) Delivery {
+	var head struct{ ID, Type string }
+	_ = json.Unmarshal(ev, &head)
+	return Delivery{EventID: head.ID, Type: head.Type, Error: "not sent: the dev Stripe has no webhook URL"}
+}
+
+// subscriptionObject is a subscription as an event carries it: latest_invoice an id.
+func (d *DevStripe) subscriptionObject(id string) map[string]any {
+	obj := decode(d.Account.Subscription(id))
+	if inv, ok := obj["latest_invoice"].(map[string]any); ok {
+		obj["latest_invoice"] = inv["id"]
+	}
+	return obj
+}
+
+func (d *DevStripe) invoiceObject(id string) map[string]any {
+	return decode(d.Account.Invoice(id))
+}
+
+// serveDev answers the dev loop's own endpoints:
+//
+//	POST /dev/checkout/sessions/{id}/complete  card=pm_…  (CompleteCheckout)
+//	POST /dev/advance                          days=N     (AdvanceClock)
+func (d *DevStripe) serveDev() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /dev/checkout/sessions/{id}/complete", func(w http.ResponseWriter, r *http.Request) {
+		res, err := d.CompleteCheckout(r.Context(), r.PathValue("id"), r.FormValue("card"))
+		answerDev(w, res, err)
+	})
+	mux.HandleFunc("POST /dev/advance", func(w http.ResponseWriter, r *http.Request) {
+		days, err := strconv.ParseFloat(r.FormValue("days"), 64)
+		if err != nil || days <= 0 || days > 3660 {
+			answerDev(w, DevResult{}, devErrorf(http.StatusBadRequest, "days must be a number of days above 0 (and at most 3660), not %q", r.FormValue("days")))
+			return
+		}
+		res, err := d.AdvanceClock(r.Context(), time.Duration(days*float64(24*time.Hour)))
+		answerDev(w, res, err)
+	})
+	return mux
+}
+
+func answerDev(w http.ResponseWriter, res DevResult, err error) {
+	status := http.StatusOK
+	if err != nil {
+		var de *DevError
+		status = http.StatusInternalServerError
+		if errors.As(err, &de) {
+			status = de.Status
+		}
+		res.Error = err.Error()
+	}
+	writeJSON(w, status, res)
+}

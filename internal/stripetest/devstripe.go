@@ -1,0 +1,48 @@
+package stripetest
+
+import (
+	"sync"
+	"time"
+
+	"billing/internal/stripeevents"
+)
+
+// DevStripe is the Stripe of the dev loop (`make run`, internal/devstripe): the proxy in Dev mode
+// with state, so that what the service creates is what it reads back — customers, subscriptions
+// and invoices in an Account, Checkout sessions, meter events — instead of stripe-mock's fixture
+// of another customer. Charges, refunds and portal sessions still go through stripe-mock and Dev
+// mode's test cards.
+type DevStripe struct {
+	Proxy    *Proxy
+	Account  *Account
+	Sessions *CheckoutSessions
+	Meter    *MeterEvents
+	// Webhooks delivers the events of what happens here to the service; nil: none are sent.
+	Webhooks *WebhookSender
+
+	mu      sync.Mutex        // one dev action at a time: its changes and events stay in order
+	pending map[string]string // session → its incomplete subscription (a declined Checkout)
+}
+
+// NewDevStripe puts p in Dev mode and mounts the dev loop's state on it (test mode).
+func NewDevStripe(p *Proxy) *DevStripe {
+	// Dev first: the account and the sessions take its id tag.
+	p.Dev()
+	d := &DevStripe{
+		Proxy:    p,
+		Account:  NewAccount(p, false),
+		Sessions: NewCheckoutSessions(p, false),
+		Meter:    NewMeterEvents(p, false),
+		pending:  map[string]string{},
+	}
+	p.mu.Lock()
+	p.devPages = d.serveDev()
+	p.mu.Unlock()
+	return d
+}
+
+// event is an event of the pinned API version and test mode carrying obj, stamped with the
+// account's clock (a test clock moves it on, as Stripe's test clocks do).
+func (d *DevStripe) event(typ string, obj map[string]any, created time.Time) []byte {
+	return stripeevents.Event(d.Proxy.newID("evt_"), typ, created, false, obj, nil)
+}
