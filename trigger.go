@@ -20,13 +20,22 @@ import (
 var triggerHelp = commandHelp{
 	Usage: "billing trigger [flags] EVENT_TYPE",
 	About: "Posts a correctly signed sample event to a running service: the local `stripe trigger`.\n" +
-		"EVENT_TYPE: customer.subscription.created|updated|deleted|trial_will_end,\n" +
-		"invoice.payment_succeeded|payment_failed, customer.created|updated,\n" +
-		"entitlements.active_entitlement_summary.updated (--features; --features-more says Stripe has more,\n" +
-		"which the service then reads from Stripe).\n" +
+		"EVENT_TYPE, every type the service handles (and customer.created, which it ignores):\n" +
+		"  customer.subscription.created|updated|deleted|trial_will_end|paused|resumed\n" +
+		"  invoice.payment_succeeded|paid|payment_failed|payment_action_required|finalized|updated|voided|marked_uncollectible\n" +
+		"  customer.created|updated|deleted\n" +
+		"  entitlements.active_entitlement_summary.updated (--features; --features-more says Stripe has more,\n" +
+		"    which the service then reads from Stripe)\n" +
+		"  checkout.session.completed|async_payment_succeeded|async_payment_failed|expired (--session, --user)\n" +
+		"  payment_intent.succeeded|processing|payment_failed|canceled (--payment-intent, --order, --amount,\n" +
+		"    --decline-code)\n" +
+		"  charge.refunded (--charge, --payment-intent, --amount, --amount-refunded)\n" +
+		"  refund.created|updated, charge.refund.updated (--refund, --order, --refund-id, --status)\n" +
 		"Every event gets a new id unless --event-id is given (the same id again is a redelivery).\n" +
 		"--customer, --subscription and --invoice name the objects, so that several events play the\n" +
-		"lifecycle of one customer linked with PUT /v1/customers/{user_id}; --api-version other than\n" +
+		"lifecycle of one customer linked with PUT /v1/customers/{user_id}; --order and --refund-id are\n" +
+		"the ids of POST /v1/charges and its refunds, which a PaymentIntent's or refund's metadata\n" +
+		"carries, so its event settles that row; --api-version other than\n" +
 		"the pinned " + stripeevents.APIVersion + " makes an event the service dead-letters.",
 	Env: [][2]string{
 		{config.ConfigEnv, "YAML configuration file (like --config), read for the webhook secret"},
@@ -42,12 +51,22 @@ func trigger(args []string) int {
 	url := fs.String("url", triggerURL(), "webhook endpoint of the running service (default: BILLING_HTTP_ADDR's port on localhost, else the `make run` service's)")
 	secret := fs.String("secret", "", "webhook secret to sign with (default: the first configured secret of the mode, else the running `make run` service's test secret)")
 	live := fs.Bool("live", false, "send a live-mode event")
-	suffix := fs.String("id", "", "suffix of the objects' ids (default random): sub_<id>, cus_<id>, in_<id>")
+	suffix := fs.String("id", "", "suffix of the objects' ids (default random): sub_<id>, cus_<id>, in_<id>, cs_test_<id>, pi_<id>, ch_<id>, re_<id>")
 	eventID := fs.String("event-id", "", "the event's id (default a new evt_… every time; repeat one to redeliver)")
 	customer := fs.String("customer", "", "the customer's id, e.g. the stripe_customer_id of PUT /v1/customers/{user_id} (default cus_<id>)")
 	subscription := fs.String("subscription", "", "the subscription's id (default sub_<id>)")
 	invoice := fs.String("invoice", "", "the invoice's id (default in_<id>)")
-	status := fs.String("status", "", "the subscription's status (customer.subscription.*: trialing, active, past_due, unpaid, canceled…) or the invoice's (invoice.*)")
+	status := fs.String("status", "", "the object's status in place of the type's usual one: the subscription's (customer.subscription.*: trialing, active, past_due, unpaid, canceled…), the invoice's, the session's, the PaymentIntent's or the refund's (pending, succeeded, failed…)")
+	session := fs.String("session", "", "the Checkout Session's id (checkout.session.*; default cs_test_<id>)")
+	user := fs.String("user", "", "the app's user id the Checkout Session names (client_reference_id and metadata user_id) and the PaymentIntent's metadata user_id (default none: the session's user is the one linked to --customer)")
+	paymentIntent := fs.String("payment-intent", "", "the PaymentIntent's id (payment_intent.*, charge.refunded, refunds; default pi_<id>)")
+	charge := fs.String("charge", "", "the charge's id (charge.refunded, refunds; default ch_<id>)")
+	refund := fs.String("refund", "", "Stripe's refund id (refund.*, charge.refund.updated; default re_<id>)")
+	order := fs.String("order", "", "metadata order_id of the PaymentIntent, charge or refund: the order_id of POST /v1/charges (default o_<id>)")
+	refundID := fs.String("refund-id", "", "metadata refund_id of the refund: the refund_id of POST /v1/charges/{order_id}/refunds (default r_<id>)")
+	amount := fs.Int64("amount", 2000, "the PaymentIntent's, charge's or refund's amount in the currency's smallest unit")
+	amountRefunded := fs.Int64("amount-refunded", 0, "the charge's refunded amount (charge.refunded; default --amount, all of it)")
+	declineCode := fs.String("decline-code", "", "the decline of payment_intent.payment_failed (default generic_decline)")
 	quantity := fs.Int64("quantity", 1, "the subscription's seats (customer.subscription.*)")
 	features := fs.String("features", "premium", "comma-separated lookup keys of the customer's active entitlements (entitlements.active_entitlement_summary.updated)")
 	featuresMore := fs.Bool("features-more", false, "the summary's list has more than --features (the service reads every page from Stripe)")
@@ -97,6 +116,8 @@ func trigger(args []string) int {
 		Suffix: *suffix, EventID: *eventID, Customer: *customer, Subscription: *subscription,
 		Invoice: *invoice, Status: *status, APIVersion: *apiVersion, Now: now, Livemode: *live,
 		Quantity: *quantity, Features: splitList(*features), FeaturesHaveMore: *featuresMore,
+		Session: *session, UserID: *user, PaymentIntent: *paymentIntent, Charge: *charge, Refund: *refund,
+		OrderID: *order, RefundID: *refundID, Amount: *amount, AmountRefunded: *amountRefunded, DeclineCode: *declineCode,
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "billing trigger: "+err.Error())
