@@ -38,7 +38,7 @@ type ChargeRow struct {
 // and the local refunds Stripe accepted (completed, and not failed, canceled or refused).
 const refundedSQL = `GREATEST(coalesce(c.amount_refunded, 0), coalesce((SELECT sum(r.amount) FROM refunds r
 	WHERE r.order_id = c.order_id AND r.livemode = c.livemode
-	  AND r.state = 'completed' AND r.status NOT IN ('failed', 'canceled', '` + refundError + `')), 0))`
+	  AND r.state = 'completed' AND r.status NOT IN ('failed', 'canceled', '` + refundError + `')), 0)) /* all modes: its charge's, which the statement binds */`
 
 // chargeFrom selects ChargeRows of charges c of the mode $1; a statement goes on with AND.
 const chargeFrom = `SELECT c.order_id, c.user_id, c.stripe_customer_id, c.livemode, c.amount, c.currency, c.description,
