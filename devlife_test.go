@@ -24,14 +24,7 @@ func TestDevLoopPlaysTheWholeLifeOffline(t *testing.T) {
 	d := newDevService(t)
 	d.stripe.Webhooks = &stripetest.WebhookSender{URL: d.server.URL + "/webhooks/stripe", Secret: devSecret}
 	ctx := context.Background()
-	if err := d.app.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		sctx, c := context.WithTimeout(context.Background(), 30*time.Second)
-		defer c()
-		_ = d.app.Stop(sctx)
-	})
+	d.start(t)
 
 	// `billing dev` finds the dev Stripe as under make run: the run file of a live serve (this
 	// process stands in for it).

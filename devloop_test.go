@@ -72,6 +72,19 @@ func newDevService(t *testing.T) *devService {
 	return &devService{t: t, dbURL: dbURL, app: a, proxy: proxy, stripe: dev, server: srv}
 }
 
+// start starts the app's workers (River, the periodic jobs) and stops them when the test ends.
+func (d *devService) start(t *testing.T) {
+	t.Helper()
+	if err := d.app.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, c := context.WithTimeout(context.Background(), 30*time.Second)
+		defer c()
+		_ = d.app.Stop(ctx)
+	})
+}
+
 // do sends a JSON request with token and decodes the JSON answer (nil for an empty body).
 func (d *devService) do(token, method, path string, body any) (int, map[string]any) {
 	d.t.Helper()
@@ -228,15 +241,7 @@ func TestTriggerPlaysALifecycleOfOneLinkedUser(t *testing.T) {
 		t.Fatalf("PUT customer: %d %v", status, cust)
 	}
 	cus, _ := cust["stripe_customer_id"].(string)
-	ctx := context.Background()
-	if err := d.app.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		sctx, c := context.WithTimeout(context.Background(), 30*time.Second)
-		defer c()
-		_ = d.app.Stop(sctx)
-	})
+	d.start(t)
 	wait := eventWaiter{db: d.app.DB}
 
 	trigger := func(args ...string) string {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"io"
 	"net/http"
 	"regexp"
@@ -103,14 +102,7 @@ func TestOpenAPIAnswersFitTheDocument(t *testing.T) {
 	expect(200)(d.do(app, http.MethodPut, "/v1/customers/u_oa", map[string]any{"email": "oa@example.com", "name": "OA"}))
 
 	// A subscription with a hold, so that lists have items to check.
-	if err := d.app.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, c := context.WithTimeout(context.Background(), 30*time.Second)
-		defer c()
-		_ = d.app.Stop(ctx)
-	})
+	d.start(t)
 	wait := eventWaiter{db: d.app.DB}
 	o := stripeevents.SampleOptions{Suffix: "oa", Customer: cus, Subscription: "sub_oa", Invoice: "in_oa"}
 	created, _ := d.webhook("customer.subscription.created", o)

@@ -1,12 +1,10 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"net/http"
 	"slices"
 	"testing"
-	"time"
 
 	"billing/internal/apitest"
 	"billing/internal/stripeevents"
@@ -67,14 +65,7 @@ func TestTriggerHasASampleOfEveryHandledType(t *testing.T) {
 	if status != http.StatusCreated || re == "" {
 		t.Fatalf("POST refund: %d %v", status, refund)
 	}
-	if err := d.app.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, c := context.WithTimeout(context.Background(), 30*time.Second)
-		defer c()
-		_ = d.app.Stop(ctx)
-	})
+	d.start(t)
 	wait := eventWaiter{db: d.app.DB}
 	o := stripeevents.SampleOptions{Suffix: "samples", Customer: cus, UserID: "u_samples", OrderID: "o_samples",
 		PaymentIntent: pi, RefundID: "r_samples", Refund: re, Amount: 2000, AmountRefunded: 500}
