@@ -29,6 +29,9 @@ type CheckoutSessions struct {
 	// object (line items, subscription_data), which completing it needs.
 	forms map[string]url.Values
 	idTag string // the proxy's, in Dev mode: ids unique across restarts
+	// pageBase, in the dev loop: a session's url is the dev Stripe's page of it (pageBase+id)
+	// instead of Stripe's, which knows no session of ours.
+	pageBase string
 }
 
 // NewCheckoutSessions serves the sessions of one mode on p.
@@ -137,7 +140,7 @@ func (c *CheckoutSessions) create(r Request) Answer {
 		"status": "open", "payment_status": "unpaid", "created": now.Unix(), "expires_at": now.Add(24 * time.Hour).Unix(),
 		"customer": checkoutNullable(f.Get("customer")), "client_reference_id": checkoutNullable(f.Get("client_reference_id")),
 		"success_url": f.Get("success_url"), "cancel_url": f.Get("cancel_url"),
-		"url":          "https://checkout.stripe.com/c/pay/" + id,
+		"url":          c.pageURL(id),
 		"metadata":     md,
 		"subscription": nil,
 	}
@@ -145,6 +148,13 @@ func (c *CheckoutSessions) create(r Request) Answer {
 	c.order = append(c.order, id)
 	c.forms[id] = maps.Clone(f)
 	return Answer{Status: http.StatusOK, Body: checkoutCopy(s)}
+}
+
+func (c *CheckoutSessions) pageURL(id string) string {
+	if c.pageBase != "" {
+		return c.pageBase + id
+	}
+	return "https://checkout.stripe.com/c/pay/" + id
 }
 
 func (c *CheckoutSessions) list(r Request) Answer {

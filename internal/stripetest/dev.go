@@ -106,6 +106,24 @@ func flowOf(form url.Values) any {
 	if sub := form.Get("flow_data[subscription_cancel][subscription]"); sub != "" {
 		flow["subscription_cancel"] = map[string]any{"subscription": sub}
 	}
+	if sub := form.Get("flow_data[subscription_update][subscription]"); sub != "" {
+		flow["subscription_update"] = map[string]any{"subscription": sub}
+	}
+	if sub := form.Get("flow_data[subscription_update_confirm][subscription]"); sub != "" {
+		var items []any
+		for i := 0; ; i++ {
+			k := "flow_data[subscription_update_confirm][items][" + strconv.Itoa(i) + "]"
+			if !form.Has(k+"[id]") && !form.Has(k+"[price]") {
+				break
+			}
+			item := map[string]any{"id": form.Get(k + "[id]"), "price": nullable(form.Get(k + "[price]")), "quantity": nil}
+			if q, err := strconv.ParseInt(form.Get(k+"[quantity]"), 10, 64); err == nil {
+				item["quantity"] = q
+			}
+			items = append(items, item)
+		}
+		flow["subscription_update_confirm"] = map[string]any{"subscription": sub, "items": items}
+	}
 	if r := form.Get("flow_data[after_completion][redirect][return_url]"); r != "" {
 		flow["after_completion"] = map[string]any{"type": "redirect", "redirect": map[string]any{"return_url": r}}
 	}
@@ -175,47 +193,87 @@ var portalPageTemplate = template.Must(template.New("portal").Parse(`<!doctype h
 <html lang="en"><head><meta charset="utf-8"><title>Customer Portal (local stand-in)</title></head>
 <body style="font-family: sans-serif; max-width: 40em; margin: 2em auto">
 <h1>Customer Portal — local stand-in</h1>
-<p>This page stands in for Stripe's Customer Portal in the dev loop: nothing here changes a
-subscription. In test mode at Stripe, this session would open the real portal.</p>
+{{if .Apply}}<p>This page stands in for Stripe's Customer Portal in the dev loop: confirming here
+does what the customer does in the portal, and the service receives the events.</p>
+{{else}}<p>This page stands in for Stripe's Customer Portal: nothing here changes a subscription.
+In test mode at Stripe, this session would open the real portal.</p>{{end}}
 <dl>
 <dt>session</dt><dd><code>{{.ID}}</code></dd>
 <dt>customer</dt><dd><code>{{.Customer}}</code></dd>
 {{with .Flow}}<dt>flow</dt><dd><code>{{.}}</code></dd>{{end}}
 {{with .Subscription}}<dt>subscription</dt><dd><code>{{.}}</code></dd>{{end}}
+{{with .Price}}<dt>new plan</dt><dd><code>{{.}}</code>{{with $.Quantity}} × {{.}}{{end}}</dd>{{end}}
 </dl>
+{{if .Apply}}
+{{if and (ne .Flow "subscription_update_confirm") (ne .Flow "subscription_update")}}<form method="post" action="/dev/portal/sessions/{{.ID}}/apply">
+<input type="hidden" name="page" value="1"><input type="hidden" name="action" value="cancel">
+<p><button type="submit">Cancel the plan (at the end of the period)</button></p>
+</form>{{end}}
+{{if ne .Flow "subscription_cancel"}}<form method="post" action="/dev/portal/sessions/{{.ID}}/apply">
+<input type="hidden" name="page" value="1"><input type="hidden" name="action" value="update">
+<p><label>Plan <input name="price" value="{{.Price}}" placeholder="price_…"></label>
+<label>Seats <input name="quantity" type="number" min="1" value="{{.Quantity}}"></label>
+<button type="submit">Confirm the change</button></p>
+</form>{{end}}
+{{end}}
 {{with .ReturnURL}}<p><a href="{{.}}">Return to the app</a></p>{{end}}
 </body></html>
 `))
 
-// portalPage serves the local stand-in of a portal session's page.
-func (p *Proxy) portalPage(w http.ResponseWriter, hr *http.Request) {
-	id := strings.TrimPrefix(hr.URL.Path, devPortalPath)
-	var sess map[string]any
+// portalSession is a portal session made through the proxy (nil when unknown).
+func (p *Proxy) portalSession(id string) map[string]any {
 	for _, s := range p.Objects("/v1/billing_portal/sessions") {
 		if s["id"] == id {
-			sess = s
+			return s
 		}
 	}
+	return nil
+}
+
+// portalReturnURL is where the portal sends the customer after a session's flow: its
+// after_completion redirect, else its return_url ("" when neither is a web URL).
+func (p *Proxy) portalReturnURL(id string) string {
+	sess := p.portalSession(id)
+	flow, _ := sess["flow"].(map[string]any)
+	ac, _ := flow["after_completion"].(map[string]any)
+	r, _ := ac["redirect"].(map[string]any)
+	if u := webURL(stringField(r, "return_url")); u != "" {
+		return u
+	}
+	return webURL(stringField(sess, "return_url"))
+}
+
+// portalPage serves the local stand-in of a portal session's page; with the dev Stripe's state
+// (NewDevStripe), its forms apply a cancellation or a plan change.
+func (p *Proxy) portalPage(w http.ResponseWriter, hr *http.Request) {
+	id := strings.TrimPrefix(hr.URL.Path, devPortalPath)
+	sess := p.portalSession(id)
 	if sess == nil || hr.Method != http.MethodGet {
 		http.Error(w, "no such portal session in this dev Stripe (sessions live as long as the process)", http.StatusNotFound)
 		return
 	}
-	data := struct{ ID, Customer, Flow, Subscription, ReturnURL string }{ID: id}
+	p.mu.Lock()
+	apply := p.devPages != nil
+	p.mu.Unlock()
+	data := struct {
+		ID, Customer, Flow, Subscription, Price, Quantity, ReturnURL string
+		Apply                                                        bool
+	}{ID: id, Apply: apply, ReturnURL: p.portalReturnURL(id)}
 	data.Customer, _ = sess["customer"].(string)
-	data.ReturnURL, _ = sess["return_url"].(string)
 	if flow, ok := sess["flow"].(map[string]any); ok {
 		data.Flow, _ = flow["type"].(string)
-		if c, ok := flow["subscription_cancel"].(map[string]any); ok {
-			data.Subscription, _ = c["subscription"].(string)
-		}
-		if ac, ok := flow["after_completion"].(map[string]any); ok {
-			if r, ok := ac["redirect"].(map[string]any); ok {
-				data.ReturnURL, _ = r["return_url"].(string)
+		if f, ok := flow[data.Flow].(map[string]any); ok {
+			data.Subscription, _ = f["subscription"].(string)
+			if items, _ := f["items"].([]any); len(items) > 0 {
+				item, _ := items[0].(map[string]any)
+				data.Price = stringField(item, "price")
+				if q, ok := item["quantity"].(float64); ok {
+					data.Quantity = strconv.FormatInt(int64(q), 10)
+				} else if q, ok := item["quantity"].(int64); ok {
+					data.Quantity = strconv.FormatInt(q, 10)
+				}
 			}
 		}
-	}
-	if u, err := url.Parse(data.ReturnURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") {
-		data.ReturnURL = ""
 	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	_ = portalPageTemplate.Execute(w, data)

@@ -34,8 +34,10 @@ type DevResult struct {
 
 // DevChange is what happened to one subscription.
 type DevChange struct {
-	Subscription  string    `json:"subscription"`
-	What          string    `json:"what"` // created, paid, payment_failed, renewed, renewal_failed, canceled, expired
+	Subscription string `json:"subscription"`
+	// What: created, paid, payment_failed, renewed, renewal_failed, retry_paid, retry_failed,
+	// retries_exhausted, canceled, expired, cancel_at_period_end, changed.
+	What          string    `json:"what"`
 	Status        string    `json:"status"`
 	Invoice       string    `json:"invoice,omitempty"`
 	InvoiceStatus string    `json:"invoice_status,omitempty"`
@@ -193,8 +195,9 @@ func (d *DevStripe) checkoutSpec(f map[string][]string, customer string, now tim
 // (customer.subscription.deleted); any other active, trialing or past_due one renews into its
 // next period with an invoice charged to the customer's default payment method —
 // customer.subscription.updated, invoice.paid and invoice.payment_succeeded when it pays;
-// invoice.payment_failed and customer.subscription.updated (past_due) when it declines. An
-// incomplete subscription expires 23 hours after its creation, as at Stripe.
+// invoice.payment_failed and customer.subscription.updated (past_due) when it declines, after which
+// Smart Retries charge the invoice again (retryDue). An incomplete subscription expires 23 hours
+// after its creation, as at Stripe.
 func (d *DevStripe) AdvanceClock(ctx context.Context, by time.Duration) (DevResult, error) {
 	if by <= 0 {
 		return DevResult{}, devErrorf(http.StatusBadRequest, "advance by a positive time, not %s", by)
@@ -244,6 +247,10 @@ func (d *DevStripe) nextDue(id string, to time.Time) (DevChange, [][]byte, bool)
 	if spec.Status == "trialing" && !spec.TrialEnd.IsZero() {
 		due = spec.TrialEnd
 	}
+	if inv := spec.LatestInvoice; spec.Status == "past_due" && inv != nil && inv.Status == "open" &&
+		!inv.NextPaymentAttempt.IsZero() && !inv.NextPaymentAttempt.After(to) && (due.IsZero() || inv.NextPaymentAttempt.Before(due)) {
+		return d.retryDue(spec, ch)
+	}
 	if due.IsZero() || due.After(to) {
 		return ch, nil, false
 	}
@@ -268,8 +275,8 @@ func (d *DevStripe) nextDue(id string, to time.Time) (DevChange, [][]byte, bool)
 	}
 	ch.Invoice = inv.ID
 	if cardDeclines(pm, true) {
-		// Stripe retries a failed renewal; the first retry is in 3 days here.
-		inv.Status, inv.NextPaymentAttempt = "open", due.AddDate(0, 0, 3)
+		// Stripe retries a failed renewal (retryDue).
+		inv.Status, inv.NextPaymentAttempt = "open", due.AddDate(0, 0, devRetryGaps[0])
 		spec.Status = "past_due"
 		d.Account.PutSubscription(spec)
 		ch.What, ch.Status, ch.InvoiceStatus = "renewal_failed", spec.Status, inv.Status
@@ -287,6 +294,59 @@ func (d *DevStripe) nextDue(id string, to time.Time) (DevChange, [][]byte, bool)
 		d.event("invoice.paid", d.invoiceObject(inv.ID), due),
 		d.event("invoice.payment_succeeded", d.invoiceObject(inv.ID), due),
 	}, true
+}
+
+// devRetryGaps are the days between a failed renewal's attempts (Smart Retries, as Stripe's
+// default of four attempts within about two weeks); after the last one fails, the subscription is
+// canceled, Stripe's default for a subscription whose retries are exhausted.
+var devRetryGaps = []int{3, 5, 7}
+
+// retryDue charges a past_due subscription's open invoice again, at its next_payment_attempt, to
+// the customer's default payment method as it is now: paid, the subscription is active again
+// (invoice.paid, invoice.payment_succeeded, customer.subscription.updated); declined, the next
+// attempt is scheduled (invoice.payment_failed), or, after the last, the subscription is canceled
+// (invoice.payment_failed with no next attempt, customer.subscription.deleted).
+func (d *DevStripe) retryDue(spec SubscriptionSpec, ch DevChange) (DevChange, [][]byte, bool) {
+	inv := spec.LatestInvoice
+	at := inv.NextPaymentAttempt
+	inv.AttemptCount++
+	ch.At, ch.Invoice = at, inv.ID
+	pm := d.Account.DefaultPaymentMethod(spec.Customer)
+	if pm == "" {
+		pm = d.Account.defaultSource(spec.Customer)
+	}
+	var events [][]byte
+	switch {
+	case !cardDeclines(pm, true):
+		inv.Status, inv.AmountPaid, inv.NextPaymentAttempt = "paid", inv.AmountDue, time.Time{}
+		spec.Status = "active"
+		d.Account.PutSubscription(spec)
+		ch.What = "retry_paid"
+		events = [][]byte{
+			d.event("invoice.paid", d.invoiceObject(inv.ID), at),
+			d.event("invoice.payment_succeeded", d.invoiceObject(inv.ID), at),
+			d.event("customer.subscription.updated", d.subscriptionObject(spec.ID), at),
+		}
+	case int(inv.AttemptCount) > len(devRetryGaps):
+		inv.NextPaymentAttempt = time.Time{}
+		spec.Status, spec.EndedAt = "canceled", at
+		if spec.CanceledAt.IsZero() {
+			spec.CanceledAt = at
+		}
+		d.Account.PutSubscription(spec)
+		ch.What = "retries_exhausted"
+		events = [][]byte{
+			d.event("invoice.payment_failed", d.invoiceObject(inv.ID), at),
+			d.event("customer.subscription.deleted", d.subscriptionObject(spec.ID), at),
+		}
+	default:
+		inv.NextPaymentAttempt = at.AddDate(0, 0, devRetryGaps[inv.AttemptCount-1])
+		d.Account.PutSubscription(spec)
+		ch.What = "retry_failed"
+		events = [][]byte{d.event("invoice.payment_failed", d.invoiceObject(inv.ID), at)}
+	}
+	ch.Status, ch.InvoiceStatus = spec.Status, inv.Status
+	return ch, events, true
 }
 
 // send delivers the events of an action (or lists them unsent without Webhooks).
@@ -327,12 +387,53 @@ func (d *DevStripe) invoiceObject(id string) map[string]any {
 
 // serveDev answers the dev loop's own endpoints:
 //
+//	GET  /dev/checkout/sessions/{id}           the session's page (its url): a card form
 //	POST /dev/checkout/sessions/{id}/complete  card=pm_…  (CompleteCheckout)
+//	POST /dev/portal/sessions/{id}/apply       action=cancel|update price= quantity= subscription= (ApplyPortal)
 //	POST /dev/advance                          days=N     (AdvanceClock)
+//
+// A form of a page posts page=1: success then redirects (303) where Stripe would send the
+// customer — the session's success URL, the portal's return URL — instead of answering JSON.
 func (d *DevStripe) serveDev() http.Handler {
 	mux := http.NewServeMux()
+	mux.HandleFunc("GET /dev/checkout/sessions/{id}", d.checkoutPage)
 	mux.HandleFunc("POST /dev/checkout/sessions/{id}/complete", func(w http.ResponseWriter, r *http.Request) {
-		res, err := d.CompleteCheckout(r.Context(), r.PathValue("id"), r.FormValue("card"))
+		id := r.PathValue("id")
+		res, err := d.CompleteCheckout(r.Context(), id, r.FormValue("card"))
+		if err == nil && r.FormValue("page") != "" && res.Changes[0].What != "payment_failed" {
+			if to := successURL(d.Sessions.Get(id)); to != "" {
+				http.Redirect(w, r, to, http.StatusSeeOther)
+				return
+			}
+		}
+		answerDev(w, res, err)
+	})
+	mux.HandleFunc("POST /dev/portal/sessions/{id}/apply", func(w http.ResponseWriter, r *http.Request) {
+		choice := PortalChoice{Subscription: r.FormValue("subscription"), Price: r.FormValue("price")}
+		switch a := r.FormValue("action"); a {
+		case "", "update":
+		case "cancel":
+			choice.Cancel = true
+		default:
+			answerDev(w, DevResult{}, devErrorf(http.StatusBadRequest, "action must be cancel or update, not %q", a))
+			return
+		}
+		if q := r.FormValue("quantity"); q != "" {
+			n, err := strconv.ParseInt(q, 10, 64)
+			if err != nil || n < 1 {
+				answerDev(w, DevResult{}, devErrorf(http.StatusBadRequest, "quantity must be a whole number of seats from 1, not %q", q))
+				return
+			}
+			choice.Quantity = n
+		}
+		id := r.PathValue("id")
+		res, err := d.ApplyPortal(r.Context(), id, choice)
+		if err == nil && r.FormValue("page") != "" {
+			if to := d.Proxy.portalReturnURL(id); to != "" {
+				http.Redirect(w, r, to, http.StatusSeeOther)
+				return
+			}
+		}
 		answerDev(w, res, err)
 	})
 	mux.HandleFunc("POST /dev/advance", func(w http.ResponseWriter, r *http.Request) {

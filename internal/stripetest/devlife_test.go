@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"billing/internal/stripeevents"
+	"billing/internal/testenv"
 )
 
 // devReceiver is a webhook endpoint that keeps the events it is sent.
@@ -48,7 +49,8 @@ func newDevLife(t *testing.T) (*DevStripe, *devReceiver) {
 		rec.mu.Unlock()
 	}))
 	t.Cleanup(srv.Close)
-	d := NewDevStripe(New(t, newTestServer(t, http.NotFoundHandler())))
+	// stripe-mock behind: portal sessions are its (the dev Stripe keeps no state of its own for them).
+	d := NewDevStripe(New(t, testenv.StripeMockURL(t)))
 	d.Webhooks = &WebhookSender{URL: srv.URL, Secret: "whsec_x"}
 	return d, rec
 }
@@ -131,13 +133,105 @@ func TestDevCheckoutAndClockPlayASubscriptionsLife(t *testing.T) {
 		t.Errorf("events of a failed renewal: %s", got)
 	}
 
-	// Set to cancel at the period's end, it ends there.
-	call(t, d.Proxy, http.MethodPost, "/v1/subscriptions/"+sub, url.Values{"cancel_at_period_end": {"true"}})
+	// Smart Retries: 3 days on the card still declines; 5 days later a working card pays.
+	if _, res := devPost(t, d, "/dev/advance", url.Values{"days": {"3"}}); len(res.Changes) != 1 || res.Changes[0].What != "retry_failed" {
+		t.Errorf("first retry on a declining card: %+v", res)
+	}
+	if got := rec.types(); got != "invoice.payment_failed" {
+		t.Errorf("events of a failed retry: %s", got)
+	}
+	call(t, d.Proxy, http.MethodPost, "/v1/customers/"+cus, url.Values{"invoice_settings[default_payment_method]": {"pm_card_visa"}})
+	if _, res := devPost(t, d, "/dev/advance", url.Values{"days": {"4"}}); len(res.Changes) != 0 {
+		t.Errorf("before the second retry: %+v", res)
+	}
+	if _, res := devPost(t, d, "/dev/advance", url.Values{"days": {"1"}}); len(res.Changes) != 1 || res.Changes[0].What != "retry_paid" || res.Changes[0].Status != "active" {
+		t.Errorf("second retry on a working card: %+v", res)
+	}
+	if got := rec.types(); got != "invoice.paid invoice.payment_succeeded customer.subscription.updated" {
+		t.Errorf("events of a paid retry: %s", got)
+	}
+
+	// Canceled in the portal, it ends at its period's end.
+	status, ps := call(t, d.Proxy, http.MethodPost, "/v1/billing_portal/sessions", url.Values{"customer": {cus},
+		"flow_data[type]": {"subscription_cancel"}, "flow_data[subscription_cancel][subscription]": {sub}})
+	if status != http.StatusOK {
+		t.Fatalf("portal session: %d %v", status, ps)
+	}
+	if status, res := devPost(t, d, "/dev/portal/sessions/"+str(ps, "id")+"/apply", url.Values{"quantity": {"2"}}); status != http.StatusBadRequest {
+		t.Errorf("a seat change in a cancellation flow: %d %+v", status, res)
+	}
+	if _, res := devPost(t, d, "/dev/portal/sessions/"+str(ps, "id")+"/apply", nil); len(res.Changes) != 1 || res.Changes[0].What != "cancel_at_period_end" {
+		t.Errorf("portal cancel: %+v", res)
+	}
+	if got := rec.types(); got != "customer.subscription.updated" {
+		t.Errorf("events of a portal cancel: %s", got)
+	}
+	if _, s := call(t, d.Proxy, http.MethodGet, "/v1/subscriptions/"+sub, nil); s["cancel_at_period_end"] != true || s["status"] != "active" {
+		t.Errorf("after the portal cancel: %v", s)
+	}
+	if status, _ := devPost(t, d, "/dev/portal/sessions/"+str(ps, "id")+"/apply", nil); status != http.StatusConflict {
+		t.Errorf("cancelling twice: %d, want 409", status)
+	}
 	if _, res := devPost(t, d, "/dev/advance", url.Values{"days": {"31"}}); len(res.Changes) != 1 || res.Changes[0].Status != "canceled" {
 		t.Errorf("cancel at period end: %+v", res)
 	}
 	if got := rec.types(); got != "customer.subscription.deleted" {
 		t.Errorf("events of the end: %s", got)
+	}
+}
+
+// A seat change confirmed in the portal takes the flow's item; retries that all decline end the
+// subscription.
+func TestDevPortalChangeAndExhaustedRetries(t *testing.T) {
+	d, rec := newDevLife(t)
+	_, c := call(t, d.Proxy, http.MethodPost, "/v1/customers", url.Values{"email": {"a@example.com"}})
+	cus := str(c, "id")
+	_, res := devPost(t, d, "/dev/checkout/sessions/"+d.testSession(t, cus, nil)+"/complete", nil)
+	sub := res.Changes[0].Subscription
+	rec.types()
+
+	_, other := call(t, d.Proxy, http.MethodPost, "/v1/customers", url.Values{"email": {"b@example.com"}})
+	_, foreign := call(t, d.Proxy, http.MethodPost, "/v1/billing_portal/sessions", url.Values{"customer": {str(other, "id")},
+		"flow_data[type]": {"subscription_cancel"}, "flow_data[subscription_cancel][subscription]": {sub}})
+	if status, _ := devPost(t, d, "/dev/portal/sessions/"+str(foreign, "id")+"/apply", nil); status != http.StatusForbidden {
+		t.Errorf("another customer's subscription: %d, want 403", status)
+	}
+	status, ps := call(t, d.Proxy, http.MethodPost, "/v1/billing_portal/sessions", url.Values{"customer": {cus},
+		"flow_data[type]": {"subscription_update_confirm"},
+		"flow_data[subscription_update_confirm][subscription]":       {sub},
+		"flow_data[subscription_update_confirm][items][0][id]":       {"si_x"},
+		"flow_data[subscription_update_confirm][items][0][price]":    {"price_team"},
+		"flow_data[subscription_update_confirm][items][0][quantity]": {"5"}})
+	if status != http.StatusOK {
+		t.Fatalf("portal session: %d %v", status, ps)
+	}
+	if _, res := devPost(t, d, "/dev/portal/sessions/"+PortalSessionID(str(ps, "url"))+"/apply", nil); len(res.Changes) != 1 || res.Changes[0].What != "changed" {
+		t.Errorf("portal change: %+v", res)
+	}
+	if got := rec.types(); got != "customer.subscription.updated" {
+		t.Errorf("events of a portal change: %s", got)
+	}
+	_, s := call(t, d.Proxy, http.MethodGet, "/v1/subscriptions/"+sub, nil)
+	items, _ := s["items"].(map[string]any)["data"].([]any)
+	if len(items) != 1 || items[0].(map[string]any)["quantity"] != float64(5) || str(items[0].(map[string]any), "price", "id") != "price_team" {
+		t.Errorf("after the portal change: %v", s)
+	}
+
+	// Every attempt declines: three retries (3, 5 and 7 days apart), then the subscription ends.
+	call(t, d.Proxy, http.MethodPost, "/v1/customers/"+cus, url.Values{"invoice_settings[default_payment_method]": {"pm_card_chargeDeclined"}})
+	_, res = devPost(t, d, "/dev/advance", url.Values{"days": {"47"}})
+	var what []string
+	for _, ch := range res.Changes {
+		what = append(what, ch.What)
+	}
+	if got := strings.Join(what, " "); got != "renewal_failed retry_failed retry_failed retries_exhausted" {
+		t.Errorf("a month and 16 days on a declining card: %s", got)
+	}
+	if got := rec.types(); got != "invoice.payment_failed customer.subscription.updated invoice.payment_failed invoice.payment_failed invoice.payment_failed customer.subscription.deleted" {
+		t.Errorf("events of exhausted retries: %s", got)
+	}
+	if _, s := call(t, d.Proxy, http.MethodGet, "/v1/subscriptions/"+sub, nil); s["status"] != "canceled" {
+		t.Errorf("after the retries: %v", s["status"])
 	}
 }
 
@@ -178,5 +272,67 @@ func TestDevCheckoutDeclinedThenPaidAndTrials(t *testing.T) {
 	}
 	if status, _ := devPost(t, d, "/dev/advance", url.Values{"days": {"-1"}}); status != http.StatusBadRequest {
 		t.Errorf("negative days: %d", status)
+	}
+}
+
+// The session's url is the dev Stripe's page of it, whose form pays the session and sends the
+// customer to the success URL; a portal session's page offers what its flow allows, and its form
+// sends the customer back to the app.
+func TestDevPagesPlayTheCustomer(t *testing.T) {
+	d, rec := newDevLife(t)
+	noFollow := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	_, c := call(t, d.Proxy, http.MethodPost, "/v1/customers", url.Values{"email": {"a@example.com"}})
+	cus := str(c, "id")
+	cs := d.testSession(t, cus, url.Values{"success_url": {"http://localhost:8080/welcome?s={CHECKOUT_SESSION_ID}"}})
+	page := str(d.Sessions.Get(cs), "url")
+	if !strings.HasPrefix(page, d.Proxy.PortalBase()+"/dev/checkout/sessions/") {
+		t.Fatalf("session url %q is not the dev Stripe's page", page)
+	}
+	resp, err := http.Get(page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `action="/dev/checkout/sessions/`+cs+`/complete"`) ||
+		!strings.Contains(string(body), "pm_card_chargeDeclined") {
+		t.Fatalf("checkout page: %d\n%s", resp.StatusCode, body)
+	}
+	resp, err = noFollow.PostForm(d.Proxy.URL+"/dev/checkout/sessions/"+cs+"/complete", url.Values{"page": {"1"}, "card": {"pm_card_visa"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "http://localhost:8080/welcome?s="+cs {
+		t.Errorf("paying on the page: %d to %q", resp.StatusCode, resp.Header.Get("Location"))
+	}
+	if got := rec.types(); !strings.HasSuffix(got, "checkout.session.completed") {
+		t.Errorf("events of the page's payment: %s", got)
+	}
+	sub := d.Sessions.Get(cs)["subscription"].(string)
+
+	_, ps := call(t, d.Proxy, http.MethodPost, "/v1/billing_portal/sessions", url.Values{"customer": {cus},
+		"flow_data[type]": {"subscription_cancel"}, "flow_data[subscription_cancel][subscription]": {sub},
+		"flow_data[after_completion][type]":                 {"redirect"},
+		"flow_data[after_completion][redirect][return_url]": {"http://localhost:8080/account"}})
+	resp, err = http.Get(str(ps, "url"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(body), `name="action" value="cancel"`) || strings.Contains(string(body), `value="update"`) {
+		t.Errorf("a cancellation's portal page offers:\n%s", body)
+	}
+	resp, err = noFollow.PostForm(d.Proxy.URL+"/dev/portal/sessions/"+str(ps, "id")+"/apply", url.Values{"page": {"1"}, "action": {"cancel"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "http://localhost:8080/account" {
+		t.Errorf("cancelling on the page: %d to %q", resp.StatusCode, resp.Header.Get("Location"))
+	}
+	if got := rec.types(); got != "customer.subscription.updated" {
+		t.Errorf("events of the page's cancel: %s", got)
 	}
 }

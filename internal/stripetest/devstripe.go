@@ -35,6 +35,7 @@ func NewDevStripe(p *Proxy) *DevStripe {
 		Meter:    NewMeterEvents(p, false),
 		pending:  map[string]string{},
 	}
+	d.Sessions.pageBase = p.PortalBase() + "/dev/checkout/sessions/"
 	p.mu.Lock()
 	p.devPages = d.serveDev()
 	p.mu.Unlock()
