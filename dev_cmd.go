@@ -23,15 +23,21 @@ import (
 )
 
 var devHelp = commandHelp{
-	Usage: "billing dev checkout complete SESSION_ID [--card pm_…] | billing dev advance --days N",
+	Usage: "billing dev checkout complete SESSION_ID [--card pm_…] | billing dev portal apply SESSION_OR_URL [--cancel | --price P --quantity N] | billing dev advance --days N",
 	About: "Plays, at the dev Stripe of `make run`, what a customer and time do at Stripe; the dev\n" +
 		"Stripe then sends the service the events Stripe would send.\n\n" +
 		"  checkout complete SESSION_ID  pay a Checkout session (cs_…) as its customer: the subscription\n" +
 		"                                and its first invoice; --card picks the test card (default the\n" +
 		"                                customer's default payment method; pm_card_chargeDeclined declines)\n" +
+		"  portal apply SESSION_OR_URL   confirm what a Customer Portal session (bps_…, or the URL the\n" +
+		"                                service redirected to) opens: a cancellation at the period's end,\n" +
+		"                                or the plan change it names; --price and --quantity choose one\n" +
+		"                                (a portal opened on the plan choice needs them), --cancel cancels\n" +
+		"                                (a portal opened without a flow)\n" +
 		"  advance --days N              move the dev Stripe's clock on: periods renew (charged to the\n" +
 		"                                customer's default payment method), trials end, cancellations at\n" +
-		"                                the period's end take effect\n\n" +
+		"                                the period's end take effect, failed renewals are retried 3, 5\n" +
+		"                                and 7 days apart and the subscription canceled after the last\n\n" +
 		"The dev Stripe is found through " + runenv.File + " (written by serve under make run), else\n" +
 		"stripe.api_url of the configuration when it is a loopback address in test mode.",
 	Env: [][2]string{{config.ConfigEnv, "read only without a running make run: its stripe.api_url"}},
@@ -87,6 +93,39 @@ func devCommandIn(dir string, args []string, stdout, stderr io.Writer) int {
 		}
 		return devPost(dir, f, "/dev/checkout/sessions/"+url.PathEscape(session)+"/complete", form, stdout, stderr)
 	}
+	if len(args) >= 2 && args[0] == "portal" && args[1] == "apply" {
+		f := newDevFlags("dev portal apply")
+		cancel := f.fs.Bool("cancel", false, "cancel the subscription at its period's end")
+		price := f.fs.String("price", "", "the new plan's price (price_…)")
+		quantity := f.fs.Int64("quantity", 0, "the new number of seats")
+		if code, done := parseFlagsTo(f.fs, devHelp, args[2:], stdout, stderr, false); done {
+			return code
+		}
+		if f.fs.NArg() == 0 {
+			fmt.Fprintln(stderr, "billing dev portal apply: the portal session (bps_… or its URL) is missing")
+			devHelp.print(stderr, f.fs)
+			return exitUsage
+		}
+		session := portalSessionID(f.fs.Arg(0))
+		if code, done := parseFlagsTo(f.fs, devHelp, f.fs.Args()[1:], stdout, stderr, true); done {
+			return code
+		}
+		if *cancel && (*price != "" || *quantity != 0) {
+			fmt.Fprintln(stderr, "billing dev portal apply: --cancel or a change (--price, --quantity), not both")
+			return exitUsage
+		}
+		form := url.Values{}
+		if *cancel {
+			form.Set("action", "cancel")
+		}
+		if *price != "" {
+			form.Set("price", *price)
+		}
+		if *quantity != 0 {
+			form.Set("quantity", strconv.FormatInt(*quantity, 10))
+		}
+		return devPost(dir, f, "/dev/portal/sessions/"+url.PathEscape(session)+"/apply", form, stdout, stderr)
+	}
 	if len(args) >= 1 && args[0] == "advance" {
 		f := newDevFlags("dev advance")
 		days := f.fs.Float64("days", 0, "how many days to move the clock on (may be fractional)")
@@ -109,6 +148,16 @@ func devCommandIn(dir string, args []string, stdout, stderr io.Writer) int {
 	}
 	devHelp.print(stderr, f.fs)
 	return exitUsage
+}
+
+// portalSessionID is the session of a portal URL (…/dev-portal/bps_…), or s itself. The binary
+// does not link the dev Stripe's package (a test double), so the path is known here too.
+func portalSessionID(s string) string {
+	if _, id, ok := strings.Cut(s, "/dev-portal/"); ok {
+		s = id
+	}
+	s, _, _ = strings.Cut(s, "?")
+	return strings.Trim(s, "/")
 }
 
 // devStripeURL finds the dev Stripe: --stripe-url, the running make run's STRIPE_URL, or a

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -17,8 +19,9 @@ import (
 
 // The whole life offline, as `make run` plays it: the dev Stripe keeps what the service creates,
 // `billing dev` completes Checkout and moves the clock on, and the events the dev Stripe sends
-// are what makes the user entitled, billed again, and held when the card declines; in the end
-// the service agrees with the dev Stripe (reconcile finds no drift).
+// are what makes the user entitled, billed again, held when the card declines and released when a
+// Smart Retry pays; the portal the service redirects to changes the seats and cancels; the console
+// tells that life; in the end the service agrees with the dev Stripe (reconcile finds no drift).
 func TestDevLoopPlaysTheWholeLifeOffline(t *testing.T) {
 	// Not parallel: reconcile reads its configuration from the environment (t.Setenv).
 	d := newDevService(t)
@@ -56,6 +59,7 @@ func TestDevLoopPlaysTheWholeLifeOffline(t *testing.T) {
 		}
 	}
 
+	noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	const user = "u_whole_life"
 	status, cust := d.do(apitest.AppToken, http.MethodPut, "/v1/customers/"+user, map[string]any{"email": "life@example.com", "name": "Life"})
 	if status != http.StatusCreated {
@@ -106,6 +110,67 @@ func TestDevLoopPlaysTheWholeLifeOffline(t *testing.T) {
 		return e["on_hold"] == true && e["status"] == "past_due"
 	})
 	poll("the failed renewal's invoice", "/v1/customers/"+user+"/invoices", invoices(3))
+
+	// A working card again: the Smart Retry three days later pays the invoice and lifts the hold.
+	d.setCard(cus, "pm_card_visa")
+	if out := dev("advance", "--days", "3"); !strings.Contains(out, "retry_paid: active") {
+		t.Errorf("dev advance to the retry printed:\n%s", out)
+	}
+	poll("released by the paid retry", "/v1/customers/"+user+"/entitlement", func(e map[string]any) bool {
+		return e["entitled"] == true && e["status"] == "active" && e["on_hold"] == false
+	})
+	sub, _ := e["subscription_id"].(string)
+
+	// Five seats, through the portal the service redirects to.
+	portal := func(action string, body any) string {
+		t.Helper()
+		b, _ := json.Marshal(body)
+		req, _ := http.NewRequest(http.MethodPost, d.server.URL+"/v1/customers/"+user+"/subscriptions/"+sub+"/"+action, bytes.NewReader(b))
+		req.Header.Set("Authorization", "Bearer "+apitest.AppToken)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := noRedirect.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") == "" {
+			t.Fatalf("POST %s: %d to %q", action, resp.StatusCode, resp.Header.Get("Location"))
+		}
+		return resp.Header.Get("Location")
+	}
+	if out := dev("portal", "apply", portal("change", map[string]any{"quantity": 5})); !strings.Contains(out, "changed: active") {
+		t.Errorf("dev portal apply (seats) printed:\n%s", out)
+	}
+	poll("five seats", "/v1/customers/"+user+"/entitlement", func(e map[string]any) bool {
+		return e["entitled"] == true && e["quantity"] == float64(5)
+	})
+
+	// Canceled in the portal: entitled to the period's end, then not.
+	if out := dev("portal", "apply", portal("cancel", nil)); !strings.Contains(out, "cancel_at_period_end: active") {
+		t.Errorf("dev portal apply (cancel) printed:\n%s", out)
+	}
+	poll("canceling at the period's end", "/v1/customers/"+user+"/entitlement", func(e map[string]any) bool {
+		return e["entitled"] == true && e["cancel_at_period_end"] == true
+	})
+	if out := dev("advance", "--days", "31"); !strings.Contains(out, "canceled: canceled") || !strings.Contains(out, "customer.subscription.deleted") {
+		t.Errorf("dev advance past the cancellation printed:\n%s", out)
+	}
+	poll("not entitled once canceled", "/v1/customers/"+user+"/entitlement", func(e map[string]any) bool {
+		return e["entitled"] == false && e["status"] == "canceled"
+	})
+
+	// The console's subscription page tells the same life.
+	req, _ := http.NewRequest(http.MethodGet, d.server.URL+"/admin/ui/subscriptions/"+sub, nil)
+	req.SetBasicAuth("admin", apitest.AdminToken)
+	resp, err := noRedirect.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(page), "canceled") || !strings.Contains(string(page), "customer.subscription.deleted") {
+		t.Errorf("console subscription page: %d\n%.2000s", resp.StatusCode, page)
+	}
 
 	// The service and the dev Stripe agree.
 	for k, v := range map[string]string{
