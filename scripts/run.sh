@@ -81,8 +81,11 @@ Try:
   curl -s -u ${BILLING_STRIPE_SECRET_KEY}: localhost:${STRIPE_PORT}/v1/customers/CUS_ID -d 'invoice_settings[default_payment_method]=pm_card_chargeDeclined'
   # open Checkout for user_1, pay it as the customer, then let a month pass (events go to the service):
   curl -s -X POST -H '${api}' -H 'Content-Type: application/json' -d '{"request_id":"r1","price_id":"price_1","quantity":1,"success_url":"http://localhost:${port}/","cancel_url":"http://localhost:${port}/"}' localhost:${port}/v1/customers/user_1/checkout-sessions
-  bin/billing dev checkout complete CS_ID
+  bin/billing dev checkout complete CS_ID                                # or open the session's url: a card form
   bin/billing dev advance --days 31
+  # seats or cancel: POST .../subscriptions/SUB_ID/change or /cancel redirects (303) to the portal; confirm it:
+  bin/billing dev portal apply PORTAL_URL
+  # the whole life, step by step: the README's first section
   bin/billing trigger customer.subscription.created --customer CUS_ID   # finds this service through .data/run.env
   bin/billing doctor                                                     # the same: its database, its Stripe, its secret
   curl -s -H 'Authorization: Bearer ${BILLING_AUTH_ADMIN_TOKENS}' localhost:${port}/admin/events
