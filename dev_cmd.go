@@ -36,8 +36,9 @@ var devHelp = commandHelp{
 		"                                (a portal opened without a flow)\n" +
 		"  advance --days N              move the dev Stripe's clock on: periods renew (charged to the\n" +
 		"                                customer's default payment method), trials end, cancellations at\n" +
-		"                                the period's end take effect, failed renewals are retried 3, 5\n" +
-		"                                and 7 days apart and the subscription canceled after the last\n\n" +
+		"                                the period's end take effect, usage is billed on the renewal's\n" +
+		"                                invoice, failed renewals are retried 3, 5 and 7 days apart and\n" +
+		"                                the subscription canceled after the last\n\n" +
 		"The dev Stripe is found through " + runenv.File + " (written by serve under make run), else\n" +
 		"stripe.api_url of the configuration when it is a loopback address in test mode.",
 	Env: [][2]string{{config.ConfigEnv, "read only without a running make run: its stripe.api_url"}},
@@ -201,6 +202,7 @@ type devAnswer struct {
 		Status        string    `json:"status"`
 		Invoice       string    `json:"invoice"`
 		InvoiceStatus string    `json:"invoice_status"`
+		Usage         int64     `json:"usage"`
 		At            time.Time `json:"at"`
 	} `json:"changes"`
 	Events []struct {
@@ -242,7 +244,10 @@ func devPost(dir string, f devFlags, path string, form url.Values, stdout, stder
 	}
 	for _, c := range a.Changes {
 		line := fmt.Sprintf("%s %s: %s", c.Subscription, c.What, c.Status)
-		if c.Invoice != "" {
+		switch {
+		case c.Invoice != "" && c.Usage != 0:
+			line += fmt.Sprintf(" (invoice %s %s, with %d units of usage)", c.Invoice, c.InvoiceStatus, c.Usage)
+		case c.Invoice != "":
 			line += fmt.Sprintf(" (invoice %s %s)", c.Invoice, c.InvoiceStatus)
 		}
 		fmt.Fprintf(stdout, "%s at %s\n", line, c.At.UTC().Format(time.RFC3339))

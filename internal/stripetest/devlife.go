@@ -21,6 +21,10 @@ import (
 // prices), in cents of usd.
 const DevUnitAmount = 2000
 
+// DevUsageUnitAmount is what a unit of usage (a meter event's value, any meter) costs at the dev
+// Stripe, in cents of usd, billed in arrears on the customer's next renewal invoice.
+const DevUsageUnitAmount = 1
+
 // DevResult is what a dev action did, as the /dev/ endpoints answer it.
 type DevResult struct {
 	// Now is the account's clock after the action.
@@ -37,11 +41,13 @@ type DevChange struct {
 	Subscription string `json:"subscription"`
 	// What: created, paid, payment_failed, renewed, renewal_failed, retry_paid, retry_failed,
 	// retries_exhausted, canceled, expired, cancel_at_period_end, changed.
-	What          string    `json:"what"`
-	Status        string    `json:"status"`
-	Invoice       string    `json:"invoice,omitempty"`
-	InvoiceStatus string    `json:"invoice_status,omitempty"`
-	At            time.Time `json:"at"`
+	What          string `json:"what"`
+	Status        string `json:"status"`
+	Invoice       string `json:"invoice,omitempty"`
+	InvoiceStatus string `json:"invoice_status,omitempty"`
+	// Usage is the units of usage a renewal's invoice bills (DevUsageUnitAmount each).
+	Usage int64     `json:"usage,omitempty"`
+	At    time.Time `json:"at"`
 }
 
 // DevError is a refused dev action, with the HTTP status it answers.
@@ -196,7 +202,8 @@ func (d *DevStripe) checkoutSpec(f map[string][]string, customer string, now tim
 // next period with an invoice charged to the customer's default payment method —
 // customer.subscription.updated, invoice.paid and invoice.payment_succeeded when it pays;
 // invoice.payment_failed and customer.subscription.updated (past_due) when it declines, after which
-// Smart Retries charge the invoice again (retryDue). An incomplete subscription expires 23 hours
+// Smart Retries charge the invoice again (retryDue). A renewal's invoice bills the seats of the
+// new period and the usage not yet billed (unbilledUsage). An incomplete subscription expires 23 hours
 // after its creation, as at Stripe.
 func (d *DevStripe) AdvanceClock(ctx context.Context, by time.Duration) (DevResult, error) {
 	if by <= 0 {
@@ -266,8 +273,10 @@ func (d *DevStripe) nextDue(id string, to time.Time) (DevChange, [][]byte, bool)
 	}
 	spec.CurrentPeriodStart, spec.CurrentPeriodEnd = due, due.AddDate(0, 1, 0)
 	qty := max(spec.Quantity, 1)
-	inv := &InvoiceSpec{ID: d.Account.NewInvoiceID(), Currency: "usd", AmountDue: DevUnitAmount * qty, AttemptCount: 1,
-		Created: due, BillingReason: "subscription_cycle", PeriodStart: due, PeriodEnd: spec.CurrentPeriodEnd}
+	// The seats of the new period in advance, the usage of the past one in arrears.
+	ch.Usage = d.unbilledUsage(spec.Customer)
+	inv := &InvoiceSpec{ID: d.Account.NewInvoiceID(), Currency: "usd", AmountDue: DevUnitAmount*qty + DevUsageUnitAmount*ch.Usage,
+		AttemptCount: 1, Created: due, BillingReason: "subscription_cycle", PeriodStart: due, PeriodEnd: spec.CurrentPeriodEnd}
 	spec.LatestInvoice = inv
 	pm := d.Account.DefaultPaymentMethod(spec.Customer)
 	if pm == "" {
@@ -294,6 +303,20 @@ func (d *DevStripe) nextDue(id string, to time.Time) (DevChange, [][]byte, bool)
 		d.event("invoice.paid", d.invoiceObject(inv.ID), due),
 		d.event("invoice.payment_succeeded", d.invoiceObject(inv.ID), due),
 	}, true
+}
+
+// unbilledUsage sums the customer's meter events that no invoice has billed yet, and marks them
+// billed. Meter events carry the service's wall-clock timestamps while the account's clock runs
+// ahead, so usage is billed by "not yet billed" rather than by the period's dates.
+func (d *DevStripe) unbilledUsage(customer string) int64 {
+	var n int64
+	for _, ev := range d.Meter.Events() {
+		if ev.Customer == customer && !d.billedUsage[ev.Identifier] {
+			d.billedUsage[ev.Identifier] = true
+			n += ev.Value
+		}
+	}
+	return n
 }
 
 // devRetryGaps are the days between a failed renewal's attempts (Smart Retries, as Stripe's

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -117,8 +118,18 @@ func TestDevCheckoutAndClockPlayASubscriptionsLife(t *testing.T) {
 	if _, res := devPost(t, d, "/dev/advance", url.Values{"days": {"10"}}); len(res.Changes) != 0 || rec.types() != "" {
 		t.Errorf("10 days on: %+v", res)
 	}
-	if _, res := devPost(t, d, "/dev/advance", url.Values{"days": {"21"}}); len(res.Changes) != 1 || res.Changes[0].What != "renewed" {
+	// Usage of the period is billed in arrears on the renewal's invoice; another customer's is not.
+	for i, cu := range []string{cus, cus, "cus_other"} {
+		if status, ev := call(t, d.Proxy, http.MethodPost, "/v1/billing/meter_events", url.Values{"event_name": {"api_calls"},
+			"identifier": {"u-" + strconv.Itoa(i)}, "payload[stripe_customer_id]": {cu}, "payload[value]": {"70"}}); status != http.StatusOK {
+			t.Fatalf("meter event: %d %v", status, ev)
+		}
+	}
+	_, res = devPost(t, d, "/dev/advance", url.Values{"days": {"21"}})
+	if len(res.Changes) != 1 || res.Changes[0].What != "renewed" || res.Changes[0].Usage != 140 {
 		t.Errorf("31 days on: %+v", res)
+	} else if inv := decode(d.Account.Invoice(res.Changes[0].Invoice)); inv["amount_due"] != float64(3*DevUnitAmount+140*DevUsageUnitAmount) {
+		t.Errorf("the renewal's invoice: %v", inv)
 	}
 	if got := rec.types(); got != "customer.subscription.updated invoice.paid invoice.payment_succeeded" {
 		t.Errorf("events of a renewal: %s", got)

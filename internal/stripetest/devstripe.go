@@ -22,6 +22,8 @@ type DevStripe struct {
 
 	mu      sync.Mutex        // one dev action at a time: its changes and events stay in order
 	pending map[string]string // session → its incomplete subscription (a declined Checkout)
+	// billedUsage: the meter events (by identifier) an invoice has billed.
+	billedUsage map[string]bool
 }
 
 // NewDevStripe puts p in Dev mode and mounts the dev loop's state on it (test mode).
@@ -34,6 +36,8 @@ func NewDevStripe(p *Proxy) *DevStripe {
 		Sessions: NewCheckoutSessions(p, false),
 		Meter:    NewMeterEvents(p, false),
 		pending:  map[string]string{},
+
+		billedUsage: map[string]bool{},
 	}
 	d.Sessions.pageBase = p.PortalBase() + "/dev/checkout/sessions/"
 	p.mu.Lock()
