@@ -133,17 +133,30 @@ func TestRenewalRereadIsQueuedOncePerRenewal(t *testing.T) {
 		t.Fatalf("after four applies of one period: %+v, want one job halfway through the grace", jobs)
 	}
 
-	// The renewal: a second job, for the new period.
+	// Once its job is gone (worked, then cleaned away by River), events that leave the renewal
+	// where it was queue no other: the job belongs to the event that set the renewal.
+	jobID := jobs[0].ID
+	if err := e.db.Exec(`DELETE FROM river_job WHERE id = $1`, jobID).Error; err != nil {
+		t.Fatal(err)
+	}
+	seats := s
+	seats.Quantity = 7
+	e.mustHandle(t, updated("evt_q3b", 50, seats))
+	if jobs := e.rereadJobs(t, "sub_q"); len(jobs) != 0 {
+		t.Fatalf("an update that keeps the renewal queued: %+v", jobs)
+	}
+
+	// The renewal: a job for the new period.
 	renewed := s
 	renewed.PeriodStart, renewed.PeriodEnd = 30*86400, 60*86400
 	e.mustHandle(t, updated("evt_q4", 30*86400, renewed))
-	if jobs := e.rereadJobs(t, "sub_q"); len(jobs) != 2 || jobs[1].Due != base+60*86400 || !jobs[1].ScheduledAt.Equal(at(60*86400).Add(grace/2)) {
+	if jobs := e.rereadJobs(t, "sub_q"); len(jobs) != 1 || jobs[0].Due != base+60*86400 || !jobs[0].ScheduledAt.Equal(at(60*86400).Add(grace/2)) {
 		t.Fatalf("after the renewal: %+v", jobs)
 	}
 	// past_due and canceled are not held to the period: no job.
 	e.mustHandle(t, updated("evt_q5", 30*86400+60, renewed.with(StatusPastDue)))
 	e.mustHandle(t, deleted("evt_q6", 30*86400+120, renewed.with(StatusCanceled)))
-	if jobs := e.rereadJobs(t, "sub_q"); len(jobs) != 2 {
+	if jobs := e.rereadJobs(t, "sub_q"); len(jobs) != 1 {
 		t.Errorf("past_due and canceled queued re-reads: %+v", jobs)
 	}
 

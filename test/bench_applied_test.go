@@ -15,7 +15,8 @@ package test
 // the targets (≥ 1.5× the reference, ≤ 0.3 ms CPU an event, p99 < 100 ms, mix ≥ distinct),
 // never failed on them: on a shared 2-core machine a timer is not an assertion.
 //
-// BENCH_APPLIED_DURATION sets a round's length (10 s), BENCH_APPLIED_ROUNDS their number (2).
+// BENCH_APPLIED_DURATION sets a round's length (10 s), BENCH_APPLIED_ROUNDS their number (2);
+// BENCH_PROFILE=dir writes a CPU profile of the service per round.
 
 import (
 	"bytes"
@@ -83,12 +84,14 @@ func BenchmarkApplied(b *testing.B) {
 			results[shape]["reference"] = append(results[shape]["reference"], appliedRound{rate: ref.tps})
 
 			prefix := fmt.Sprintf("evt_ap%d%s", r, shape[:1])
+			wait := benchProfile(b, p, fmt.Sprintf("applied-%s-%d", shape, r+1), dur)
 			cpu0 := benchCPUTime(pid)
 			start := time.Now()
 			lat, elapsed, errs, firstErr := benchLoad(benchClients, dur, func(w, i int) error {
 				return benchPostEvent(client, url, appliedEvent(gen, shape, prefix, w, i))
 			})
 			cpu := benchCPUTime(pid) - cpu0
+			wait()
 			if errs > 0 {
 				b.Errorf("%s round %d: %d deliveries not acknowledged; first: %v", shape, r, errs, firstErr)
 			}
