@@ -72,7 +72,7 @@ func TestValidateRefusesWhatDoesNotFit(t *testing.T) {
 	}
 	good := `{"user_id":"u1","entitled":true,"status":"active","on_hold":false,"hold_reason":null,
 		"subscription_id":"sub_1","price_id":null,"current_period_end":"2026-01-02T03:04:05Z",
-		"cancel_at_period_end":false,"trial_end":null,"quantity":3,"features":["pro"],"extra":"fields may be added"}`
+		"cancel_at_period_end":false,"trial_end":null,"unconfirmed_since":null,"quantity":3,"features":["pro"],"extra":"fields may be added"}`
 	if errs := Validate(ent, decode(t, good)); len(errs) != 0 {
 		t.Fatalf("a fitting entitlement refused: %v", errs)
 	}
