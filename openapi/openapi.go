@@ -3,8 +3,11 @@
 // main compare it with the routes newApp registers and validate the answers they get.
 //
 // The checker covers the part of JSON Schema the document uses: $ref (inside the document),
-// allOf, type (one or a list, "null" included), properties, required, items, enum, minimum,
-// maximum and the date-time format.
+// allOf, oneOf, anyOf, type (one or a list, "null" included), properties, required, items, enum,
+// minimum, maximum, the date-time format and additionalProperties. Unlike JSON Schema, an object
+// checked against a schema that lists properties may carry no member the schema (with its allOf
+// branches and the oneOf/anyOf branches it fits) does not list, unless additionalProperties
+// says true or gives the members a schema: the document describes every field, not only some.
 package openapi
 
 import (
@@ -178,10 +181,87 @@ func Validate(schema, value any) []error {
 	return errs
 }
 
+// members is what the parts of one schema (itself, its allOf branches, the oneOf/anyOf branches
+// the value fits) say about an object's members. The member check waits until every part is
+// seen, so that a member one allOf branch declares is not unknown to another.
+type members struct {
+	declared map[string]bool
+	closed   bool  // a part lists properties (or says additionalProperties: false)
+	open     bool  // a part says additionalProperties: true
+	extra    []any // the additionalProperties schemas
+}
+
+func (m *members) merge(o members) {
+	for name := range o.declared {
+		m.declare(name)
+	}
+	m.closed = m.closed || o.closed
+	m.open = m.open || o.open
+	m.extra = append(m.extra, o.extra...)
+}
+
+func (m *members) declare(name string) {
+	if m.declared == nil {
+		m.declared = map[string]bool{}
+	}
+	m.declared[name] = true
+}
+
+// validate checks v against schema, members included: an object checked against a schema that
+// lists properties may carry no other member, unless additionalProperties allows it (true) or
+// describes it (a schema, which the member must fit). The document must name every field an
+// answer carries, not only the required ones.
 func validate(schema, v any, at string, errs *[]error) {
+	var m members
+	shape(schema, v, at, errs, &m)
+	x, ok := v.(map[string]any)
+	if !ok || (!m.closed && len(m.extra) == 0) {
+		return // free-form
+	}
+	for _, name := range keys(x) {
+		switch {
+		case m.declared[name]: // its value was checked by shape
+		case len(m.extra) > 0:
+			for _, sub := range m.extra {
+				validate(sub, x[name], at+"."+name, errs)
+			}
+		case !m.open:
+			*errs = append(*errs, fmt.Errorf("%s: field %q is not in the document", at, name))
+		}
+	}
+}
+
+// shape checks v against schema except for undeclared members, and gathers into m what the
+// schema's parts say about members. The values of declared members are checked in full.
+func shape(schema, v any, at string, errs *[]error, m *members) {
 	s := obj(resolve(schema))
 	for _, sub := range list(s["allOf"]) {
-		validate(sub, v, at, errs)
+		shape(sub, v, at, errs, m)
+	}
+	for _, kw := range []string{"oneOf", "anyOf"} {
+		branches, ok := s[kw]
+		if !ok {
+			continue
+		}
+		var fits int
+		var misfits []error
+		for _, sub := range list(branches) {
+			var be []error
+			var bm members
+			shape(sub, v, at, &be, &bm)
+			if len(be) == 0 {
+				fits++
+				m.merge(bm) // members of a branch the value fits are known
+			} else {
+				misfits = append(misfits, be...)
+			}
+		}
+		switch {
+		case fits == 0:
+			*errs = append(*errs, fmt.Errorf("%s: %s fits none of the %s branches: %w", at, describe(v), kw, errors.Join(misfits...)))
+		case kw == "oneOf" && fits > 1:
+			*errs = append(*errs, fmt.Errorf("%s: %s fits %d of the oneOf branches, want one", at, describe(v), fits))
+		}
 	}
 	if t, ok := s["type"]; ok {
 		var types []string
@@ -209,10 +289,21 @@ func validate(schema, v any, at string, errs *[]error) {
 				*errs = append(*errs, fmt.Errorf("%s: required field %q is missing", at, name))
 			}
 		}
-		for name, sub := range obj(s["properties"]) {
-			if fv, ok := x[name]; ok {
-				validate(sub, fv, at+"."+name, errs)
+		if props, ok := s["properties"]; ok {
+			m.closed = true
+			for _, name := range keys(obj(props)) {
+				m.declare(name)
+				if fv, ok := x[name]; ok {
+					validate(obj(props)[name], fv, at+"."+name, errs)
+				}
 			}
+		}
+		switch ap := s["additionalProperties"].(type) {
+		case bool:
+			m.open = m.open || ap
+			m.closed = m.closed || !ap
+		case map[string]any:
+			m.extra = append(m.extra, ap)
 		}
 	case []any:
 		if items, ok := s["items"]; ok {
@@ -221,11 +312,11 @@ func validate(schema, v any, at string, errs *[]error) {
 			}
 		}
 	case float64:
-		if m, ok := s["minimum"].(float64); ok && x < m {
-			*errs = append(*errs, fmt.Errorf("%s: %v is below %v", at, x, m))
+		if lim, ok := s["minimum"].(float64); ok && x < lim {
+			*errs = append(*errs, fmt.Errorf("%s: %v is below %v", at, x, lim))
 		}
-		if m, ok := s["maximum"].(float64); ok && x > m {
-			*errs = append(*errs, fmt.Errorf("%s: %v is above %v", at, x, m))
+		if lim, ok := s["maximum"].(float64); ok && x > lim {
+			*errs = append(*errs, fmt.Errorf("%s: %v is above %v", at, x, lim))
 		}
 	case string:
 		if s["format"] == "date-time" {
