@@ -58,11 +58,13 @@ func (s *Service) getSession(c echo.Context) error {
 		}
 	}
 	v := sessionView{ID: id, Status: row.SessionStatus, PaymentStatus: row.PaymentStatus, UserID: row.UserID, SubscriptionID: row.SubscriptionID}
+	// features is never null in an entitlement, also when there is no user to grant any.
+	v.Entitlement.Features = []string{}
 	if row.UserID != nil {
 		e, err := s.billing.Entitlement(ctx, *row.UserID)
 		switch {
 		case errors.Is(err, billing.ErrNoCustomer):
-			v.Entitlement = billing.Entitlement{UserID: *row.UserID, Status: billing.StatusNone}
+			v.Entitlement = billing.Entitlement{UserID: *row.UserID, Status: billing.StatusNone, Features: []string{}}
 		case err != nil:
 			return database.APIError(err, "load entitlement")
 		default:

@@ -32,6 +32,9 @@ func (v *env) success(id string) (sessionAnswer, int) {
 		a.UserID = &u
 	}
 	e, _ := m["entitlement"].(map[string]any)
+	if _, ok := e["features"].([]any); !ok {
+		v.t.Errorf("session %s: entitlement.features %v is not a list (never null)", id, e["features"])
+	}
 	a.Entitlement.Entitled, _ = e["entitled"].(bool)
 	a.Entitlement.Status, _ = e["status"].(string)
 	return a, len(v.proxy.Requests())
@@ -115,6 +118,12 @@ func TestSuccessPageOpenUnknownAndForeignSessions(t *testing.T) {
 	a, _ := v.success(foreign)
 	if deref(a.UserID) != "u1" || !a.Entitlement.Entitled {
 		t.Errorf("foreign session %+v", a)
+	}
+
+	// A Payment Link's session names no user: no entitlement, still one of the documented shape.
+	anonymous := v.sessions.Add(map[string]any{"mode": "subscription", "status": "open", "payment_status": "unpaid"})
+	if a, _ := v.success(anonymous); a.UserID != nil || a.Entitlement.Entitled {
+		t.Errorf("a session without a user %+v", a)
 	}
 }
 
