@@ -641,3 +641,107 @@ func TestRereadHalfwayThenAtTheEndOfTheGrace(t *testing.T) {
 		t.Errorf("after the renewal was read: %+v", ent)
 	}
 }
+
+// The re-read's job is written by jobs.InsertUniqueTx, not River: the row must be the one
+// River's InsertTx writes with the same options, column by column (every column River has, so
+// that one it adds later is compared too), and each must see the other's row as a duplicate.
+func TestInsertUniqueTxWritesRiversRow(t *testing.T) {
+	t.Parallel()
+	db := testenv.DB(t)
+	sqlDB, err := db.DB()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Never started: it only inserts (River checks the kind has a worker).
+	workers := river.NewWorkers()
+	river.AddWorker(workers, &rereadWorker{})
+	rc, err := jobs.NewClient(sqlDB, jobs.ClientOptions{Workers: workers, Logger: slog.New(slog.DiscardHandler), TestOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	inTx := func(f func(tx *sql.Tx) error) {
+		t.Helper()
+		tx, err := sqlDB.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := f(tx); err != nil {
+			_ = tx.Rollback()
+			t.Fatal(err)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	byRiver := func(args RereadArgs, at time.Time) (skipped bool) {
+		t.Helper()
+		inTx(func(tx *sql.Tx) error {
+			res, err := rc.InsertTx(ctx, tx, args, &river.InsertOpts{MaxAttempts: 3, ScheduledAt: at, UniqueOpts: river.UniqueOpts{ByArgs: true}})
+			if err == nil {
+				skipped = res.UniqueSkippedAsDuplicate
+			}
+			return err
+		})
+		return skipped
+	}
+	ours := func(args RereadArgs, at time.Time) (skipped bool) {
+		t.Helper()
+		inTx(func(tx *sql.Tx) (err error) {
+			skipped, err = jobs.InsertUniqueTx(ctx, tx, args, at, 3)
+			return err
+		})
+		return skipped
+	}
+	row := func(sub string) map[string]any {
+		t.Helper()
+		var cols []string
+		if err := db.Raw(`SELECT CAST(to_jsonb(j) - 'id' - 'created_at' AS text) FROM river_job j
+			WHERE kind = $1 AND args->>'subscription_id' = $2`, RereadJobKind, sub).Scan(&cols).Error; err != nil || len(cols) != 1 {
+			t.Fatalf("jobs of %s: %v, %v; want one", sub, cols, err)
+		}
+		var m map[string]any
+		if err := json.Unmarshal([]byte(cols[0]), &m); err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+
+	at := time.Now().Add(time.Hour).UTC().Truncate(time.Microsecond)
+	for _, args := range []RereadArgs{
+		{SubscriptionID: "sub_eq_due", Due: 1719792000},
+		{SubscriptionID: "sub_eq_tie", Livemode: true, Tie: 1719792001},
+	} {
+		if byRiver(args, at) {
+			t.Fatalf("%+v: skipped on an empty table", args)
+		}
+		want := row(args.SubscriptionID)
+		for _, c := range []string{"args", "kind", "max_attempts", "metadata", "priority", "queue", "scheduled_at", "state", "tags",
+			"unique_key", "unique_states", "attempt", "errors"} {
+			if _, ok := want[c]; !ok {
+				t.Errorf("River's row has no column %s", c)
+			}
+		}
+		if !ours(args, at) {
+			t.Errorf("%+v: our insert did not see River's row as a duplicate", args)
+		}
+		if err := db.Exec(`DELETE FROM river_job WHERE args->>'subscription_id' = $1`, args.SubscriptionID).Error; err != nil {
+			t.Fatal(err)
+		}
+		if ours(args, at) {
+			t.Fatalf("%+v: skipped on an empty table", args)
+		}
+		if got := row(args.SubscriptionID); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("%+v:\nours  %v\nRiver %v", args, got, want)
+		}
+		if !byRiver(args, at) || !ours(args, at) {
+			t.Errorf("%+v: a second insert was not skipped", args)
+		}
+		// Livemode is not among the unique fields: River calls the job a duplicate, so must we.
+		other := args
+		other.Livemode = !args.Livemode
+		if !ours(other, at) || !byRiver(other, at) {
+			t.Errorf("%+v: not a duplicate, as River sees it", other)
+		}
+	}
+}
