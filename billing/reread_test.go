@@ -20,9 +20,11 @@ import (
 
 	"billing/internal/httpserver"
 	"billing/internal/jobs"
+	"billing/internal/mail"
 	"billing/internal/stripeclient"
 	"billing/internal/stripetest"
 	"billing/internal/testenv"
+	"billing/notices"
 	"billing/webhooks"
 )
 
@@ -642,9 +644,10 @@ func TestRereadHalfwayThenAtTheEndOfTheGrace(t *testing.T) {
 	}
 }
 
-// The re-read's job is written by jobs.InsertUniqueTx, not River: the row must be the one
-// River's InsertTx writes with the same options, column by column (every column River has, so
-// that one it adds later is compared too), and each must see the other's row as a duplicate.
+// The re-read's and the notice's jobs are written by jobs.InsertUniqueTx, not River: the row
+// must be the one River's InsertTx writes with the same options, column by column (every column
+// River has, so that one it adds later is compared too), and each must see the other's row as a
+// duplicate.
 func TestInsertUniqueTxWritesRiversRow(t *testing.T) {
 	t.Parallel()
 	db := testenv.DB(t)
@@ -655,6 +658,7 @@ func TestInsertUniqueTxWritesRiversRow(t *testing.T) {
 	// Never started: it only inserts (River checks the kind has a worker).
 	workers := river.NewWorkers()
 	river.AddWorker(workers, &rereadWorker{})
+	river.AddWorker(workers, notices.NewWorker(db, mail.Config{}, slog.New(slog.DiscardHandler)))
 	rc, err := jobs.NewClient(sqlDB, jobs.ClientOptions{Workers: workers, Logger: slog.New(slog.DiscardHandler), TestOnly: true})
 	if err != nil {
 		t.Fatal(err)
@@ -674,74 +678,88 @@ func TestInsertUniqueTxWritesRiversRow(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	byRiver := func(args RereadArgs, at time.Time) (skipped bool) {
-		t.Helper()
-		inTx(func(tx *sql.Tx) error {
-			res, err := rc.InsertTx(ctx, tx, args, &river.InsertOpts{MaxAttempts: 3, ScheduledAt: at, UniqueOpts: river.UniqueOpts{ByArgs: true}})
-			if err == nil {
-				skipped = res.UniqueSkippedAsDuplicate
-			}
-			return err
-		})
-		return skipped
-	}
-	ours := func(args RereadArgs, at time.Time) (skipped bool) {
-		t.Helper()
-		inTx(func(tx *sql.Tx) (err error) {
-			skipped, err = jobs.InsertUniqueTx(ctx, tx, args, at, 3)
-			return err
-		})
-		return skipped
-	}
-	row := func(sub string) map[string]any {
-		t.Helper()
-		var cols []string
-		if err := db.Raw(`SELECT CAST(to_jsonb(j) - 'id' - 'created_at' AS text) FROM river_job j
-			WHERE kind = $1 AND args->>'subscription_id' = $2`, RereadJobKind, sub).Scan(&cols).Error; err != nil || len(cols) != 1 {
-			t.Fatalf("jobs of %s: %v, %v; want one", sub, cols, err)
-		}
-		var m map[string]any
-		if err := json.Unmarshal([]byte(cols[0]), &m); err != nil {
-			t.Fatal(err)
-		}
-		return m
-	}
-
 	at := time.Now().Add(time.Hour).UTC().Truncate(time.Microsecond)
-	for _, args := range []RereadArgs{
-		{SubscriptionID: "sub_eq_due", Due: 1719792000},
-		{SubscriptionID: "sub_eq_tie", Livemode: true, Tie: 1719792001},
+	type jobCase struct {
+		name        string
+		args, other river.JobArgs // other differs in a field that is not unique
+		opts        *river.InsertOpts
+		at          time.Time
+		maxAttempts int
+		sub         string
+	}
+	rereadOpts := &river.InsertOpts{MaxAttempts: 3, ScheduledAt: at, UniqueOpts: river.UniqueOpts{ByArgs: true}}
+	notice := notices.Args{NoticeID: 7, EventID: "evt_eq", NoticeKind: "payment_failed", SubscriptionID: "sub_eq_notice", StripeCustomerID: "cus_eq"}
+	otherNotice := notice
+	otherNotice.NoticeID, otherNotice.Livemode = 8, true
+	for _, c := range []jobCase{
+		{"renewal", RereadArgs{SubscriptionID: "sub_eq_due", Due: 1719792000}, RereadArgs{SubscriptionID: "sub_eq_due", Due: 1719792000, Livemode: true},
+			rereadOpts, at, 3, "sub_eq_due"},
+		{"tie", RereadArgs{SubscriptionID: "sub_eq_tie", Livemode: true, Tie: 1719792001}, RereadArgs{SubscriptionID: "sub_eq_tie", Tie: 1719792001},
+			rereadOpts, at, 3, "sub_eq_tie"},
+		{"notice", notice, otherNotice, nil, time.Time{}, notice.InsertOpts().MaxAttempts, "sub_eq_notice"},
 	} {
-		if byRiver(args, at) {
-			t.Fatalf("%+v: skipped on an empty table", args)
+		byRiver := func(args river.JobArgs) (skipped bool) {
+			t.Helper()
+			inTx(func(tx *sql.Tx) error {
+				res, err := rc.InsertTx(ctx, tx, args, c.opts)
+				if err == nil {
+					skipped = res.UniqueSkippedAsDuplicate
+				}
+				return err
+			})
+			return skipped
 		}
-		want := row(args.SubscriptionID)
-		for _, c := range []string{"args", "kind", "max_attempts", "metadata", "priority", "queue", "scheduled_at", "state", "tags",
+		ours := func(args river.JobArgs) (skipped bool) {
+			t.Helper()
+			inTx(func(tx *sql.Tx) (err error) {
+				skipped, err = jobs.InsertUniqueTx(ctx, tx, args, c.at, c.maxAttempts)
+				return err
+			})
+			return skipped
+		}
+		row := func() map[string]any {
+			t.Helper()
+			var cols []string
+			// scheduled_at is compared only for a scheduled job: an available one's is the
+			// insert's now().
+			if err := db.Raw(`SELECT CAST(to_jsonb(j) - 'id' - 'created_at' - CASE WHEN state = 'available' THEN 'scheduled_at' ELSE '' END AS text)
+				FROM river_job j WHERE kind = $1 AND args->>'subscription_id' = $2`, c.args.Kind(), c.sub).Scan(&cols).Error; err != nil || len(cols) != 1 {
+				t.Fatalf("%s: jobs: %v, %v; want one", c.name, cols, err)
+			}
+			var m map[string]any
+			if err := json.Unmarshal([]byte(cols[0]), &m); err != nil {
+				t.Fatal(err)
+			}
+			return m
+		}
+		if byRiver(c.args) {
+			t.Fatalf("%s: skipped on an empty table", c.name)
+		}
+		want := row()
+		for _, col := range []string{"args", "kind", "max_attempts", "metadata", "priority", "queue", "state", "tags",
 			"unique_key", "unique_states", "attempt", "errors"} {
-			if _, ok := want[c]; !ok {
-				t.Errorf("River's row has no column %s", c)
+			if _, ok := want[col]; !ok {
+				t.Errorf("River's row has no column %s", col)
 			}
 		}
-		if !ours(args, at) {
-			t.Errorf("%+v: our insert did not see River's row as a duplicate", args)
+		if !ours(c.args) {
+			t.Errorf("%s: our insert did not see River's row as a duplicate", c.name)
 		}
-		if err := db.Exec(`DELETE FROM river_job WHERE args->>'subscription_id' = $1`, args.SubscriptionID).Error; err != nil {
+		if err := db.Exec(`DELETE FROM river_job WHERE args->>'subscription_id' = $1`, c.sub).Error; err != nil {
 			t.Fatal(err)
 		}
-		if ours(args, at) {
-			t.Fatalf("%+v: skipped on an empty table", args)
+		if ours(c.args) {
+			t.Fatalf("%s: skipped on an empty table", c.name)
 		}
-		if got := row(args.SubscriptionID); fmt.Sprint(got) != fmt.Sprint(want) {
-			t.Errorf("%+v:\nours  %v\nRiver %v", args, got, want)
+		if got := row(); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("%s:\nours  %v\nRiver %v", c.name, got, want)
 		}
-		if !byRiver(args, at) || !ours(args, at) {
-			t.Errorf("%+v: a second insert was not skipped", args)
+		if !byRiver(c.args) || !ours(c.args) {
+			t.Errorf("%s: a second insert was not skipped", c.name)
 		}
-		// Livemode is not among the unique fields: River calls the job a duplicate, so must we.
-		other := args
-		other.Livemode = !args.Livemode
-		if !ours(other, at) || !byRiver(other, at) {
-			t.Errorf("%+v: not a duplicate, as River sees it", other)
+		// A field outside the unique ones: River calls the job a duplicate, so must we.
+		if !ours(c.other) || !byRiver(c.other) {
+			t.Errorf("%s: %+v is not a duplicate, as River sees it", c.name, c.other)
 		}
 	}
 }

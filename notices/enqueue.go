@@ -176,7 +176,8 @@ func (e *Enqueuer) Enqueue(ctx context.Context, tx *gorm.DB, in Input) error {
 		NextPaymentAttempt: in.NextPaymentAttempt,
 		AttemptCount:       in.AttemptCount,
 	}
-	if _, err := e.jobs.InsertTx(ctx, sqlTx, args, nil); err != nil {
+	// River's row for Args.InsertOpts (unique by event and kind), in one statement of our own.
+	if _, err := jobs.InsertUniqueTx(ctx, sqlTx, args, time.Time{}, args.InsertOpts().MaxAttempts); err != nil {
 		return fmt.Errorf("enqueue %s notice of %s: %w", in.Kind, in.EventID, err)
 	}
 	e.enqueued.WithLabelValues(in.Kind).Inc()
