@@ -133,8 +133,8 @@ func (s *Service) scheduleRereads(ctx context.Context, tx *gorm.DB, ev webhooks.
 		next := Subscription{Status: status, CurrentPeriodEnd: end.Ptr(), TrialEnd: obj.TrialEnd.Ptr()}
 		// The re-read of a renewal is queued by the event that set it. An event that leaves the
 		// renewal where the row had it (most updates: a seat, metadata, a redelivered snapshot)
-		// would only meet River's unique check, at a quarter of the apply's CPU: its job went in
-		// with the event that set that renewal, through this same code.
+		// would only meet the unique check: its job went in with the event that set that
+		// renewal, through this same code.
 		if due := next.RenewalDue(); due != nil && !sameInstant(prior.RenewalDue(), due) {
 			args := RereadArgs{SubscriptionID: obj.ID, Livemode: ev.Livemode, Due: due.Unix()}
 			if err := s.queueReread(ctx, tx, args, due.Add(s.policy.PeriodGrace/2)); err != nil {

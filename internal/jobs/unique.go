@@ -19,11 +19,12 @@ import (
 
 // InsertUniqueTx inserts in tx a job unique by the `river:"unique"` fields of its args, as
 // River's InsertTx does with UniqueOpts{ByArgs: true} — scheduled at scheduledAt, or available
-// now when it is zero — in one statement of our own. River's path costs a quarter of an applied event's CPU (its
-// database/sql driver encodes every column as an array); this one binds plain values. The row is
-// the one River writes — the same unique key and states, so River's own inserts and this one
-// skip each other's duplicates — which TestInsertUniqueTxWritesRiversRow checks column by
-// column. skipped reports a duplicate.
+// now when it is zero — in one statement of our own. River's path cost a quarter of an applied
+// event's CPU (its database/sql driver encodes every column as an array); this one binds plain
+// values. The row is the one River writes — the same unique key and states, so River's own
+// inserts and this one skip each other's duplicates — which TestInsertUniqueTxWritesRiversRow
+// checks column by column. No notification is sent: the client polls (PollOnly). skipped
+// reports a duplicate.
 //
 // Only what the callers need is supported: a flat args struct whose unique fields have plain
 // JSON names, a ScheduledAt or none, a MaxAttempts (River's default when zero), no tags,
