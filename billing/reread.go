@@ -164,7 +164,7 @@ func (s *Service) queueReread(ctx context.Context, tx *gorm.DB, args RereadArgs,
 		return err
 	}
 	// The row River's InsertTx would write with UniqueOpts{ByArgs: true}, at a fraction of its cost.
-	skipped, err := jobs.InsertUniqueTx(ctx, sqlTx, args, at, s.rereads.MaxAttempts)
+	skipped, err := jobs.InsertUniqueTx(ctx, s.rereads.jobs, sqlTx, args, at, s.rereads.MaxAttempts)
 	if err != nil {
 		return fmt.Errorf("queue re-read of %s: %w", args.SubscriptionID, err)
 	}

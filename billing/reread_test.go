@@ -712,7 +712,7 @@ func TestInsertUniqueTxWritesRiversRow(t *testing.T) {
 		ours := func(args river.JobArgs) (skipped bool) {
 			t.Helper()
 			inTx(func(tx *sql.Tx) (err error) {
-				skipped, err = jobs.InsertUniqueTx(ctx, tx, args, c.at, c.maxAttempts)
+				skipped, err = jobs.InsertUniqueTx(ctx, rc, tx, args, c.at, c.maxAttempts)
 				return err
 			})
 			return skipped
@@ -760,6 +760,18 @@ func TestInsertUniqueTxWritesRiversRow(t *testing.T) {
 		// A field outside the unique ones: River calls the job a duplicate, so must we.
 		if !ours(c.other) || !byRiver(c.other) {
 			t.Errorf("%s: %+v is not a duplicate, as River sees it", c.name, c.other)
+		}
+		// Through the Discard inserter (billing verify's replay), nothing is written.
+		if err := db.Exec(`DELETE FROM river_job WHERE args->>'subscription_id' = $1`, c.sub).Error; err != nil {
+			t.Fatal(err)
+		}
+		inTx(func(tx *sql.Tx) error {
+			_, err := jobs.InsertUniqueTx(ctx, jobs.Discard{}, tx, c.args, c.at, c.maxAttempts)
+			return err
+		})
+		var n int64
+		if err := db.Raw(`SELECT count(*) FROM river_job WHERE args->>'subscription_id' = $1`, c.sub).Scan(&n).Error; err != nil || n != 0 {
+			t.Errorf("%s: %d jobs written through Discard (%v)", c.name, n, err)
 		}
 	}
 }

@@ -177,7 +177,7 @@ func (e *Enqueuer) Enqueue(ctx context.Context, tx *gorm.DB, in Input) error {
 		AttemptCount:       in.AttemptCount,
 	}
 	// River's row for Args.InsertOpts (unique by event and kind), in one statement of our own.
-	if _, err := jobs.InsertUniqueTx(ctx, sqlTx, args, time.Time{}, args.InsertOpts().MaxAttempts); err != nil {
+	if _, err := jobs.InsertUniqueTx(ctx, e.jobs, sqlTx, args, time.Time{}, args.InsertOpts().MaxAttempts); err != nil {
 		return fmt.Errorf("enqueue %s notice of %s: %w", in.Kind, in.EventID, err)
 	}
 	e.enqueued.WithLabelValues(in.Kind).Inc()

@@ -24,12 +24,16 @@ import (
 // values. The row is the one River writes — the same unique key and states, so River's own
 // inserts and this one skip each other's duplicates — which TestInsertUniqueTxWritesRiversRow
 // checks column by column. No notification is sent: the client polls (PollOnly). skipped
-// reports a duplicate.
+// reports a duplicate. ins is the caller's Inserter: Discard (a replay whose jobs must not
+// exist) gets nothing written here either.
 //
 // Only what the callers need is supported: a flat args struct whose unique fields have plain
 // JSON names, a ScheduledAt or none, a MaxAttempts (River's default when zero), no tags,
 // metadata, priority or queue of its own.
-func InsertUniqueTx(ctx context.Context, tx *sql.Tx, args river.JobArgs, scheduledAt time.Time, maxAttempts int) (skipped bool, err error) {
+func InsertUniqueTx(ctx context.Context, ins Inserter, tx *sql.Tx, args river.JobArgs, scheduledAt time.Time, maxAttempts int) (skipped bool, err error) {
+	if _, discard := ins.(Discard); discard {
+		return false, nil
+	}
 	// River writes a job given a ScheduledAt as scheduled (its scheduler makes it available once
 	// due), and one without as available at the database's now().
 	state, at := "scheduled", any(scheduledAt)
