@@ -22,7 +22,6 @@ import (
 	"bytes"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"strconv"
 	"strings"
 	"syscall"
@@ -50,22 +49,8 @@ type appliedRound struct {
 }
 
 func BenchmarkApplied(b *testing.B) {
-	dur := e2eDurationFromEnv(b, 10*time.Second)
-	if v := os.Getenv("BENCH_APPLIED_DURATION"); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil || d < time.Second {
-			b.Fatalf("BENCH_APPLIED_DURATION=%q: want a duration of at least 1s", v)
-		}
-		dur = d
-	}
-	rounds := 2
-	if v := os.Getenv("BENCH_APPLIED_ROUNDS"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			b.Fatalf("BENCH_APPLIED_ROUNDS=%q: want a whole number from 1", v)
-		}
-		rounds = n
-	}
+	dur := benchDurationEnv(b, "BENCH_APPLIED_DURATION", 10*time.Second)
+	rounds := benchCountEnv(b, "BENCH_APPLIED_ROUNDS", 2)
 	d := startBenchDB(b)
 	benchSeedUsers(b, d)
 	gen := newE2EEvents(b, benchUsers)

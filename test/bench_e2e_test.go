@@ -45,18 +45,32 @@ const (
 // time: the ordering guard compares it, so events must carry their real moment.
 var e2eCreatedHolder = time.Unix(1000000000, 0)
 
-// e2eDurationFromEnv is BENCH_E2E_DURATION, else def.
-func e2eDurationFromEnv(b *testing.B, def time.Duration) time.Duration {
+// benchDurationEnv is the duration in the environment variable name (1s or more), else def.
+func benchDurationEnv(b *testing.B, name string, def time.Duration) time.Duration {
 	b.Helper()
-	s := os.Getenv("BENCH_E2E_DURATION")
+	s := os.Getenv(name)
 	if s == "" {
 		return def
 	}
 	d, err := time.ParseDuration(s)
 	if err != nil || d < time.Second {
-		b.Fatalf("BENCH_E2E_DURATION=%q: want a duration of 1s or more", s)
+		b.Fatalf("%s=%q: want a duration of 1s or more", name, s)
 	}
 	return d
+}
+
+// benchCountEnv is the whole number (1 or more) in the environment variable name, else def.
+func benchCountEnv(b *testing.B, name string, def int) int {
+	b.Helper()
+	s := os.Getenv(name)
+	if s == "" {
+		return def
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 {
+		b.Fatalf("%s=%q: want a whole number from 1", name, s)
+	}
+	return n
 }
 
 // e2eMix is the share of each event type in the traffic, in percent (a month of a SaaS account:
@@ -281,7 +295,7 @@ func e2eJoin(xs []int) string {
 // event's processed_at; the stored received_at → processed_at beside it), the service's peak
 // RSS, and pgbench running the per-event work of the design on the same cluster, before and after.
 func BenchmarkEndToEnd(b *testing.B) {
-	dur := e2eDurationFromEnv(b, e2eDuration)
+	dur := benchDurationEnv(b, "BENCH_E2E_DURATION", e2eDuration)
 	pgDur := max(time.Second, min(benchDuration, dur))
 	d := startBenchDB(b)
 	benchSeedUsers(b, d)
@@ -474,7 +488,7 @@ type e2eCharge struct {
 // their failures (target 0), how many charges were answered 503 busy with Retry-After and how many
 // were let through; and that no busy order left a ledger row.
 func BenchmarkIsolation(b *testing.B) {
-	phase := min(e2eIsoPhase, e2eDurationFromEnv(b, e2eIsoPhase))
+	phase := min(e2eIsoPhase, benchDurationEnv(b, "BENCH_E2E_DURATION", e2eIsoPhase))
 	d := startBenchDB(b)
 	benchSeedUsers(b, d)
 	gen := newE2EEvents(b, benchUsers)

@@ -1072,14 +1072,7 @@ end
 // 100 ms; the target of the backfill is 0.9 of it) and the command's peak RSS for each; nothing
 // is asserted.
 func BenchmarkReconcile(b *testing.B) {
-	subs := 100000
-	if s := os.Getenv("BENCH_RECONCILE_SUBS"); s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 {
-			b.Fatalf("BENCH_RECONCILE_SUBS=%q", s)
-		}
-		subs = n
-	}
+	subs := benchCountEnv(b, "BENCH_RECONCILE_SUBS", 100000)
 	const pageDelay = 100 * time.Millisecond
 	// reconcile lists Stripe's largest page: the run cannot go faster than one a pageDelay.
 	const pageObjects = 100
