@@ -35,16 +35,6 @@ func call(t *testing.T, p *Proxy, method, path string, form url.Values) (int, ma
 	return resp.StatusCode, out
 }
 
-func str(m map[string]any, path ...string) string {
-	var v any = m
-	for _, k := range path {
-		o, _ := v.(map[string]any)
-		v = o[k]
-	}
-	s, _ := v.(string)
-	return s
-}
-
 // A confirmed PaymentIntent ends as test mode ends it for its card, through stripe-mock (which
 // validates the parameters) and the proxy.
 func TestTestCardsSettleConfirmedPaymentIntents(t *testing.T) {

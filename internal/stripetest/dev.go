@@ -234,13 +234,10 @@ func (p *Proxy) portalSession(id string) map[string]any {
 // after_completion redirect, else its return_url ("" when neither is a web URL).
 func (p *Proxy) portalReturnURL(id string) string {
 	sess := p.portalSession(id)
-	flow, _ := sess["flow"].(map[string]any)
-	ac, _ := flow["after_completion"].(map[string]any)
-	r, _ := ac["redirect"].(map[string]any)
-	if u := webURL(stringField(r, "return_url")); u != "" {
+	if u := webURL(str(sess, "flow", "after_completion", "redirect", "return_url")); u != "" {
 		return u
 	}
-	return webURL(stringField(sess, "return_url"))
+	return webURL(str(sess, "return_url"))
 }
 
 // portalPage serves the local stand-in of a portal session's page; with the dev Stripe's state
@@ -266,10 +263,8 @@ func (p *Proxy) portalPage(w http.ResponseWriter, hr *http.Request) {
 			data.Subscription, _ = f["subscription"].(string)
 			if items, _ := f["items"].([]any); len(items) > 0 {
 				item, _ := items[0].(map[string]any)
-				data.Price = stringField(item, "price")
-				if q, ok := item["quantity"].(float64); ok {
-					data.Quantity = strconv.FormatInt(int64(q), 10)
-				} else if q, ok := item["quantity"].(int64); ok {
+				data.Price = str(item, "price")
+				if q, ok := item["quantity"].(int64); ok { // as flowOf keeps it
 					data.Quantity = strconv.FormatInt(q, 10)
 				}
 			}

@@ -278,10 +278,7 @@ func (d *DevStripe) nextDue(id string, to time.Time) (DevChange, [][]byte, bool)
 	inv := &InvoiceSpec{ID: d.Account.NewInvoiceID(), Currency: "usd", AmountDue: DevUnitAmount*qty + DevUsageUnitAmount*ch.Usage,
 		AttemptCount: 1, Created: due, BillingReason: "subscription_cycle", PeriodStart: due, PeriodEnd: spec.CurrentPeriodEnd}
 	spec.LatestInvoice = inv
-	pm := d.Account.DefaultPaymentMethod(spec.Customer)
-	if pm == "" {
-		pm = d.Account.defaultSource(spec.Customer)
-	}
+	pm := d.renewalCard(spec.Customer)
 	ch.Invoice = inv.ID
 	if cardDeclines(pm, true) {
 		// Stripe retries a failed renewal (retryDue).
@@ -319,6 +316,15 @@ func (d *DevStripe) unbilledUsage(customer string) int64 {
 	return n
 }
 
+// renewalCard is what a renewal or its retry charges: the customer's default payment method,
+// else its default source.
+func (d *DevStripe) renewalCard(customer string) string {
+	if pm := d.Account.DefaultPaymentMethod(customer); pm != "" {
+		return pm
+	}
+	return d.Account.defaultSource(customer)
+}
+
 // devRetryGaps are the days between a failed renewal's attempts (Smart Retries, as Stripe's
 // default of four attempts within about two weeks); after the last one fails, the subscription is
 // canceled, Stripe's default for a subscription whose retries are exhausted.
@@ -334,10 +340,7 @@ func (d *DevStripe) retryDue(spec SubscriptionSpec, ch DevChange) (DevChange, []
 	at := inv.NextPaymentAttempt
 	inv.AttemptCount++
 	ch.At, ch.Invoice = at, inv.ID
-	pm := d.Account.DefaultPaymentMethod(spec.Customer)
-	if pm == "" {
-		pm = d.Account.defaultSource(spec.Customer)
-	}
+	pm := d.renewalCard(spec.Customer)
 	var events [][]byte
 	switch {
 	case !cardDeclines(pm, true):

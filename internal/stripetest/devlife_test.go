@@ -216,7 +216,7 @@ func TestDevPortalChangeAndExhaustedRetries(t *testing.T) {
 	if status != http.StatusOK {
 		t.Fatalf("portal session: %d %v", status, ps)
 	}
-	if _, res := devPost(t, d, "/dev/portal/sessions/"+PortalSessionID(str(ps, "url"))+"/apply", nil); len(res.Changes) != 1 || res.Changes[0].What != "changed" {
+	if _, res := devPost(t, d, "/dev/portal/sessions/"+strings.TrimPrefix(str(ps, "url"), d.Proxy.PortalBase()+devPortalPath)+"/apply", nil); len(res.Changes) != 1 || res.Changes[0].What != "changed" {
 		t.Errorf("portal change: %+v", res)
 	}
 	if got := rec.types(); got != "customer.subscription.updated" {

@@ -58,7 +58,7 @@ func (d *DevStripe) checkoutPage(w http.ResponseWriter, r *http.Request) {
 	}{ID: id, Price: f.Get("line_items[0][price]"), Quantity: f.Get("line_items[0][quantity]"), Cards: devCards}
 	data.Customer, _ = s["customer"].(string)
 	data.Status, _ = s["status"].(string)
-	data.CancelURL = webURL(stringField(s, "cancel_url"))
+	data.CancelURL = webURL(str(s, "cancel_url"))
 	if data.Quantity == "" {
 		data.Quantity = "1"
 	}
@@ -70,7 +70,7 @@ func (d *DevStripe) checkoutPage(w http.ResponseWriter, r *http.Request) {
 // {CHECKOUT_SESSION_ID} filled in ("" when it is not a web URL).
 func successURL(s map[string]any) string {
 	id, _ := s["id"].(string)
-	return webURL(strings.ReplaceAll(stringField(s, "success_url"), "{CHECKOUT_SESSION_ID}", id))
+	return webURL(strings.ReplaceAll(str(s, "success_url"), "{CHECKOUT_SESSION_ID}", id))
 }
 
 // webURL is u when it is an http(s) URL a browser may be sent to, else "".
@@ -82,7 +82,13 @@ func webURL(u string) string {
 	return u
 }
 
-func stringField(m map[string]any, k string) string {
-	s, _ := m[k].(string)
+// str is the string at path in a decoded object ("" when absent or not a string).
+func str(m map[string]any, path ...string) string {
+	var v any = m
+	for _, k := range path {
+		o, _ := v.(map[string]any)
+		v = o[k]
+	}
+	s, _ := v.(string)
 	return s
 }

@@ -3,7 +3,6 @@ package stripetest
 import (
 	"context"
 	"net/http"
-	"strings"
 )
 
 // The Customer Portal at the dev Stripe: what a customer confirms on a portal session's page,
@@ -63,14 +62,8 @@ func (d *DevStripe) ApplyPortal(ctx context.Context, sessionID string, choice Po
 			if p, _ := item["price"].(string); p != "" && choice.Price == "" {
 				choice.Price = p
 			}
-			if choice.Quantity == 0 {
-				// Kept as the form's int64, or float64 once through JSON.
-				switch q := item["quantity"].(type) {
-				case int64:
-					choice.Quantity = q
-				case float64:
-					choice.Quantity = int64(q)
-				}
+			if q, ok := item["quantity"].(int64); ok && choice.Quantity == 0 { // as flowOf keeps it
+				choice.Quantity = q
 			}
 		}
 		update = true
@@ -133,13 +126,4 @@ func (d *DevStripe) liveSubscriptionOf(customer string) string {
 		}
 	}
 	return ""
-}
-
-// PortalSessionID is the session of a portal URL of this dev Stripe, or s itself.
-func PortalSessionID(s string) string {
-	if _, id, ok := strings.Cut(s, devPortalPath); ok {
-		s = id
-	}
-	s, _, _ = strings.Cut(s, "?")
-	return strings.Trim(s, "/")
 }
