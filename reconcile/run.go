@@ -2,6 +2,7 @@ package reconcile
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/stripe/stripe-go/v79"
+	"github.com/stripe/stripe-go/v79/form"
 	"gorm.io/gorm"
 
 	"billing/billing"
@@ -42,14 +44,7 @@ type run struct {
 	opts    RunOptions
 	started time.Time
 	sum     Summary
-	pages   int
-	// linked are the customers of the page whose link a subscription already carries: one
-	// subscription of a page reports and repairs its customer's link, the others would only
-	// repeat it (a customer's subscriptions usually sit together, and the set stays small);
-	// features are the page's customers whose features differ, until a subscription of theirs
-	// carries the drift.
-	linked   map[string]bool
-	features map[string]*featureDrift
+	pages   int // the last page recorded
 }
 
 // begin records a new run; the caller holds the mode's lock. Runs left unfinished by a process
@@ -115,102 +110,215 @@ func (r *run) execute(ctx context.Context) Summary {
 
 // page is one page of the listing.
 type page struct {
-	n     int
-	subs  []remote
-	more  bool
-	err   error
-	after string // the last id, where the next page starts
+	n         int
+	raws      []json.RawMessage
+	fetchedAt time.Time
+	more      bool
+	err       error
+}
+
+// pagesInFlight is how many pages are compared and repaired at once. Repairing a page is a
+// chain of round trips (each waits for the one before), so a second page in its own
+// transaction keeps both the database and this process busy meanwhile; pages that share a
+// customer or a user never run together.
+const pagesInFlight = 2
+
+// pageWork is a page being compared and repaired, with what it found; its counts join the run's
+// when it is recorded, in page order.
+type pageWork struct {
+	n    int
+	subs []remote
+	// keys are the page's customers and the users their metadata names: a page waits for any
+	// earlier page in flight that shares one, so that a link or a list of features is compared
+	// after an earlier page's repair of it, as one page at a time would.
+	keys map[string]bool
+	// linked are the customers of the page whose link a subscription already carries: one
+	// subscription of a page reports and repairs its customer's link, the others would only
+	// repeat it (a customer's subscriptions usually sit together, and the set stays small);
+	// features are the page's customers whose features differ, until a subscription of theirs
+	// carries the drift.
+	linked   map[string]bool
+	features map[string]*featureDrift
+
+	items                              []*item
+	objects, drifted, repaired, errors int
+	err                                error // what must stop the run
+	done                               chan struct{}
+}
+
+func newPageWork(n int, subs []remote) *pageWork {
+	w := &pageWork{n: n, subs: subs, keys: map[string]bool{}, linked: map[string]bool{}, done: make(chan struct{})}
+	for _, rem := range subs {
+		if c := rem.sub.Customer; c != nil {
+			w.keys["customer:"+c.ID] = true
+			if u := c.Metadata["user_id"]; u != "" {
+				w.keys["user:"+u] = true
+			}
+		}
+	}
+	return w
+}
+
+// shares reports whether two pages name a customer or a user in common.
+func (w *pageWork) shares(o *pageWork) bool {
+	for k := range w.keys {
+		if o.keys[k] {
+			return true
+		}
+	}
+	return false
 }
 
 // list walks every page of the mode's subscriptions, newest first. The next page is read while
-// the current one is compared and repaired (two pages in memory at most), so that Stripe's
-// answer time and the database's work overlap.
+// the current ones are compared and repaired, so that Stripe's answer time and the database's
+// work overlap; up to pagesInFlight pages are repaired at once, each in its own goroutine, and
+// recorded in page order. When a page fails, the pages in flight finish and are recorded (what
+// they repaired is committed), then the run stops with the first failure.
 func (r *run) list(ctx context.Context) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	fetch := func(n int, after string) <-chan page {
-		ch := make(chan page, 1)
-		go func() {
-			subs, more, err := r.page(ctx, n, after)
-			pg := page{n: n, subs: subs, more: more && len(subs) > 0, err: err}
-			if len(subs) > 0 {
-				pg.after = subs[len(subs)-1].sub.ID
+	// The pages are read one after the other (each starts after the last id of the one before)
+	// by a goroutine of their own, a page ahead of the one handed over; it is gone when list
+	// returns.
+	fetchCtx, cancel := context.WithCancel(ctx)
+	pages := make(chan page, 1)
+	stopped := make(chan struct{})
+	defer func() {
+		cancel()
+		<-stopped
+	}()
+	go func() {
+		defer close(stopped)
+		defer close(pages)
+		after := ""
+		for n := 1; ; n++ {
+			raws, more, last, fetchedAt, err := r.page(fetchCtx, n, after)
+			pg := page{n: n, raws: raws, fetchedAt: fetchedAt, more: more && len(raws) > 0, err: err}
+			select {
+			case pages <- pg:
+			case <-fetchCtx.Done():
+				return
 			}
-			ch <- pg
-		}()
-		return ch
+			if pg.err != nil || !pg.more {
+				return
+			}
+			after = last
+		}
+	}()
+	var flight []*pageWork
+	var failed error
+	// settleOldest waits for the oldest page in flight and records it.
+	settleOldest := func() {
+		w := flight[0]
+		flight = flight[1:]
+		<-w.done
+		if failed != nil {
+			if w.err == nil {
+				// Its repairs are committed: its drift is recorded all the same.
+				if err := r.record(ctx, w); err != nil {
+					failed = errors.Join(failed, err)
+				}
+			}
+			return
+		}
+		if failed = w.err; failed == nil {
+			failed = r.record(ctx, w)
+		}
 	}
-	next := fetch(1, "")
-	for {
-		pg := <-next
+	for failed == nil {
+		pg, ok := <-pages
+		if !ok { // the reader saw the context end before it could hand a page over
+			failed = cmp.Or(ctx.Err(), errors.New("the listing stopped"))
+			break
+		}
 		if pg.err != nil {
-			return pg.err
+			failed = pg.err
+			break
 		}
-		if pg.more {
-			next = fetch(pg.n+1, pg.after)
+		subs, err := decodePage(pg.n, pg.raws, pg.fetchedAt)
+		if err != nil {
+			failed = err
+			break
 		}
-		r.pages = pg.n
-		if err := r.process(ctx, pg.subs); err != nil {
-			cancel()
-			if pg.more {
-				<-next
-			}
-			return err
+		w := newPageWork(pg.n, subs)
+		for len(flight) > 0 && (len(flight) >= pagesInFlight || slices.ContainsFunc(flight, w.shares)) {
+			settleOldest()
 		}
+		if failed != nil {
+			break
+		}
+		flight = append(flight, w)
+		go func() {
+			defer close(w.done)
+			w.err = r.process(ctx, w)
+		}()
 		if !pg.more {
-			return nil
+			break
 		}
 	}
+	for len(flight) > 0 {
+		settleOldest()
+	}
+	return failed
 }
 
-// page reads page n, the subscriptions after the id after ("" for the first), through
-// stripe-go's list iterator, one page per iterator so that each request passes the rate limiter
-// and a failed page is tried again from where it stopped. Each subscription carries the fetch
-// time of the page.
-func (r *run) page(ctx context.Context, n int, after string) (subs []remote, more bool, err error) {
+// rawPage is a list page as Stripe answered it. Its objects are decoded by the loop that hands
+// pages to their workers, not by the reader, so that the next page is asked for as soon as this
+// one has arrived.
+type rawPage struct {
+	stripe.APIResource
+	HasMore bool              `json:"has_more"`
+	Data    []json.RawMessage `json:"data"`
+}
+
+// page reads page n, the subscriptions after the id after ("" for the first), one call under the
+// run's limits (a failed page is tried again from where it stopped). It returns the page's
+// objects undecoded, whether there are more, and the last id, where the next page starts.
+func (r *run) page(ctx context.Context, n int, after string) (raws []json.RawMessage, more bool, last string, fetchedAt time.Time, err error) {
 	what := fmt.Sprintf("list subscriptions (page %d)", n)
-	fetchedAt, err := r.s.call(ctx, what, func(ctx context.Context) error {
+	fetchedAt, err = r.s.call(ctx, what, func(ctx context.Context) error {
 		params := &stripe.SubscriptionListParams{Status: stripe.String("all")}
 		params.Context = ctx
 		params.Limit = stripe.Int64(pageSize)
-		params.Single = true
 		if after != "" {
 			params.StartingAfter = stripe.String(after)
 		}
 		params.AddExpand("data.latest_invoice")
 		params.AddExpand("data.customer")
-		it := r.s.stripe.Subscriptions.List(params)
-		subs = subs[:0]
-		for it.Next() {
-			subs = append(subs, remote{sub: it.Subscription()})
-		}
-		if err := it.Err(); err != nil {
+		// The request stripe-go's list iterator would make (the same parameters, encoded by
+		// the same code), decoded only as far as the list.
+		q := &form.Values{}
+		form.AppendTo(q, params)
+		sc := r.s.stripe.Subscriptions
+		var list rawPage
+		if err := sc.B.CallRaw(http.MethodGet, "/v1/subscriptions", sc.Key, q, params.GetParams(), &list); err != nil {
 			return err
 		}
-		list := it.SubscriptionList()
-		var env struct {
-			Data []json.RawMessage `json:"data"`
-		}
-		if list.LastResponse == nil {
-			return errors.New("no response recorded for the page")
-		}
-		if err := json.Unmarshal(list.LastResponse.RawJSON, &env); err != nil {
-			return fmt.Errorf("decode the page: %w", err)
-		}
-		if len(env.Data) != len(subs) {
-			return fmt.Errorf("page has %d raw objects for %d subscriptions", len(env.Data), len(subs))
-		}
-		for i := range subs {
-			subs[i].raw = env.Data[i]
-			subs[i].invoice = expandedInvoice(env.Data[i])
-		}
-		more = list.HasMore
+		raws, more = list.Data, list.HasMore
 		return nil
 	})
-	for i := range subs {
-		subs[i].fetchedAt = fetchedAt
+	if err != nil || len(raws) == 0 {
+		return nil, false, "", fetchedAt, err
 	}
-	return subs, more, err
+	var end struct {
+		ID string `json:"id"`
+	}
+	if err := json.Unmarshal(raws[len(raws)-1], &end); err != nil || end.ID == "" {
+		return nil, false, "", fetchedAt, fmt.Errorf("%s: the last object has no id", what)
+	}
+	return raws, more, end.ID, fetchedAt, nil
+}
+
+// decodePage decodes a page's subscriptions, each with its expanded invoice and the page's
+// fetch time.
+func decodePage(n int, raws []json.RawMessage, fetchedAt time.Time) ([]remote, error) {
+	subs := make([]remote, len(raws))
+	for i, raw := range raws {
+		var sub stripe.Subscription
+		if err := json.Unmarshal(raw, &sub); err != nil {
+			return nil, fmt.Errorf("decode subscription %d of page %d: %w", i+1, n, err)
+		}
+		subs[i] = remote{sub: &sub, raw: raw, invoice: expandedInvoice(raw), fetchedAt: fetchedAt}
+	}
+	return subs, nil
 }
 
 // reread reads one subscription again, with the same expansions as the list.
@@ -266,13 +374,14 @@ type item struct {
 	err error
 }
 
-// process compares a page's subscriptions with the local state and repairs what differs, a page
-// at a time: one query reads the page's local rows and one its customers' links, the repairs
+// process compares a page's subscriptions with the local state and repairs what differs: one
+// query reads the page's local rows and one its customers' links, the repairs
 // share one transaction (each in a savepoint, so that one subscription's failure leaves the
 // others), one query reads the repaired rows back, and the page's drift rows and counts are one
 // more transaction. Per subscription, only the apply itself talks to the database. Only an error
 // that must stop the run is returned.
-func (r *run) process(ctx context.Context, subs []remote) error {
+func (r *run) process(ctx context.Context, w *pageWork) error {
+	subs := w.subs
 	ids := make([]string, len(subs))
 	customers := make([]*stripe.Customer, len(subs))
 	for i, rem := range subs {
@@ -286,40 +395,53 @@ func (r *run) process(ctx context.Context, subs []remote) error {
 	if err != nil {
 		return err
 	}
-	r.linked = map[string]bool{}
-	if r.features, err = r.pageFeatures(ctx, subs); err != nil {
+	if w.features, err = r.pageFeatures(ctx, subs); err != nil {
 		return err
 	}
-	var items []*item
 	for _, rem := range subs {
-		it, err := r.examine(ctx, rem, locals[rem.sub.ID], links)
+		it, err := r.examine(ctx, w, rem, locals[rem.sub.ID], links)
 		if err != nil {
 			return err
 		}
 		if it != nil {
-			items = append(items, it)
+			w.items = append(w.items, it)
 		}
 	}
-	r.sum.Drifted += len(items)
-	if len(items) > 0 && !r.opts.DryRun {
-		if err := r.repair(ctx, items); err != nil {
+	w.drifted = len(w.items)
+	if len(w.items) > 0 && !r.opts.DryRun {
+		if err := r.repair(ctx, w); err != nil {
 			return err
 		}
-		if err := r.settle(ctx, items); err != nil {
+		if err := r.settle(ctx, w); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// record keeps a processed page: its listed ids (in the lock's session), its drift rows and the
+// run's counts with its own.
+func (r *run) record(ctx context.Context, w *pageWork) error {
+	ids := make([]string, len(w.subs))
+	for i, rem := range w.subs {
+		ids[i] = rem.sub.ID
 	}
 	if _, err := r.lk.conn.ExecContext(ctx,
 		`INSERT INTO pg_temp.reconcile_seen (subscription_id) SELECT unnest(CAST($1 AS text[])) ON CONFLICT DO NOTHING`, ids); err != nil {
 		return fmt.Errorf("record the listed ids: %w", err)
 	}
-	return r.flush(ctx, items)
+	r.pages = w.n
+	r.sum.Objects += w.objects
+	r.sum.Drifted += w.drifted
+	r.sum.Repaired += w.repaired
+	r.sum.Errors += w.errors
+	return r.flush(ctx, w.items)
 }
 
 // examine compares one subscription with its local row (nil when there is none); nil when
 // nothing differs.
-func (r *run) examine(ctx context.Context, rem remote, local *billing.Subscription, links *linkSet) (*item, error) {
-	r.sum.Objects++
+func (r *run) examine(ctx context.Context, w *pageWork, rem remote, local *billing.Subscription, links *linkSet) (*item, error) {
+	w.objects++
 	r.s.metrics.objects.Inc()
 	id := rem.sub.ID
 	diffs := compare(local, rem.sub)
@@ -330,7 +452,7 @@ func (r *run) examine(ctx context.Context, rem remote, local *billing.Subscripti
 		switch {
 		case err != nil && gone(err):
 			it := &item{rem: rem, diffs: diffs}
-			r.fail(it, fmt.Errorf("re-read: %w", err))
+			r.fail(w, it, fmt.Errorf("re-read: %w", err))
 			return it, nil
 		case err != nil:
 			return nil, err
@@ -339,17 +461,17 @@ func (r *run) examine(ctx context.Context, rem remote, local *billing.Subscripti
 		diffs = compare(local, rem.sub)
 	}
 	var link *linkDrift
-	if c := rem.sub.Customer; c != nil && !r.linked[c.ID] {
+	if c := rem.sub.Customer; c != nil && !w.linked[c.ID] {
 		var err error
 		if link, err = r.linkDiff(ctx, c, links); err != nil {
 			return nil, err
 		}
-		r.linked[c.ID] = true
+		w.linked[c.ID] = true
 	}
 	var features *featureDrift
 	if c := rem.sub.Customer; c != nil {
-		features = r.features[c.ID]
-		delete(r.features, c.ID)
+		features = w.features[c.ID]
+		delete(w.features, c.ID)
 	}
 	if len(diffs) == 0 && link == nil && features == nil {
 		return nil, nil
@@ -375,9 +497,9 @@ func (r *run) examine(ctx context.Context, rem remote, local *billing.Subscripti
 
 // repair applies each item's subscription as a snapshot and links its customer, in one
 // transaction with a savepoint per subscription.
-func (r *run) repair(ctx context.Context, items []*item) error {
+func (r *run) repair(ctx context.Context, w *pageWork) error {
 	return r.s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		for _, it := range items {
+		for _, it := range w.items {
 			if it.out != nil {
 				continue // decided already: nothing to apply
 			}
@@ -402,7 +524,7 @@ func (r *run) repair(ctx context.Context, items []*item) error {
 			})
 			switch {
 			case err != nil && webhooks.IsPermanent(err):
-				r.fail(it, err)
+				r.fail(w, it, err)
 			case err != nil:
 				return fmt.Errorf("repair subscription %s: %w", it.rem.sub.ID, err)
 			}
@@ -413,10 +535,10 @@ func (r *run) repair(ctx context.Context, items []*item) error {
 
 // settle compares the repaired subscriptions again, read back in one query (and their links in
 // another): a field counts as repaired only when the local state now says what Stripe said.
-func (r *run) settle(ctx context.Context, items []*item) error {
+func (r *run) settle(ctx context.Context, w *pageWork) error {
 	var ids, featured []string
 	var customers []*stripe.Customer
-	for _, it := range items {
+	for _, it := range w.items {
 		if it.out != nil {
 			continue
 		}
@@ -443,7 +565,7 @@ func (r *run) settle(ctx context.Context, items []*item) error {
 	if err != nil {
 		return err
 	}
-	for _, it := range items {
+	for _, it := range w.items {
 		if it.out != nil {
 			continue
 		}
@@ -488,7 +610,7 @@ func (r *run) settle(ctx context.Context, items []*item) error {
 			it.out = append(it.out, o)
 		}
 		if all {
-			r.sum.Repaired++
+			w.repaired++
 		}
 	}
 	return nil
@@ -496,8 +618,8 @@ func (r *run) settle(ctx context.Context, items []*item) error {
 
 // fail counts an error that concerns one subscription only; its drift is recorded as not
 // repaired.
-func (r *run) fail(it *item, cause error) {
-	r.sum.Errors++
+func (r *run) fail(w *pageWork, it *item, cause error) {
+	w.errors++
 	r.s.log.Warn("reconcile: subscription not repaired", "run_id", r.sum.RunID, "subscription_id", it.rem.sub.ID, "error", cause)
 	all := it.diffs
 	if it.features != nil {

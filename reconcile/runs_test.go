@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -11,11 +12,11 @@ import (
 	"time"
 
 	"github.com/labstack/echo/v4"
+	"github.com/stripe/stripe-go/v79"
 
 	"billing/internal/httpserver"
 	"billing/internal/stripeclient"
 	"billing/internal/stripetest"
-	"log/slog"
 )
 
 // addSubscriptions puts n active subscriptions of one customer into the account.
@@ -343,5 +344,80 @@ func TestStopInterruptsARun(t *testing.T) {
 	}
 	if _, err := e.rec.Start(RunOptions{}); err == nil {
 		t.Error("Start after Stop started a run")
+	}
+}
+
+// Pages are repaired several at once, but a page that shares a customer with one in flight
+// waits for it: a customer whose subscriptions span two pages is linked, and its link reported,
+// once, as one page at a time would. The counts add up over the pages.
+func TestPagesInFlightShareNoCustomer(t *testing.T) {
+	e := newEnv(t)
+	start, end := period()
+	add := func(customer string, n int) {
+		for range n {
+			e.acct.PutSubscription(stripetest.SubscriptionSpec{Customer: customer, Status: "active", PriceID: "price_a",
+				CurrentPeriodStart: start, CurrentPeriodEnd: end})
+		}
+	}
+	// Newest first: page 1 holds b's 50 and a's newest 50, page 2 a's other 100, page 3 c's 30.
+	cc := e.acct.AddCustomer(stripetest.CustomerSpec{Metadata: map[string]string{"user_id": "uc"}})
+	add(cc, 30)
+	ca := e.acct.AddCustomer(stripetest.CustomerSpec{Metadata: map[string]string{"user_id": "ua"}})
+	add(ca, 150)
+	cb := e.acct.AddCustomer(stripetest.CustomerSpec{Metadata: map[string]string{"user_id": "ub"}})
+	add(cb, 50)
+
+	sum := e.run(false)
+	wantSummary(t, sum, 230, 230, 230, 0, 0, ExitClean)
+	links := map[string]int{}
+	for _, r := range e.drift(sum.RunID) {
+		if r.Field == FieldCustomerLink {
+			links[r.Stripe]++
+			if !r.Repaired {
+				t.Errorf("link %s not repaired: %v", r.Stripe, r.Reason)
+			}
+		}
+	}
+	if len(links) != 3 {
+		t.Errorf("links reported: %v, want one for each of ua, ub, uc", links)
+	}
+	for link, n := range links {
+		if n != 1 {
+			t.Errorf("link %s reported %d times, want once", link, n)
+		}
+	}
+	for _, u := range []string{"ua", "ub", "uc"} {
+		if !e.entitled(u) {
+			t.Errorf("%s not entitled after the backfill", u)
+		}
+	}
+	wantSummary(t, e.run(false), 230, 0, 0, 0, 0, ExitClean)
+}
+
+func TestPageWorkSharesCustomersAndUsers(t *testing.T) {
+	page := func(customers ...*stripe.Customer) *pageWork {
+		var subs []remote
+		for _, c := range customers {
+			subs = append(subs, remote{sub: &stripe.Subscription{Customer: c}})
+		}
+		return newPageWork(1, subs)
+	}
+	a := &stripe.Customer{ID: "cus_a", Metadata: map[string]string{"user_id": "u1"}}
+	b := &stripe.Customer{ID: "cus_b", Metadata: map[string]string{"user_id": "u2"}}
+	bSameUser := &stripe.Customer{ID: "cus_b2", Metadata: map[string]string{"user_id": "u1"}}
+	c := &stripe.Customer{ID: "cus_c"}
+	for _, tc := range []struct {
+		name string
+		x, y *pageWork
+		want bool
+	}{
+		{"same customer", page(a, c), page(a), true},
+		{"same user, another customer", page(a), page(bSameUser), true},
+		{"nothing in common", page(a, c), page(b), false},
+		{"no customer", page(nil), page(a), false},
+	} {
+		if got := tc.x.shares(tc.y); got != tc.want {
+			t.Errorf("%s: shares = %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }

@@ -394,7 +394,8 @@ func (a *Account) Throttle(n int, retryAfter time.Duration, shouldRetry bool) {
 	}
 }
 
-// SetPageDelay makes every list page take d before it is answered.
+// SetPageDelay makes every list page take d at the account (its own work included) before it
+// is answered.
 func (a *Account) SetPageDelay(d time.Duration) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -479,10 +480,14 @@ func (a *Account) serveAdmitted(r Request, delay time.Duration) Answer {
 
 	switch {
 	case r.Method == http.MethodGet && id == "" && coll != "invoices":
-		if delay > 0 {
-			time.Sleep(delay) // a slow Stripe, not a synchronisation
-		}
+		began := time.Now()
 		ans := a.list(coll, params, expand)
+		if delay > 0 {
+			// The page takes delay at the double, its own work included: the encoding of a
+			// hundred expanded objects is Stripe's time, not the caller's.
+			ans.Body = json.RawMessage(mustJSON(ans.Body))
+			time.Sleep(delay - time.Since(began)) // a slow Stripe, not a synchronisation
+		}
 		a.mu.Lock()
 		var h *pageHold
 		if len(a.holds) > 0 {
