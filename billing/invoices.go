@@ -12,6 +12,7 @@ import (
 	"gorm.io/gorm"
 
 	"billing/internal/apierr"
+	"billing/internal/database"
 	"billing/internal/ids"
 	"billing/webhooks"
 )
@@ -102,7 +103,7 @@ func (s *Service) keepInvoice(ctx context.Context, tx *gorm.DB, ev webhooks.Even
 	// One statement: the row of the event's world is created, or ordered against the event
 	// (an insert, then an update when it existed, cost the second event of every invoice a
 	// round trip).
-	err := tx.WithContext(ctx).Exec(`
+	_, err := database.Exec(ctx, tx, `
 		INSERT INTO invoices AS i (invoice_id, livemode, stripe_customer_id, subscription_id, number, status, billing_reason,
 		  amount_due, amount_paid, currency, period_start, period_end, hosted_invoice_url, invoice_pdf, created,
 		  inv_event_id, inv_event_type, inv_event_created, inv_event_rank, created_at, updated_at)
@@ -112,7 +113,7 @@ func (s *Service) keepInvoice(ctx context.Context, tx *gorm.DB, ev webhooks.Even
 		  period_end = $12, hosted_invoice_url = $13, invoice_pdf = $14, created = $15,
 		  inv_event_id = $16, inv_event_type = $17, inv_event_created = $18, inv_event_rank = $19, updated_at = $20
 		WHERE `+newerThanStored("i.inv", 18, 19, 16)+`
-		  AND (i.status IS NULL OR i.status NOT IN ('paid', 'void') OR CAST($6 AS text) IN ('paid', 'void'))`, args...).Error
+		  AND (i.status IS NULL OR i.status NOT IN ('paid', 'void') OR CAST($6 AS text) IN ('paid', 'void'))`, args...)
 	if err != nil {
 		return fmt.Errorf("apply %s %s to invoice %s: %w", ev.Type, ev.ID, inv.ID, err)
 	}

@@ -185,7 +185,7 @@ func (s *Service) applySubscriptionEvent(ctx context.Context, tx *gorm.DB, ev we
 
 	start, end := obj.Period()
 	cancelAtPeriodEnd := obj.CancelAtPeriodEnd != nil && *obj.CancelAtPeriodEnd
-	res := tx.WithContext(ctx).Exec(`
+	n, err := database.Exec(ctx, tx, `
 		UPDATE subscriptions SET
 		  stripe_customer_id = $3,
 		  status_since = CASE WHEN sub_event_created IS NULL OR status IS DISTINCT FROM CAST($4 AS text) OR $19
@@ -219,10 +219,10 @@ func (s *Service) applySubscriptionEvent(ctx context.Context, tx *gorm.DB, ev we
 		obj.CancelAt.Ptr(), obj.CanceledAt.Ptr(), obj.EndedAt.Ptr(), obj.TrialStart.Ptr(), obj.TrialEnd.Ptr(), // $9–$13
 		ev.ID, ev.Type, rankOf(ctx, subEventRank(ev.Type, status)), ev.Created.UTC(), s.now(), // $14–$18
 		statusBeganWith(ev, status), obj.pauseBehavior(), obj.pauseResumesAt(), obj.Quantity()) // $19–$22
-	if res.Error != nil {
-		return false, fmt.Errorf("apply %s %s to subscription %s: %w", ev.Type, ev.ID, obj.ID, res.Error)
+	if err != nil {
+		return false, fmt.Errorf("apply %s %s to subscription %s: %w", ev.Type, ev.ID, obj.ID, err)
 	}
-	applied = res.RowsAffected == 1
+	applied = n == 1
 	outcome := "applied"
 	if !applied {
 		outcome = "stale"
@@ -348,7 +348,7 @@ func (s *Service) applyInvoiceEvent(ctx context.Context, tx *gorm.DB, ev webhook
 	// payment of an older invoice neither lifts a newer invoice's hold nor, applied first, makes
 	// that invoice's failure look stale. Events without an invoice time fall back to event order,
 	// where a payment lifts a hold only when its invoice was created at or after the held one.
-	res := tx.WithContext(ctx).Exec(`
+	n, err := database.Exec(ctx, tx, `
 		UPDATE subscriptions SET
 		  payment_hold = $3,
 		  payment_hold_since = $4,
@@ -380,10 +380,10 @@ func (s *Service) applyInvoiceEvent(ctx context.Context, tx *gorm.DB, ev webhook
 		failed, holdSince, inv.ID, inv.AttemptCount, nextAttempt, inv.AmountDue, inv.Currency, inv.HostedInvoiceURL, // $3–$10
 		ev.ID, ev.Type, ev.Created.UTC(), rankOf(ctx, invEventRank(ev.Type)), s.now(), // $11–$15
 		inv.Created.Ptr(), inv.BillingReason, holdKindOf(ev.Type)) // $16–$18
-	if res.Error != nil {
-		return false, fmt.Errorf("apply %s %s to subscription %s: %w", ev.Type, ev.ID, subscriptionID, res.Error)
+	if err != nil {
+		return false, fmt.Errorf("apply %s %s to subscription %s: %w", ev.Type, ev.ID, subscriptionID, err)
 	}
-	applied = res.RowsAffected == 1
+	applied = n == 1
 	outcome := "applied"
 	if !applied {
 		outcome = "stale"

@@ -119,10 +119,10 @@ func recordRead(ctx context.Context, tx *gorm.DB, subscriptionID string, snap Sn
 	if len(snap.LatestInvoice) > 0 && string(snap.LatestInvoice) != "null" {
 		inv = string(snap.LatestInvoice)
 	}
-	err := tx.WithContext(ctx).Exec(`
+	_, err := database.Exec(ctx, tx, `
 		INSERT INTO subscription_reads (livemode, subscription_id, source, fetched_at, subscription, latest_invoice)
 		VALUES ($1, $2, $3, $4, CAST($5 AS jsonb), CAST($6 AS jsonb))`,
-		snap.Livemode, subscriptionID, snap.Source, snap.FetchedAt.UTC(), string(snap.Subscription), inv).Error
+		snap.Livemode, subscriptionID, snap.Source, snap.FetchedAt.UTC(), string(snap.Subscription), inv)
 	if err != nil {
 		return fmt.Errorf("record read %s of %s: %w", snap.Source, subscriptionID, err)
 	}
