@@ -127,6 +127,7 @@ func newApp(opts appOptions) (*App, error) {
 		RetryDelay:  cfg.Worker.RetryDelay,
 		Retention:   cfg.Webhooks.Retention,
 		ApplyInline: cfg.Webhooks.ApplyInline,
+		GroupCommit: cfg.Webhooks.GroupCommit,
 		// The inline applies' share of the pool (config.PoolShares).
 		InlineConcurrency: config.InlineApplies,
 		BodyBudget:        int64(cfg.Webhooks.BodyBudgetMiB) << 20,

@@ -105,6 +105,9 @@ type Config struct {
 		// ApplyInline applies a handled event in the transaction that stores it, before the 200;
 		// the queue takes over only when that attempt fails.
 		ApplyInline bool
+		// GroupCommit is how many inline applies that arrive together may share one transaction
+		// and its COMMIT (1: each has its own).
+		GroupCommit int
 		// BodyBudgetMiB bounds the MiB of delivery bodies held at once before their signature
 		// is verified; deliveries beyond it are answered 503 busy.
 		BodyBudgetMiB int
@@ -231,6 +234,7 @@ var defaults = map[string]string{
 	"webhooks.retention":          "2160h",
 	"webhooks.apply_inline":       "true",
 	"webhooks.body_budget_mib":    "32",
+	"webhooks.group_commit":       "16",
 	"reconcile.interval":          "6h",
 	"usage.report_rate":           "20",
 	"usage.review_after":          "20h",
@@ -299,6 +303,7 @@ func Load(path string) (*Config, error) {
 	c.Webhooks.Retention = l.duration("webhooks.retention")
 	c.Webhooks.ApplyInline = l.boolean("webhooks.apply_inline")
 	c.Webhooks.BodyBudgetMiB = l.integer("webhooks.body_budget_mib")
+	c.Webhooks.GroupCommit = l.integer("webhooks.group_commit")
 	c.Reconcile.Interval = l.duration("reconcile.interval")
 	c.Usage.ReportRate = l.integer("usage.report_rate")
 	c.Usage.ReviewAfter = l.duration("usage.review_after")
@@ -813,6 +818,10 @@ func (c *Config) validate() *Error {
 	if c.Webhooks.BodyBudgetMiB < 1 || c.Webhooks.BodyBudgetMiB > 1024 {
 		return errorf("webhooks.body_budget_mib", "must be between 1 and 1024 (MiB), got %d", c.Webhooks.BodyBudgetMiB)
 	}
+	// A batch waits on its slowest event, and more applies than the inline slots never gather.
+	if c.Webhooks.GroupCommit < 1 || c.Webhooks.GroupCommit > InlineApplies {
+		return errorf("webhooks.group_commit", "must be between 1 (off) and %d (the inline applies in flight), got %d", InlineApplies, c.Webhooks.GroupCommit)
+	}
 	// A run lists the whole account; more often than a minute only spends Stripe's rate limit.
 	if c.Reconcile.Interval != 0 && c.Reconcile.Interval < time.Minute {
 		return errorf("reconcile.interval", "must be 0 (off) or at least 1m, got %s", c.Reconcile.Interval)
@@ -990,7 +999,7 @@ func (c *Config) LogValue() slog.Value {
 			slog.Int("concurrency", c.Worker.Concurrency),
 		),
 		slog.Group("webhooks", slog.String("retention", c.Webhooks.Retention.String()), slog.Bool("apply_inline", c.Webhooks.ApplyInline),
-			slog.Int("body_budget_mib", c.Webhooks.BodyBudgetMiB)),
+			slog.Int("body_budget_mib", c.Webhooks.BodyBudgetMiB), slog.Int("group_commit", c.Webhooks.GroupCommit)),
 		slog.Group("reconcile", slog.String("interval", c.Reconcile.Interval.String())),
 		slog.Group("usage", slog.Int("report_rate", c.Usage.ReportRate), slog.String("review_after", c.Usage.ReviewAfter.String())),
 		slog.Group("policy", slog.Bool("past_due_entitled", c.Policy.PastDueEntitled),

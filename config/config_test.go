@@ -91,6 +91,7 @@ func TestLoadDefaults(t *testing.T) {
 	want.Webhooks.Retention = 90 * 24 * time.Hour
 	want.Webhooks.ApplyInline = true
 	want.Webhooks.BodyBudgetMiB = 32
+	want.Webhooks.GroupCommit = 16
 	want.Reconcile.Interval = 6 * time.Hour
 	want.Usage.ReportRate, want.Usage.ReviewAfter = 20, 20*time.Hour
 	want.Policy.PastDueEntitled = true
@@ -169,6 +170,8 @@ func TestLoadYAML(t *testing.T) {
 		want.Webhooks.Retention = 90 * 24 * time.Hour
 		want.Webhooks.ApplyInline = true
 		want.Webhooks.BodyBudgetMiB = 32
+		want.Webhooks.GroupCommit = 16
+		want.Webhooks.GroupCommit = 16
 		want.Reconcile.Interval = 6 * time.Hour
 		want.Usage.ReportRate, want.Usage.ReviewAfter = 20, 20*time.Hour
 		want.Policy.PastDueEntitled = false
@@ -436,6 +439,8 @@ func TestLoadErrors(t *testing.T) {
 		{name: "pool one short of its shares", env: map[string]string{"BILLING_DATABASE_POOL_SIZE": "60"}, key: "database.pool_size"},
 		{name: "body budget below one body", env: map[string]string{"BILLING_WEBHOOKS_BODY_BUDGET_MIB": "0"}, key: "webhooks.body_budget_mib"},
 		{name: "body budget above a GiB", env: map[string]string{"BILLING_WEBHOOKS_BODY_BUDGET_MIB": "1025"}, key: "webhooks.body_budget_mib"},
+		{name: "group commit of none", env: map[string]string{"BILLING_WEBHOOKS_GROUP_COMMIT": "0"}, key: "webhooks.group_commit"},
+		{name: "group commit beyond the inline slots", env: map[string]string{"BILLING_WEBHOOKS_GROUP_COMMIT": "17"}, key: "webhooks.group_commit"},
 		{name: "negative pool", env: map[string]string{"BILLING_DATABASE_POOL_SIZE": "-1"}, key: "database.pool_size"},
 		{name: "unknown environment variable", env: map[string]string{"BILLING_STRIPE_MOD": "live"}, key: "BILLING_STRIPE_MOD"},
 		{name: "_FILE of a key that is not a secret", env: map[string]string{"BILLING_STRIPE_MODE_FILE": "/dev/null"}, key: "BILLING_STRIPE_MODE_FILE"},
@@ -575,6 +580,7 @@ func validConfig() *Config {
 	c.Worker.RescueAfter = time.Minute
 	c.Worker.Concurrency = 8
 	c.Webhooks.BodyBudgetMiB = 32
+	c.Webhooks.GroupCommit = 16
 	c.Policy.PeriodGrace = 2 * time.Hour
 	c.Usage.ReportRate, c.Usage.ReviewAfter = 20, 20*time.Hour
 	c.Log.Level = "info"

@@ -42,6 +42,10 @@ const (
 	failingType   = "invoice.payment_failed"
 	// permanentType's handler always fails with an error no retry can mend.
 	permanentType = "charge.dispute.created"
+	// blockingType's handler, while hold is set, says it arrived and waits for its release.
+	blockingType = "charge.refunded"
+	// killerType's handler ends its own database connection: a process gone mid-transaction.
+	killerType = "charge.dispute.closed"
 )
 
 // clock is a settable test clock.
@@ -63,7 +67,12 @@ type harness struct {
 	river    *river.Client[*sql.Tx]
 	clock    *clock
 	failures atomic.Int64
+	metrics  *prometheus.Registry
+	// hold, when set, blocks blockingType's handler: arrived is sent to, then release read.
+	hold *holdGate
 }
+
+type holdGate struct{ arrived, release chan struct{} }
 
 func newHarness(t *testing.T) *harness {
 	t.Helper()
@@ -80,10 +89,14 @@ func effectsDB(t *testing.T) *gorm.DB {
 	return db
 }
 
-// newInlineHarness is a harness whose inbox applies events in their receive transaction.
+// newInlineHarness is a harness whose inbox applies events in their receive transaction, with
+// group commit on as the service has it.
 func newInlineHarness(t *testing.T, options ...func(*webhooks.Config)) *harness {
 	t.Helper()
-	return build(t, effectsDB(t), []string{testSecret}, nil, append([]func(*webhooks.Config){func(c *webhooks.Config) { c.ApplyInline = true }}, options...)...)
+	return build(t, effectsDB(t), []string{testSecret}, nil, append([]func(*webhooks.Config){func(c *webhooks.Config) {
+		c.ApplyInline = true
+		c.GroupCommit = 16 // as served
+	}}, options...)...)
 }
 
 // newHarnessWithSecrets is a harness with other webhook secrets.
@@ -116,6 +129,16 @@ func build(t *testing.T, db *gorm.DB, testSecrets, liveSecrets []string, options
 	reg.Register(permanentType, webhooks.HandlerFunc(func(ctx context.Context, tx *gorm.DB, ev webhooks.Event) error {
 		return webhooks.Permanent(errTest)
 	}))
+	reg.Register(blockingType, webhooks.HandlerFunc(func(ctx context.Context, tx *gorm.DB, ev webhooks.Event) error {
+		if g := h.hold; g != nil {
+			g.arrived <- struct{}{}
+			<-g.release
+		}
+		return tx.Exec(`INSERT INTO test_effects VALUES ($1, 1) ON CONFLICT (event_id) DO UPDATE SET applied = test_effects.applied + 1`, ev.ID).Error
+	}))
+	reg.Register(killerType, webhooks.HandlerFunc(func(ctx context.Context, tx *gorm.DB, ev webhooks.Event) error {
+		return tx.Exec(`SELECT pg_terminate_backend(pg_backend_pid())`).Error
+	}))
 	cfg := webhooks.Config{
 		DB: db, Logger: logger, Registry: reg,
 		TestSecrets: testSecrets,
@@ -123,9 +146,10 @@ func build(t *testing.T, db *gorm.DB, testSecrets, liveSecrets []string, options
 		Tolerance:   5 * time.Minute,
 		MaxAttempts: 3,
 		RetryDelay:  time.Millisecond,
-		Metrics:     webhooks.NewMetrics(prometheus.NewRegistry()),
 		Now:         h.clock.Now,
 	}
+	h.metrics = prometheus.NewRegistry()
+	cfg.Metrics = webhooks.NewMetrics(h.metrics)
 	for _, o := range options {
 		o(&cfg)
 	}

@@ -46,6 +46,9 @@ type Config struct {
 	// entitlement reads and the workers. A delivery waits for a slot within InlineTimeout, then
 	// goes to the queue.
 	InlineConcurrency int
+	// GroupCommit is how many inline applies that arrive together may share a transaction and
+	// its COMMIT (0 or 1: each has its own). See groupcommit.go for the promise it keeps.
+	GroupCommit int
 	// BodyBudget bounds the bytes of delivery bodies held at once before their signature is
 	// verified (DefaultBodyBudget if zero): memory stays bounded whatever the number of
 	// connections; a delivery over it is answered 503 busy and Stripe delivers it again.
@@ -64,6 +67,8 @@ type Inbox struct {
 	metrics *Metrics
 	// inlineSlots holds a token per inline attempt in flight.
 	inlineSlots chan struct{}
+	// commit gathers inline applies into shared transactions; nil when GroupCommit is off.
+	commit *committer
 	// bodies is the byte budget of the bodies being read and verified.
 	bodies *httpserver.ByteBudget
 }
@@ -91,8 +96,12 @@ func New(cfg Config) *Inbox {
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics(nil)
 	}
-	return &Inbox{cfg: cfg, log: cfg.Logger.With("component", "webhooks"), metrics: cfg.Metrics,
+	i := &Inbox{cfg: cfg, log: cfg.Logger.With("component", "webhooks"), metrics: cfg.Metrics,
 		inlineSlots: make(chan struct{}, cfg.InlineConcurrency), bodies: httpserver.NewByteBudget(cfg.BodyBudget)}
+	if cfg.ApplyInline && cfg.GroupCommit > 1 {
+		i.commit = &committer{i: i, max: cfg.GroupCommit, lanes: groupLanes}
+	}
+	return i
 }
 
 // SetJobs gives the inbox the River client it enqueues with. River's client is built after the

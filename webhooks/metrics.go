@@ -16,6 +16,10 @@ type Metrics struct {
 	failures  *prometheus.CounterVec
 	dead      *prometheus.CounterVec
 	lag       *prometheus.HistogramVec
+	// batches and batchRetries are group commit's: the events of each batch committed, and the
+	// events applied again alone after their batch was rolled back.
+	batches      prometheus.Histogram
+	batchRetries prometheus.Counter
 	// backlog is exported by RegisterGauges; it lives here so that the counting job reaches it.
 	backlog *backlog
 }
@@ -48,10 +52,19 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Time from receipt to the committed processing of an event.",
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 1800},
 		}, []string{"type"}),
+		batches: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "billing_webhook_group_commit_events",
+			Help:    "Events applied per shared transaction of inline applies (group commit), one observation per COMMIT of two or more.",
+			Buckets: []float64{2, 4, 8, 16, 32, 64},
+		}),
+		batchRetries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "billing_webhook_group_commit_retries_total",
+			Help: "Events applied again in a transaction of their own after their shared transaction was rolled back (one of its events failed).",
+		}),
 		backlog: &backlog{},
 	}
 	if reg != nil {
-		reg.MustRegister(m.received, m.rejected, m.processed, m.failures, m.dead, m.lag)
+		reg.MustRegister(m.received, m.rejected, m.processed, m.failures, m.dead, m.lag, m.batches, m.batchRetries)
 	}
 	return m
 }

@@ -510,27 +510,29 @@ func (i *Inbox) storeAndApply(ctx context.Context, env envelope, body []byte, cr
 		}
 		return storeResult{}, errInlineTimeout
 	}
-	err := i.cfg.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		if applyErr = i.dispatch(ctx, tx, ev); applyErr != nil {
-			return applyErr
+	var err error
+	alone := true
+	if i.commit != nil {
+		o, werr := i.applyBatched(ctx, ev, env, body, created, now)
+		switch {
+		case werr != nil && outer.Err() != nil:
+			return storeResult{}, outer.Err() // the request is gone: Stripe delivers again
+		case werr != nil:
+			return storeResult{}, errInlineTimeout
 		}
-		appliedAt = i.cfg.Now()
-		// Straight to the connection, for the reason given in store.
-		var stored string
-		err := tx.Statement.ConnPool.QueryRowContext(ctx, `
-			INSERT INTO webhook_events (event_id, source, type, livemode, api_version, status, payload, received_at, event_created, processed_at, attempts)
-			VALUES ($1, 'stripe', $2, $3, $4, 'processed', $5, $6, $7, $8, 1)
-			ON CONFLICT (event_id, livemode) DO NOTHING
-			RETURNING event_id`,
-			env.ID, env.Type, *env.Livemode, env.APIVersion, string(body), now, created, appliedAt).Scan(&stored)
-		if errors.Is(err, sql.ErrNoRows) {
-			return errDuplicate // stored already: its effects are there, these are rolled back
-		}
-		if err != nil {
-			return fmt.Errorf("store event %s: %w", env.ID, err)
-		}
-		return nil
-	})
+		alone = o.alone
+		appliedAt, applyErr, err = o.appliedAt, o.applyErr, o.err
+	}
+	if alone {
+		err = i.cfg.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+			var err error
+			appliedAt, applyErr, err = i.applyInTx(ctx, tx, ev, env, body, created, now)
+			if applyErr != nil {
+				return applyErr
+			}
+			return err
+		})
+	}
 	switch {
 	case err == nil:
 		i.metrics.processed.WithLabelValues(env.Type).Inc()
@@ -548,6 +550,31 @@ func (i *Inbox) storeAndApply(ctx context.Context, env envelope, body []byte, cr
 		return storeResult{}, err
 	}
 	return i.storeFailed(outer, env, body, created, now, applyErr)
+}
+
+// applyInTx applies a handled event and inserts its row, processed, in tx: the work of an inline
+// attempt, alone or in a batch. applyErr is the handler's failure; err is the row's (errDuplicate
+// when the event is stored already: the handler's effects must be rolled back).
+func (i *Inbox) applyInTx(ctx context.Context, tx *gorm.DB, ev storedEvent, env envelope, body []byte, created *time.Time, now time.Time) (appliedAt time.Time, applyErr, err error) {
+	if applyErr = i.dispatch(ctx, tx, ev); applyErr != nil {
+		return time.Time{}, applyErr, nil
+	}
+	appliedAt = i.cfg.Now()
+	// Straight to the connection, for the reason given in store.
+	var stored string
+	err = tx.Statement.ConnPool.QueryRowContext(ctx, `
+		INSERT INTO webhook_events (event_id, source, type, livemode, api_version, status, payload, received_at, event_created, processed_at, attempts)
+		VALUES ($1, 'stripe', $2, $3, $4, 'processed', $5, $6, $7, $8, 1)
+		ON CONFLICT (event_id, livemode) DO NOTHING
+		RETURNING event_id`,
+		env.ID, env.Type, *env.Livemode, env.APIVersion, string(body), now, created, appliedAt).Scan(&stored)
+	if errors.Is(err, sql.ErrNoRows) {
+		return appliedAt, nil, errDuplicate // stored already: its effects are there, these are rolled back
+	}
+	if err != nil {
+		return appliedAt, nil, fmt.Errorf("store event %s: %w", env.ID, err)
+	}
+	return appliedAt, nil, nil
 }
 
 // errDuplicate rolls back the inline attempt of an event that is stored already.
