@@ -92,12 +92,12 @@ func (s *Service) lockSubscription(ctx context.Context, tx *gorm.DB, subscriptio
 		  RETURNING `+subscriptionRowColumns+`, NULL::text AS user_id
 		), existing AS (
 		  SELECT `+subscriptionRowColumns+`, NULL::text AS user_id FROM subscriptions s
-		  WHERE s.subscription_id = $1 AND s.livemode = $3 FOR UPDATE
+		  WHERE s.subscription_id = $1 AND s.livemode = $3 `+webhooks.LockRows(ctx)+`
 		)
 		SELECT * FROM inserted UNION ALL SELECT * FROM existing`,
 		subscriptionID, customerID, livemode, StatusIncomplete, now)
 	if err == nil && row == nil {
-		row, err = scanSubscription(ctx, tx, subscriptionByID+` FOR UPDATE`, subscriptionID, livemode)
+		row, err = scanSubscription(ctx, tx, subscriptionByID+` `+webhooks.LockRows(ctx), subscriptionID, livemode)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("lock subscription %s: %w", subscriptionID, err)

@@ -64,7 +64,7 @@ func decodeCustomer(raw json.RawMessage) (*customerObject, error) {
 // the other mode's world, which an event of this mode never touches): nothing to apply.
 func lockLink(ctx context.Context, tx *gorm.DB, ev webhooks.Event, stripeCustomerID string) (found bool, err error) {
 	var n []int
-	if err := tx.WithContext(ctx).Raw(`SELECT 1 FROM customers WHERE stripe_customer_id = $1 AND livemode = $2 FOR UPDATE`,
+	if err := tx.WithContext(ctx).Raw(`SELECT 1 FROM customers WHERE stripe_customer_id = $1 AND livemode = $2 `+webhooks.LockRows(ctx),
 		stripeCustomerID, ev.Livemode).Scan(&n).Error; err != nil {
 		return false, fmt.Errorf("lock customer %s: %w", stripeCustomerID, err)
 	}

@@ -206,7 +206,7 @@ func (s *Service) handlePaymentIntentEvent(ctx context.Context, tx *gorm.DB, ev 
 		SELECT order_id, livemode, stripe_customer_id, payment_intent_id FROM charges
 		WHERE livemode = $3 AND (payment_intent_id = $1 OR (payment_intent_id IS NULL AND order_id = $2))
 		ORDER BY payment_intent_id IS NULL, order_id
-		FOR UPDATE`, pi.ID, pi.Metadata["order_id"], ev.Livemode).Scan(&rows).Error; err != nil {
+		`+webhooks.LockRows(ctx), pi.ID, pi.Metadata["order_id"], ev.Livemode).Scan(&rows).Error; err != nil {
 		return fmt.Errorf("lock charge of %s: %w", pi.ID, err)
 	}
 	if len(rows) == 0 {
@@ -266,7 +266,7 @@ func (s *Service) settleRefund(ctx context.Context, tx *gorm.DB, ev webhooks.Eve
 		SELECT order_id, refund_id, livemode FROM refunds
 		WHERE livemode = $4 AND (stripe_refund_id = $1 OR (stripe_refund_id IS NULL AND order_id = $2 AND refund_id = $3))
 		ORDER BY stripe_refund_id IS NULL, order_id, refund_id
-		FOR UPDATE`, r.ID, r.Metadata["order_id"], r.Metadata["refund_id"], ev.Livemode).Scan(&rows).Error; err != nil {
+		`+webhooks.LockRows(ctx), r.ID, r.Metadata["order_id"], r.Metadata["refund_id"], ev.Livemode).Scan(&rows).Error; err != nil {
 		return fmt.Errorf("lock refund %s: %w", r.ID, err)
 	}
 	if len(rows) == 0 {
@@ -317,7 +317,7 @@ func (s *Service) handleChargeRefunded(ctx context.Context, tx *gorm.DB, ev webh
 	}
 	if piID != "" {
 		var rows []matchedRow
-		if err := tx.WithContext(ctx).Raw(`SELECT order_id, livemode FROM charges WHERE payment_intent_id = $1 AND livemode = $2 ORDER BY order_id FOR UPDATE`, piID, ev.Livemode).
+		if err := tx.WithContext(ctx).Raw(`SELECT order_id, livemode FROM charges WHERE payment_intent_id = $1 AND livemode = $2 ORDER BY order_id `+webhooks.LockRows(ctx), piID, ev.Livemode).
 			Scan(&rows).Error; err != nil {
 			return fmt.Errorf("lock charge of %s: %w", piID, err)
 		}

@@ -2,9 +2,11 @@ package webhooks
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"gorm.io/gorm"
 )
 
@@ -24,6 +26,29 @@ import (
 // Batches form by themselves, without waiting: a lane takes every apply queued, up to the
 // batch's size, while the previous batch was on its way; a delivery that arrives to an idle
 // lane is a batch of one. No goroutine stays behind once the queue is empty.
+
+// Lanes never wait on a row lock held elsewhere: in a batch, a handler locks with LockRows, which
+// is FOR UPDATE NOWAIT there, so a locked row fails the batch at once and its events are applied
+// alone, where each waits in a slot of its own as a single delivery does. A lane held by a lock
+// would hold every event queued behind it.
+
+// batchKey marks the context of a batch's handlers.
+type batchKey struct{}
+
+// LockRows is the clause a handler locks its rows with: FOR UPDATE, and FOR UPDATE NOWAIT in a
+// batch of group commit (see above).
+func LockRows(ctx context.Context) string {
+	if ctx.Value(batchKey{}) != nil {
+		return "FOR UPDATE NOWAIT"
+	}
+	return "FOR UPDATE"
+}
+
+// lockNotAvailable reports whether err is a NOWAIT lock that found its row locked.
+func lockNotAvailable(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
+}
 
 // groupLanes is how many batches are applied at once.
 const groupLanes = 4
@@ -110,6 +135,7 @@ func (c *committer) run(batch []*pendingApply) {
 		ctx, cancel = context.WithTimeout(context.Background(), c.i.cfg.InlineTimeout)
 		defer cancel()
 	}
+	ctx = context.WithValue(ctx, batchKey{}, true)
 	applied := make([]time.Time, len(live))
 	var applyErr error
 	err := c.i.cfg.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
@@ -127,7 +153,7 @@ func (c *committer) run(batch []*pendingApply) {
 		return nil
 	})
 	switch {
-	case len(live) == 1:
+	case len(live) == 1 && !lockNotAvailable(err):
 		live[0].done <- applyOutcome{appliedAt: applied[0], applyErr: applyErr, err: err}
 	case err != nil:
 		c.i.metrics.batchRetries.Add(float64(len(live)))

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"billing/internal/stripeevents"
+	"billing/webhooks"
 )
 
 // batchOf delivers payloads so that they share one transaction: the inbox's only lane is held
@@ -149,5 +150,57 @@ func TestGroupCommitLostMidBatchCommitsNothing(t *testing.T) {
 	}
 	if batches, _, retries := h.groupCommits(); batches != 0 || retries != 3 {
 		t.Errorf("group commits: %d batches, %v retries; want none committed, 3 applied again", batches, retries)
+	}
+}
+
+// A lane never waits on a row locked elsewhere: in a batch the handler's lock fails at once, and
+// the event waits alone, in its own transaction, while the lane applies the next delivery.
+func TestGroupCommitLaneIsNotHeldByALock(t *testing.T) {
+	t.Parallel()
+	h := newInlineHarness(t, func(c *webhooks.Config) { c.InlineTimeout = 2 * time.Second })
+	h.inbox.SetGroupLanes(1)
+	if err := h.db.Exec(`INSERT INTO test_effects VALUES ('lock_target', 0)`).Error; err != nil {
+		t.Fatal(err)
+	}
+	sqlDB, err := h.db.DB()
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocker, err := sqlDB.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer blocker.Rollback()
+	if _, err := blocker.Exec(`SELECT 1 FROM test_effects WHERE event_id = 'lock_target' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	waiting := make(chan answer, 1)
+	go func() {
+		waiting <- h.deliver(stripeevents.Event("evt_gc_locked", lockingType, time.Now(), false, map[string]any{"id": "dp_3", "object": "dispute"}, nil))
+	}()
+	// The locked event waits on the row in a session of its own (not in the lane: a lane's
+	// lock does not wait).
+	deadline := time.Now().Add(10 * time.Second)
+	for h.count(`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no session waits on the locked row")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	// The only lane is free: the next delivery is applied in its request.
+	if a := h.deliver(subEvent("evt_gc_free", time.Now())); a.Status != 200 || a.Body["status"] != "received" {
+		t.Fatalf("delivery beside the locked one: %d %v", a.Status, a.Body)
+	}
+	if row, _ := h.event("evt_gc_free"); row.Status != "processed" || row.Attempts != 1 {
+		t.Errorf("delivery beside the locked one: %+v, want processed in its request", row)
+	}
+	if err := blocker.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	if a := <-waiting; a.Status != 200 || a.Body["status"] != "received" {
+		t.Fatalf("the locked delivery: %d %v", a.Status, a.Body)
+	}
+	if row, _ := h.event("evt_gc_locked"); row.Status != "processed" || row.Attempts != 1 {
+		t.Errorf("the locked delivery: %+v, want processed in its request once the lock was gone", row)
 	}
 }

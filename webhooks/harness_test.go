@@ -46,6 +46,8 @@ const (
 	blockingType = "charge.refunded"
 	// killerType's handler ends its own database connection: a process gone mid-transaction.
 	killerType = "charge.dispute.closed"
+	// lockingType's handler locks the row 'lock_target' of test_effects as handlers lock theirs.
+	lockingType = "charge.dispute.updated"
 )
 
 // clock is a settable test clock.
@@ -133,6 +135,12 @@ func build(t *testing.T, db *gorm.DB, testSecrets, liveSecrets []string, options
 		if g := h.hold; g != nil {
 			g.arrived <- struct{}{}
 			<-g.release
+		}
+		return tx.Exec(`INSERT INTO test_effects VALUES ($1, 1) ON CONFLICT (event_id) DO UPDATE SET applied = test_effects.applied + 1`, ev.ID).Error
+	}))
+	reg.Register(lockingType, webhooks.HandlerFunc(func(ctx context.Context, tx *gorm.DB, ev webhooks.Event) error {
+		if err := tx.Exec(`SELECT 1 FROM test_effects WHERE event_id = 'lock_target' ` + webhooks.LockRows(ctx)).Error; err != nil {
+			return err
 		}
 		return tx.Exec(`INSERT INTO test_effects VALUES ($1, 1) ON CONFLICT (event_id) DO UPDATE SET applied = test_effects.applied + 1`, ev.ID).Error
 	}))
