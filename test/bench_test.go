@@ -194,7 +194,8 @@ func (d *benchDB) pgbench(b *testing.B, script string, clients int, dur time.Dur
 
 // startBenchService runs `billing serve` on the benchmark database with extra settings if any,
 // logging at info as in production. BENCH_LOG_LEVEL, if set, is its log.level and
-// BENCH_WORKER_CONCURRENCY its worker.concurrency (to compare sizes). BENCH_PROFILE, if set, is a
+// BENCH_WORKER_CONCURRENCY its worker.concurrency, BENCH_GROUP_COMMIT its webhooks.group_commit (to
+// compare sizes; 1 turns it off). BENCH_PROFILE, if set, is a
 // directory: the service then serves its profiler, for benchProfile.
 func startBenchService(b *testing.B, d *benchDB, extra map[string]string) *proc {
 	b.Helper()
@@ -218,6 +219,9 @@ func startBenchService(b *testing.B, d *benchDB, extra map[string]string) *proc 
 	}
 	if n := os.Getenv("BENCH_WORKER_CONCURRENCY"); n != "" {
 		env["BILLING_WORKER_CONCURRENCY"] = n
+	}
+	if n := os.Getenv("BENCH_GROUP_COMMIT"); n != "" {
+		env["BILLING_WEBHOOKS_GROUP_COMMIT"] = n
 	}
 	for k, v := range extra {
 		env[k] = v
