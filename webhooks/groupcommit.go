@@ -18,7 +18,7 @@ import (
 // delivers every one of them again.
 //
 // There are no savepoints (they would cost the round trips the batch saves): when any event of
-// a batch fails (its handler, its row found stored already, a lock that deadlocks with another
+// a batch fails (its handler, its row found stored already, a row locked by another
 // transaction), the whole batch is rolled back and each of its events is applied again in a
 // transaction of its own, the path of a single delivery, so that one event's failure is handled
 // exactly as it would be alone and costs the others only the retry.

@@ -482,6 +482,8 @@ func (i *Inbox) store(ctx context.Context, env envelope, body []byte) (storeResu
 // River's fetch and completion.
 //
 // At most InlineConcurrency attempts run at once; a delivery waits for a slot within the budget.
+// With GroupCommit, the attempt shares a transaction with the others that arrived with it
+// (groupcommit.go), and is made alone, as below, when that transaction is rolled back.
 //
 // The row comes last so that processed_at is taken while the handler's row locks are held: it
 // orders the applies of one subscription, as a worker's mark does. A redelivery runs the handler
