@@ -55,13 +55,9 @@ const groupLanes = 4
 
 // pendingApply is a delivery waiting for its event to be applied in a batch.
 type pendingApply struct {
-	ctx     context.Context // the delivery's: once done, the delivery has given up
-	ev      storedEvent
-	env     envelope
-	body    []byte
-	created *time.Time
-	now     time.Time
-	done    chan applyOutcome // buffered: a lane never waits for a delivery
+	ctx  context.Context // the delivery's: once done, the delivery has given up
+	ev   storedEvent
+	done chan applyOutcome // buffered: a lane never waits for a delivery
 }
 
 // applyOutcome is a batch's word to one of its deliveries. A batch of one reports the attempt's
@@ -140,7 +136,7 @@ func (c *committer) run(batch []*pendingApply) {
 	var applyErr error
 	err := c.i.cfg.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		for k, p := range live {
-			at, aerr, err := c.i.applyInTx(ctx, tx, p.ev, p.env, p.body, p.created, p.now)
+			at, aerr, err := c.i.applyInTx(ctx, tx, p.ev)
 			if aerr != nil {
 				applyErr = aerr
 				return aerr
@@ -170,8 +166,8 @@ func (c *committer) run(batch []*pendingApply) {
 
 // applyBatched waits for the outcome of the event's batch; err is the delivery's context's end
 // (its batch may still commit the event: the queue's path then finds it stored).
-func (i *Inbox) applyBatched(ctx context.Context, ev storedEvent, env envelope, body []byte, created *time.Time, now time.Time) (applyOutcome, error) {
-	p := &pendingApply{ctx: ctx, ev: ev, env: env, body: body, created: created, now: now, done: make(chan applyOutcome, 1)}
+func (i *Inbox) applyBatched(ctx context.Context, ev storedEvent) (applyOutcome, error) {
+	p := &pendingApply{ctx: ctx, ev: ev, done: make(chan applyOutcome, 1)}
 	i.commit.submit(p)
 	select {
 	case o := <-p.done:

@@ -515,7 +515,7 @@ func (i *Inbox) storeAndApply(ctx context.Context, env envelope, body []byte, cr
 	var err error
 	alone := true
 	if i.commit != nil {
-		o, werr := i.applyBatched(ctx, ev, env, body, created, now)
+		o, werr := i.applyBatched(ctx, ev)
 		switch {
 		case werr != nil && outer.Err() != nil:
 			return storeResult{}, outer.Err() // the request is gone: Stripe delivers again
@@ -528,7 +528,7 @@ func (i *Inbox) storeAndApply(ctx context.Context, env envelope, body []byte, cr
 	if alone {
 		err = i.cfg.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 			var err error
-			appliedAt, applyErr, err = i.applyInTx(ctx, tx, ev, env, body, created, now)
+			appliedAt, applyErr, err = i.applyInTx(ctx, tx, ev)
 			if applyErr != nil {
 				return applyErr
 			}
@@ -557,7 +557,7 @@ func (i *Inbox) storeAndApply(ctx context.Context, env envelope, body []byte, cr
 // applyInTx applies a handled event and inserts its row, processed, in tx: the work of an inline
 // attempt, alone or in a batch. applyErr is the handler's failure; err is the row's (errDuplicate
 // when the event is stored already: the handler's effects must be rolled back).
-func (i *Inbox) applyInTx(ctx context.Context, tx *gorm.DB, ev storedEvent, env envelope, body []byte, created *time.Time, now time.Time) (appliedAt time.Time, applyErr, err error) {
+func (i *Inbox) applyInTx(ctx context.Context, tx *gorm.DB, ev storedEvent) (appliedAt time.Time, applyErr, err error) {
 	if applyErr = i.dispatch(ctx, tx, ev); applyErr != nil {
 		return time.Time{}, applyErr, nil
 	}
@@ -569,12 +569,12 @@ func (i *Inbox) applyInTx(ctx context.Context, tx *gorm.DB, ev storedEvent, env 
 		VALUES ($1, 'stripe', $2, $3, $4, 'processed', $5, $6, $7, $8, 1)
 		ON CONFLICT (event_id, livemode) DO NOTHING
 		RETURNING event_id`,
-		env.ID, env.Type, *env.Livemode, env.APIVersion, string(body), now, created, appliedAt).Scan(&stored)
+		ev.EventID, ev.Type, ev.Livemode, ev.APIVersion, string(ev.Payload), ev.ReceivedAt, ev.EventCreated, appliedAt).Scan(&stored)
 	if errors.Is(err, sql.ErrNoRows) {
 		return appliedAt, nil, errDuplicate // stored already: its effects are there, these are rolled back
 	}
 	if err != nil {
-		return appliedAt, nil, fmt.Errorf("store event %s: %w", env.ID, err)
+		return appliedAt, nil, fmt.Errorf("store event %s: %w", ev.EventID, err)
 	}
 	return appliedAt, nil, nil
 }
