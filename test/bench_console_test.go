@@ -27,8 +27,8 @@ const consoleTarget = 200 * time.Millisecond
 //
 //	go test -count=1 -run '^$' -bench '^BenchmarkConsole$' -benchtime 1x -timeout 60m ./test/
 func BenchmarkConsole(b *testing.B) {
-	events := benchFlatEnv(b, "BENCH_CONSOLE_EVENTS", 1000000)
-	customers := benchFlatEnv(b, "BENCH_CONSOLE_CUSTOMERS", 100000)
+	events := benchCountEnv(b, "BENCH_CONSOLE_EVENTS", 1000000)
+	customers := benchCountEnv(b, "BENCH_CONSOLE_CUSTOMERS", 100000)
 	d := startBenchDB(b)
 	t0 := time.Now()
 	benchFlatSeed(b, d, events, customers)

@@ -3,8 +3,6 @@ package test
 import (
 	"bytes"
 	"fmt"
-	"os"
-	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -24,8 +22,8 @@ import (
 //
 //	go test -count=1 -run '^$' -bench FlatCost -benchtime 1x -timeout 60m ./test/
 func BenchmarkFlatCost(b *testing.B) {
-	events := benchFlatEnv(b, "BENCH_FLAT_EVENTS", 1000000)
-	subs := benchFlatEnv(b, "BENCH_FLAT_SUBS", 100000)
+	events := benchCountEnv(b, "BENCH_FLAT_EVENTS", 1000000)
+	subs := benchCountEnv(b, "BENCH_FLAT_SUBS", 100000)
 	tmpl := benchEventTemplate(b)
 	empty := &benchFlatSide{name: "empty", d: startBenchDB(b)}
 	seeded := &benchFlatSide{name: "seeded", d: startBenchDB(b)}
@@ -112,19 +110,6 @@ func benchFlatVerdict(ratio float64) string {
 		return fmt.Sprintf("target ≥ %.1f met", benchFlatTarget)
 	}
 	return fmt.Sprintf("BELOW TARGET %.1f", benchFlatTarget)
-}
-
-func benchFlatEnv(b *testing.B, key string, def int) int {
-	b.Helper()
-	s := os.Getenv(key)
-	if s == "" {
-		return def
-	}
-	n, err := strconv.Atoi(s)
-	if err != nil || n < 1 {
-		b.Fatalf("%s=%q: want a positive integer", key, s)
-	}
-	return n
 }
 
 // benchFlatSide is one of the two services BenchmarkFlatCost compares, on its own cluster.
