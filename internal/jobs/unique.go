@@ -1,7 +1,6 @@
 package jobs
 
 import (
-	"cmp"
 	"context"
 	"crypto/sha256"
 	"database/sql"
@@ -19,44 +18,24 @@ import (
 
 // InsertUniqueTx inserts in tx a job unique by the `river:"unique"` fields of its args, as
 // River's InsertTx does with UniqueOpts{ByArgs: true} — scheduled at scheduledAt, or available
-// now when it is zero — in one statement of our own. River's path cost a quarter of an applied
-// event's CPU (its database/sql driver encodes every column as an array); this one binds plain
-// values. The row is the one River writes — the same unique key and states, so River's own
-// inserts and this one skip each other's duplicates — which TestInsertUniqueTxWritesRiversRow
-// checks column by column. No notification is sent: the client polls (PollOnly). skipped
-// reports a duplicate. ins is the caller's Inserter: Discard (a replay whose jobs must not
-// exist) gets nothing written here either.
+// now when it is zero — with RowInsert's statement. River's own inserts and this one skip each
+// other's duplicates (the same unique key and states), which TestInsertUniqueTxWritesRiversRow
+// checks. No notification is sent: the client polls (PollOnly). skipped reports a duplicate. ins
+// is the caller's Inserter: Discard (a replay whose jobs must not exist) gets nothing written here
+// either.
 //
 // Only what the callers need is supported: a flat args struct whose unique fields have plain
-// JSON names, a ScheduledAt or none, a MaxAttempts (River's default when zero), no tags,
-// metadata, priority or queue of its own.
+// JSON names, a ScheduledAt or none, a MaxAttempts (River's default when zero).
 func InsertUniqueTx(ctx context.Context, ins Inserter, tx *sql.Tx, args river.JobArgs, scheduledAt time.Time, maxAttempts int) (skipped bool, err error) {
 	if _, discard := ins.(Discard); discard {
 		return false, nil
 	}
-	// River writes a job given a ScheduledAt as scheduled (its scheduler makes it available once
-	// due), and one without as available at the database's now().
-	state, at := "scheduled", any(scheduledAt)
-	if scheduledAt.IsZero() {
-		state, at = "available", nil
-	}
-	encoded, err := json.Marshal(args)
-	if err != nil {
-		return false, fmt.Errorf("encode job %s: %w", args.Kind(), err)
-	}
-	key, err := uniqueKey(args, encoded)
+	query, params, err := RowInsert(args, river.InsertOpts{MaxAttempts: maxAttempts, ScheduledAt: scheduledAt,
+		UniqueOpts: river.UniqueOpts{ByArgs: true}}, 1)
 	if err != nil {
 		return false, err
 	}
-	res, err := tx.ExecContext(ctx, `
-		INSERT INTO river_job (args, kind, max_attempts, metadata, priority, queue, scheduled_at, state, tags, unique_key, unique_states)
-		VALUES (CAST($1 AS jsonb), $2, $3, CAST('{}' AS jsonb), $4, $5, coalesce(CAST($6 AS timestamptz), now()),
-		        CAST($9 AS river_job_state), CAST('{}' AS varchar(255)[]), $7, CAST(CAST($8 AS integer) AS bit(8)))
-		ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND unique_states IS NOT NULL
-		  AND river_job_state_in_bitmask(unique_states, state)
-		DO NOTHING`,
-		string(encoded), args.Kind(), cmp.Or(maxAttempts, river.MaxAttemptsDefault), river.PriorityDefault, river.QueueDefault,
-		at, key, int(defaultUniqueStates), state)
+	res, err := tx.ExecContext(ctx, query+RowConflict, params...)
 	if err != nil {
 		return false, fmt.Errorf("insert job %s: %w", args.Kind(), err)
 	}
