@@ -185,7 +185,7 @@ func (s *Service) applySubscriptionEvent(ctx context.Context, tx *gorm.DB, ev we
 
 	start, end := obj.Period()
 	cancelAtPeriodEnd := obj.CancelAtPeriodEnd != nil && *obj.CancelAtPeriodEnd
-	n, err := database.Exec(ctx, tx, `
+	update := `
 		UPDATE subscriptions SET
 		  stripe_customer_id = $3,
 		  status_since = CASE WHEN sub_event_created IS NULL OR status IS DISTINCT FROM CAST($4 AS text) OR $19
@@ -212,13 +212,24 @@ func (s *Service) applySubscriptionEvent(ctx context.Context, tx *gorm.DB, ev we
 		  sub_event_created = $17,
 		  sub_event_rank = $16,
 		  updated_at = $18
-		WHERE subscription_id = $1 AND livemode = $2 AND `+newerThanStored("sub", 17, 16, 14)+`
-		  AND (status NOT IN ('canceled', 'incomplete_expired') OR CAST($4 AS text) IN ('canceled', 'incomplete_expired'))`,
-		obj.ID, ev.Livemode, customerID, // $1–$3
+		WHERE subscription_id = $1 AND livemode = $2 AND ` + newerThanStored("sub", 17, 16, 14) + `
+		  AND (status NOT IN ('canceled', 'incomplete_expired') OR CAST($4 AS text) IN ('canceled', 'incomplete_expired'))`
+	args := []any{obj.ID, ev.Livemode, customerID, // $1–$3
 		status, nullString(obj.PriceID()), start.Ptr(), end.Ptr(), cancelAtPeriodEnd, // $4–$8
 		obj.CancelAt.Ptr(), obj.CanceledAt.Ptr(), obj.EndedAt.Ptr(), obj.TrialStart.Ptr(), obj.TrialEnd.Ptr(), // $9–$13
 		ev.ID, ev.Type, rankOf(ctx, subEventRank(ev.Type, status)), ev.Created.UTC(), s.now(), // $14–$18
-		statusBeganWith(ev, status), obj.pauseBehavior(), obj.pauseResumesAt(), obj.Quantity()) // $19–$22
+		statusBeganWith(ev, status), obj.pauseBehavior(), obj.pauseResumesAt(), obj.Quantity()} // $19–$22
+	renewal, renewalArgs, err := s.renewalReread(ev, prior, obj, status, len(args)+1, "updated")
+	if err != nil {
+		return false, err
+	}
+	var n, queued int64
+	if renewal == "" {
+		n, err = database.Exec(ctx, tx, update, args...)
+	} else {
+		err = tx.Statement.ConnPool.QueryRowContext(ctx, `WITH updated AS (`+update+` RETURNING 1), renewal AS (`+renewal+` RETURNING 1)
+			SELECT (SELECT count(*) FROM updated), (SELECT count(*) FROM renewal)`, append(args, renewalArgs...)...).Scan(&n, &queued)
+	}
 	if err != nil {
 		return false, fmt.Errorf("apply %s %s to subscription %s: %w", ev.Type, ev.ID, obj.ID, err)
 	}
@@ -238,7 +249,10 @@ func (s *Service) applySubscriptionEvent(ctx context.Context, tx *gorm.DB, ev we
 		slog.String("event_id", ev.ID), slog.String("type", ev.Type),
 		slog.String("subscription_id", obj.ID), slog.String("outcome", outcome),
 		slog.String("from", prior.Status), slog.String("to", status))
-	if err := s.scheduleRereads(ctx, tx, ev, prior, obj, status, applied); err != nil {
+	if queued > 0 {
+		s.log.DebugContext(ctx, "subscription re-read queued", "subscription_id", obj.ID, "reason", "renewal")
+	}
+	if err := s.tieReread(ctx, tx, ev, prior, obj.ID, status); err != nil {
 		return false, err
 	}
 

@@ -120,32 +120,44 @@ func (s *Service) AddWorkers(w *river.Workers) {
 	}
 }
 
-// scheduleRereads queues, in the event's transaction, the re-reads that the subscription
-// event (or snapshot) ev calls for: the check of the renewal it set, when it was applied and left
-// the subscription active or trialing, and the settling of a tie with the event stored before.
-// prior is the row before ev, status what ev says.
-func (s *Service) scheduleRereads(ctx context.Context, tx *gorm.DB, ev webhooks.Event, prior *Subscription, obj *subscriptionObject, status string, applied bool) error {
+// renewalReread is the check of the renewal that the subscription event (or snapshot) ev sets:
+// when ev changes the renewal prior had and leaves the subscription active or trialing, the
+// INSERT of its job, arguments numbered from $first, to run for each row of from (the UPDATE
+// that applies ev: an event not applied queues nothing). "" when there is none. It rides in the
+// event's UPDATE, one round trip instead of two.
+//
+// The re-read of a renewal is queued by the event that set it. An event that leaves the renewal
+// where the row had it (most updates: a seat, metadata, a redelivered snapshot) would only meet
+// the unique check: its job went in with the event that set that renewal, through this same code.
+func (s *Service) renewalReread(ev webhooks.Event, prior *Subscription, obj *subscriptionObject, status string, first int, from string) (string, []any, error) {
 	if s.rereads.jobs == nil || s.rereads.Stripe == nil {
-		return nil // nothing could run the job (a service built for other packages' tests)
+		return "", nil, nil // nothing could run the job (a service built for other packages' tests)
 	}
-	if applied {
-		_, end := obj.Period()
-		next := Subscription{Status: status, CurrentPeriodEnd: end.Ptr(), TrialEnd: obj.TrialEnd.Ptr()}
-		// The re-read of a renewal is queued by the event that set it. An event that leaves the
-		// renewal where the row had it (most updates: a seat, metadata, a redelivered snapshot)
-		// would only meet the unique check: its job went in with the event that set that
-		// renewal, through this same code.
-		if due := next.RenewalDue(); due != nil && !sameInstant(prior.RenewalDue(), due) {
-			args := RereadArgs{SubscriptionID: obj.ID, Livemode: ev.Livemode, Due: due.Unix()}
-			if err := s.queueReread(ctx, tx, args, due.Add(s.policy.PeriodGrace/2)); err != nil {
-				return err
-			}
-		}
+	_, end := obj.Period()
+	next := Subscription{Status: status, CurrentPeriodEnd: end.Ptr(), TrialEnd: obj.TrialEnd.Ptr()}
+	due := next.RenewalDue()
+	if due == nil || sameInstant(prior.RenewalDue(), due) {
+		return "", nil, nil
+	}
+	args := RereadArgs{SubscriptionID: obj.ID, Livemode: ev.Livemode, Due: due.Unix()}
+	query, params, err := jobs.UniqueInsert(s.rereads.jobs, args, due.Add(s.policy.PeriodGrace/2), s.rereads.MaxAttempts, first, from)
+	if err != nil {
+		return "", nil, fmt.Errorf("queue re-read of %s: %w", obj.ID, err)
+	}
+	return query, params, nil
+}
+
+// tieReread queues, in the event's transaction, the settling of a tie between the subscription
+// event (or snapshot) ev and the event stored before it: prior is the row before ev, status what
+// ev says.
+func (s *Service) tieReread(ctx context.Context, tx *gorm.DB, ev webhooks.Event, prior *Subscription, subscriptionID, status string) error {
+	if s.rereads.jobs == nil || s.rereads.Stripe == nil {
+		return nil
 	}
 	created := ev.Created.UTC().Truncate(time.Second)
 	if prior.SubEventCreated != nil && prior.SubEventCreated.UTC().Truncate(time.Second).Equal(created) && prior.Status != status {
 		// A snapshot fetched within that second would lose the tie again: read in the next one.
-		args := RereadArgs{SubscriptionID: obj.ID, Livemode: ev.Livemode, Tie: created.Unix()}
+		args := RereadArgs{SubscriptionID: subscriptionID, Livemode: ev.Livemode, Tie: created.Unix()}
 		if err := s.queueReread(ctx, tx, args, created.Add(time.Second)); err != nil {
 			return err
 		}

@@ -125,8 +125,11 @@ func TestRenewalRereadIsQueuedOncePerRenewal(t *testing.T) {
 	e := newEnv(t, withStripe(unused))
 	s := subObj{ID: "sub_q", Customer: "cus_q", Status: StatusActive, Price: "p", PeriodStart: 10, PeriodEnd: 30 * 86400}
 	e.mustHandle(t, created("evt_q1", 10, s), updated("evt_q2", 20, s), updated("evt_q3", 30, s))
-	// A redelivery and an older event that loses the guard queue nothing either.
-	e.mustHandle(t, updated("evt_q3", 30, s), updated("evt_q0", 5, s))
+	// A redelivery and older events that lose the guard queue nothing either, even one whose
+	// renewal differs: only an applied event sets the renewal its job checks.
+	older := s
+	older.PeriodEnd = 20 * 86400
+	e.mustHandle(t, updated("evt_q3", 30, s), updated("evt_q0", 5, s), updated("evt_q00", 4, older))
 	// Applied again through a snapshot (as reconciliation does): still the same job.
 	e.applySnapshot(t, Snapshot{Subscription: s.JSON(), FetchedAt: at(40), Source: "reconcile:q"})
 	jobs := e.rereadJobs(t, "sub_q")

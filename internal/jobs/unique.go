@@ -27,20 +27,35 @@ import (
 // Only what the callers need is supported: a flat args struct whose unique fields have plain
 // JSON names, a ScheduledAt or none, a MaxAttempts (River's default when zero).
 func InsertUniqueTx(ctx context.Context, ins Inserter, tx *sql.Tx, args river.JobArgs, scheduledAt time.Time, maxAttempts int) (skipped bool, err error) {
-	if _, discard := ins.(Discard); discard {
-		return false, nil
-	}
-	query, params, err := RowInsert(args, river.InsertOpts{MaxAttempts: maxAttempts, ScheduledAt: scheduledAt,
-		UniqueOpts: river.UniqueOpts{ByArgs: true}}, 1)
-	if err != nil {
+	query, params, err := UniqueInsert(ins, args, scheduledAt, maxAttempts, 1, "")
+	if err != nil || query == "" {
 		return false, err
 	}
-	res, err := tx.ExecContext(ctx, query+RowConflict, params...)
+	res, err := tx.ExecContext(ctx, query, params...)
 	if err != nil {
 		return false, fmt.Errorf("insert job %s: %w", args.Kind(), err)
 	}
 	n, err := res.RowsAffected()
 	return n == 0, err
+}
+
+// UniqueInsert is InsertUniqueTx's statement, its arguments numbered from $first, for a caller
+// that makes it part of a statement of its own (a data-modifying CTE: one round trip instead of
+// two): the job is inserted once for each row of from ("" for once). It is "" when ins is
+// Discard.
+func UniqueInsert(ins Inserter, args river.JobArgs, scheduledAt time.Time, maxAttempts, first int, from string) (string, []any, error) {
+	if _, discard := ins.(Discard); discard {
+		return "", nil, nil
+	}
+	query, params, err := RowInsert(args, river.InsertOpts{MaxAttempts: maxAttempts, ScheduledAt: scheduledAt,
+		UniqueOpts: river.UniqueOpts{ByArgs: true}}, first)
+	if err != nil {
+		return "", nil, err
+	}
+	if from != "" {
+		query += " FROM " + from
+	}
+	return query + RowConflict, params, nil
 }
 
 // defaultUniqueStates is River's bitmask of the states in which a unique job blocks another.
