@@ -10,9 +10,9 @@ import (
 	"gorm.io/gorm"
 )
 
-// Group commit: inline applies that arrive together share a transaction. Each event's handler
-// and event row run in turn in one transaction, and one COMMIT makes them all durable; only then
-// is any of their deliveries answered 200. The promise is the one of a transaction per event:
+// Group commit: inline applies that arrive together share a transaction. The events' handlers
+// run in turn in one transaction, their rows are inserted last in one statement, and one COMMIT
+// makes them all durable; only then is any of their deliveries answered 200. The promise is the one of a transaction per event:
 // an event is stored processed together with its effects, or neither is. A process killed
 // inside a batch commits none of it, and no delivery of the batch has had its 200, so Stripe
 // delivers every one of them again.
@@ -134,19 +134,16 @@ func (c *committer) run(batch []*pendingApply) {
 	ctx = context.WithValue(ctx, batchKey{}, true)
 	applied := make([]time.Time, len(live))
 	var applyErr error
+	evs := make([]storedEvent, len(live))
 	err := c.i.cfg.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		for k, p := range live {
-			at, aerr, err := c.i.applyInTx(ctx, tx, p.ev)
-			if aerr != nil {
-				applyErr = aerr
-				return aerr
+			if applyErr = c.i.dispatch(ctx, tx, p.ev); applyErr != nil {
+				return applyErr
 			}
-			if err != nil {
-				return err
-			}
-			applied[k] = at
+			applied[k], evs[k] = c.i.cfg.Now(), p.ev
 		}
-		return nil
+		// The rows come last, in one statement, while every handler's locks are held.
+		return c.i.storeProcessed(ctx, tx, evs, applied)
 	})
 	switch {
 	case len(live) == 1 && !lockNotAvailable(err):

@@ -204,3 +204,29 @@ func TestGroupCommitLaneIsNotHeldByALock(t *testing.T) {
 		t.Errorf("the locked delivery: %+v, want processed in its request once the lock was gone", row)
 	}
 }
+
+// Two deliveries of one event in one batch: the batch's rows name the event twice, so the batch
+// is rolled back and each delivery is applied alone; the event is stored and applied once, and
+// so is the other event of the batch.
+func TestGroupCommitOneEventTwiceInABatch(t *testing.T) {
+	t.Parallel()
+	h := newInlineHarness(t)
+	twice := subEvent("evt_gc_twice", time.Now())
+	answers := h.batchOf(twice, twice, subEvent("evt_gc_other", time.Now()))
+	for k, a := range answers {
+		if a.Status != 200 {
+			t.Errorf("delivery %d: %d %v", k, a.Status, a.Body)
+		}
+	}
+	for _, id := range []string{"evt_gc_twice", "evt_gc_other"} {
+		if row, _ := h.event(id); row.Status != "processed" || row.Attempts != 1 {
+			t.Errorf("%s: %+v, want processed after 1 attempt", id, row)
+		}
+		if n := h.applied(id); n != 1 {
+			t.Errorf("%s applied %d times, want 1", id, n)
+		}
+	}
+	if batches, _, retries := h.groupCommits(); batches != 0 || retries != 3 {
+		t.Errorf("group commits: %d batches, %v retries; want the batch of 3 rolled back and each applied alone", batches, retries)
+	}
+}

@@ -555,28 +555,52 @@ func (i *Inbox) storeAndApply(ctx context.Context, env envelope, body []byte, cr
 }
 
 // applyInTx applies a handled event and inserts its row, processed, in tx: the work of an inline
-// attempt, alone or in a batch. applyErr is the handler's failure; err is the row's (errDuplicate
-// when the event is stored already: the handler's effects must be rolled back).
+// attempt made alone. applyErr is the handler's failure; err is the row's (errDuplicate when the
+// event is stored already: the handler's effects must be rolled back).
 func (i *Inbox) applyInTx(ctx context.Context, tx *gorm.DB, ev storedEvent) (appliedAt time.Time, applyErr, err error) {
 	if applyErr = i.dispatch(ctx, tx, ev); applyErr != nil {
 		return time.Time{}, applyErr, nil
 	}
 	appliedAt = i.cfg.Now()
+	return appliedAt, nil, i.storeProcessed(ctx, tx, []storedEvent{ev}, []time.Time{appliedAt})
+}
+
+// storeProcessed inserts the rows of events applied in tx, processed at the times in at, in one
+// statement: a batch of group commit stores its events in one round trip. errDuplicate when any
+// of them is stored already (or twice among them): its effects are there, these are rolled back.
+func (i *Inbox) storeProcessed(ctx context.Context, tx *gorm.DB, evs []storedEvent, at []time.Time) error {
+	const columns = 8
+	var q strings.Builder
+	q.WriteString(`INSERT INTO webhook_events (event_id, source, type, livemode, api_version, status, payload, received_at, event_created, processed_at, attempts) VALUES `)
+	args := make([]any, 0, columns*len(evs))
+	for k, ev := range evs {
+		if k > 0 {
+			q.WriteString(", ")
+		}
+		n := k * columns
+		fmt.Fprintf(&q, "($%d, 'stripe', $%d, $%d, $%d, 'processed', $%d, $%d, $%d, $%d, 1)", n+1, n+2, n+3, n+4, n+5, n+6, n+7, n+8)
+		args = append(args, ev.EventID, ev.Type, ev.Livemode, ev.APIVersion, string(ev.Payload), ev.ReceivedAt, ev.EventCreated, at[k])
+	}
+	q.WriteString(` ON CONFLICT (event_id, livemode) DO NOTHING RETURNING event_id`)
 	// Straight to the connection, for the reason given in store.
-	var stored string
-	err = tx.Statement.ConnPool.QueryRowContext(ctx, `
-		INSERT INTO webhook_events (event_id, source, type, livemode, api_version, status, payload, received_at, event_created, processed_at, attempts)
-		VALUES ($1, 'stripe', $2, $3, $4, 'processed', $5, $6, $7, $8, 1)
-		ON CONFLICT (event_id, livemode) DO NOTHING
-		RETURNING event_id`,
-		ev.EventID, ev.Type, ev.Livemode, ev.APIVersion, string(ev.Payload), ev.ReceivedAt, ev.EventCreated, appliedAt).Scan(&stored)
-	if errors.Is(err, sql.ErrNoRows) {
-		return appliedAt, nil, errDuplicate // stored already: its effects are there, these are rolled back
-	}
+	rows, err := tx.Statement.ConnPool.QueryContext(ctx, q.String(), args...)
 	if err != nil {
-		return appliedAt, nil, fmt.Errorf("store event %s: %w", ev.EventID, err)
+		return fmt.Errorf("store event %s: %w", evs[0].EventID, err)
 	}
-	return appliedAt, nil, nil
+	stored := 0
+	for rows.Next() {
+		stored++
+	}
+	if err := rows.Close(); err != nil {
+		return fmt.Errorf("store event %s: %w", evs[0].EventID, err)
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("store event %s: %w", evs[0].EventID, err)
+	}
+	if stored < len(evs) {
+		return errDuplicate
+	}
+	return nil
 }
 
 // errDuplicate rolls back the inline attempt of an event that is stored already.
