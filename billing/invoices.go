@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"regexp"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -78,15 +80,31 @@ func invoiceTieRank(status string) int {
 	return 0
 }
 
-// keepInvoice writes the invoice of an invoice.* event to the invoices table, ordered like the
-// column groups of subscriptions: the row takes the event's snapshot only when the event's key is
-// newer than the stored one, and a paid or void invoice never goes back to another status. Each
-// mode's invoices are rows of their own (keyed with the mode).
+// keepInvoice writes the invoice of an invoice.* event to the invoices table (keptInvoice's
+// statement, alone).
 func (s *Service) keepInvoice(ctx context.Context, tx *gorm.DB, ev webhooks.Event, inv *invoiceObject) error {
+	query, args := s.keptInvoice(ctx, ev, inv, 1)
+	if query == "" {
+		return nil
+	}
+	if _, err := database.Exec(ctx, tx, query, args...); err != nil {
+		return fmt.Errorf("apply %s %s to invoice %s: %w", ev.Type, ev.ID, inv.ID, err)
+	}
+	return nil
+}
+
+// keptInvoice is the statement that writes the invoice of an invoice.* event, and its arguments
+// numbered from $first (an event that moves a hold runs it inside the subscription's UPDATE: one
+// round trip instead of two); "" for an invoice without a customer, which no list could show.
+// The row is ordered like the column groups of subscriptions: it takes the event's snapshot
+// only when the event's key is newer than the stored one, and a paid or void invoice never goes
+// back to another status. Each mode's invoices are rows of their own (keyed with the mode). It
+// is one statement: the row of the event's world is created, or ordered against the event (an
+// insert, then an update when it existed, cost the second event of every invoice a round trip).
+func (s *Service) keptInvoice(ctx context.Context, ev webhooks.Event, inv *invoiceObject, first int) (string, []any) {
 	customerID := string(inv.Customer)
 	if customerID == "" {
-		// No customer, no list it could appear in.
-		return nil
+		return "", nil
 	}
 	created := ev.Created.UTC()
 	if inv.Created.Valid {
@@ -100,10 +118,17 @@ func (s *Service) keepInvoice(ctx context.Context, tx *gorm.DB, ev webhooks.Even
 		inv.HostedInvoiceURL, inv.InvoicePDF, created, // $13–$15
 		ev.ID, ev.Type, ev.Created.UTC(), rank, s.now(), // $16–$20
 	}
-	// One statement: the row of the event's world is created, or ordered against the event
-	// (an insert, then an update when it existed, cost the second event of every invoice a
-	// round trip).
-	_, err := database.Exec(ctx, tx, `
+	query, ok := keptInvoiceShifted.Load(first)
+	if !ok {
+		query, _ = keptInvoiceShifted.LoadOrStore(first, shiftPlaceholders(keptInvoiceSQL, first-1))
+	}
+	return query.(string), args
+}
+
+// keptInvoiceShifted holds keptInvoiceSQL numbered from each $first asked for (two, in practice).
+var keptInvoiceShifted sync.Map
+
+var keptInvoiceSQL = `
 		INSERT INTO invoices AS i (invoice_id, livemode, stripe_customer_id, subscription_id, number, status, billing_reason,
 		  amount_due, amount_paid, currency, period_start, period_end, hosted_invoice_url, invoice_pdf, created,
 		  inv_event_id, inv_event_type, inv_event_created, inv_event_rank, created_at, updated_at)
@@ -112,12 +137,19 @@ func (s *Service) keepInvoice(ctx context.Context, tx *gorm.DB, ev webhooks.Even
 		  status = $6, billing_reason = $7, amount_due = $8, amount_paid = $9, currency = $10, period_start = $11,
 		  period_end = $12, hosted_invoice_url = $13, invoice_pdf = $14, created = $15,
 		  inv_event_id = $16, inv_event_type = $17, inv_event_created = $18, inv_event_rank = $19, updated_at = $20
-		WHERE `+newerThanStored("i.inv", 18, 19, 16)+`
-		  AND (i.status IS NULL OR i.status NOT IN ('paid', 'void') OR CAST($6 AS text) IN ('paid', 'void'))`, args...)
-	if err != nil {
-		return fmt.Errorf("apply %s %s to invoice %s: %w", ev.Type, ev.ID, inv.ID, err)
-	}
-	return nil
+		WHERE ` + newerThanStored("i.inv", 18, 19, 16) + `
+		  AND (i.status IS NULL OR i.status NOT IN ('paid', 'void') OR CAST($6 AS text) IN ('paid', 'void'))`
+
+// placeholder is a statement's $n.
+var placeholder = regexp.MustCompile(`\$([0-9]+)`)
+
+// shiftPlaceholders renumbers query's placeholders $n to $(n+by), for a statement made part of
+// another whose own arguments come first. The statements it is given hold no other '$'.
+func shiftPlaceholders(query string, by int) string {
+	return placeholder.ReplaceAllStringFunc(query, func(p string) string {
+		n, _ := strconv.Atoi(p[1:])
+		return "$" + strconv.Itoa(n+by)
+	})
 }
 
 // InvoiceView is one entry of GET /v1/customers/{user_id}/invoices, read straight from the

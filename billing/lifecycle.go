@@ -332,13 +332,10 @@ func (s *Service) applyInvoiceEvent(ctx context.Context, tx *gorm.DB, ev webhook
 		return false, permanent("%s %s: subscription %s belongs to customer %s, invoice %s names %s",
 			ev.Type, ev.ID, subscriptionID, prior.StripeCustomerID, inv.ID, customerID)
 	}
-	if err := s.keepInvoice(ctx, tx, ev, inv); err != nil {
-		return false, err
-	}
 	effect := invoiceEffectOf(ev.Type)
 	if effect == invoiceRecordOnly {
 		s.events.WithLabelValues(ev.Type, "recorded").Inc()
-		return false, nil
+		return false, s.keepInvoice(ctx, tx, ev, inv)
 	}
 
 	failed := effect == invoiceHolds
@@ -362,7 +359,14 @@ func (s *Service) applyInvoiceEvent(ctx context.Context, tx *gorm.DB, ev webhook
 	// payment of an older invoice neither lifts a newer invoice's hold nor, applied first, makes
 	// that invoice's failure look stale. Events without an invoice time fall back to event order,
 	// where a payment lifts a hold only when its invoice was created at or after the held one.
+	args := []any{subscriptionID, ev.Livemode, // $1–$2
+		failed, holdSince, inv.ID, inv.AttemptCount, nextAttempt, inv.AmountDue, inv.Currency, inv.HostedInvoiceURL, // $3–$10
+		ev.ID, ev.Type, ev.Created.UTC(), rankOf(ctx, invEventRank(ev.Type)), s.now(), // $11–$15
+		inv.Created.Ptr(), inv.BillingReason, holdKindOf(ev.Type)} // $16–$18
+	// The invoice's row is written by the same statement (the customer is known, so there is one).
+	kept, keptArgs := s.keptInvoice(ctx, ev, inv, len(args)+1)
 	n, err := database.Exec(ctx, tx, `
+		WITH kept AS (`+kept+`)
 		UPDATE subscriptions SET
 		  payment_hold = $3,
 		  payment_hold_since = $4,
@@ -389,13 +393,9 @@ func (s *Service) applyInvoiceEvent(ctx context.Context, tx *gorm.DB, ev webhook
 		        THEN CAST($16 AS timestamptz) > inv_invoice_created
 		        ELSE `+newerThanStored("inv", 13, 14, 11)+` END
 		  AND ($3 OR NOT payment_hold OR payment_hold_invoice_created IS NULL OR CAST($16 AS timestamptz) IS NULL
-		       OR CAST($16 AS timestamptz) >= payment_hold_invoice_created)`,
-		subscriptionID, ev.Livemode, // $1–$2
-		failed, holdSince, inv.ID, inv.AttemptCount, nextAttempt, inv.AmountDue, inv.Currency, inv.HostedInvoiceURL, // $3–$10
-		ev.ID, ev.Type, ev.Created.UTC(), rankOf(ctx, invEventRank(ev.Type)), s.now(), // $11–$15
-		inv.Created.Ptr(), inv.BillingReason, holdKindOf(ev.Type)) // $16–$18
+		       OR CAST($16 AS timestamptz) >= payment_hold_invoice_created)`, append(args, keptArgs...)...)
 	if err != nil {
-		return false, fmt.Errorf("apply %s %s to subscription %s: %w", ev.Type, ev.ID, subscriptionID, err)
+		return false, fmt.Errorf("apply %s %s to invoice %s and subscription %s: %w", ev.Type, ev.ID, inv.ID, subscriptionID, err)
 	}
 	applied = n == 1
 	outcome := "applied"
