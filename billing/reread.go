@@ -140,7 +140,7 @@ func (s *Service) renewalReread(ev webhooks.Event, prior *Subscription, obj *sub
 		return "", nil, nil
 	}
 	args := RereadArgs{SubscriptionID: obj.ID, Livemode: ev.Livemode, Due: due.Unix()}
-	query, params, err := jobs.UniqueInsert(s.rereads.jobs, args, due.Add(s.policy.PeriodGrace/2), s.rereads.MaxAttempts, first, from)
+	query, params, err := jobs.UniqueInsert(s.rereads.jobs, args, due.Add(s.policy.PeriodGrace/2), s.rereads.MaxAttempts, first, jobs.Within{From: from})
 	if err != nil {
 		return "", nil, fmt.Errorf("queue re-read of %s: %w", obj.ID, err)
 	}

@@ -6,6 +6,7 @@ package notices
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -129,40 +130,22 @@ func NewEnqueuer(c EnqueuerConfig) *Enqueuer {
 
 var errNoInserter = errors.New("notices: no job inserter configured")
 
-// Enqueue writes the notices row and inserts its job, both in tx. The row's unique
-// (event_id, kind) makes a re-applied event a no-op: the job is inserted only when the row is new.
+// Enqueue writes the notices row and inserts its job, both in tx, in one statement (one round
+// trip instead of three): the recipient's lookup, the row, and its job. The row's unique
+// (event_id, kind) makes a re-applied event a no-op: the job is inserted only when the row is new,
+// and carries the row's id.
+//
+// The recipient is recipientSQL's, or else the event's own address (FallbackEmail), or "" when
+// there is neither.
 func (e *Enqueuer) Enqueue(ctx context.Context, tx *gorm.DB, in Input) error {
 	if e.jobs == nil {
 		return errNoInserter
-	}
-	recipient, err := recipientFor(ctx, tx, in.StripeCustomerID, in.Livemode)
-	if err != nil {
-		return err
-	}
-	if recipient == "" {
-		recipient = strings.TrimSpace(in.FallbackEmail)
-	}
-	var ids []int64
-	err = tx.WithContext(ctx).Raw(`
-		INSERT INTO notices (event_id, kind, subscription_id, stripe_customer_id, livemode, recipient, created_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7)
-		ON CONFLICT (event_id, livemode, kind) DO NOTHING
-		RETURNING id`,
-		in.EventID, in.Kind, in.SubscriptionID, in.StripeCustomerID, in.Livemode, recipient, e.now()).
-		Scan(&ids).Error
-	if err != nil {
-		return fmt.Errorf("record %s notice of %s: %w", in.Kind, in.EventID, err)
-	}
-	if len(ids) == 0 {
-		e.log.InfoContext(ctx, "notice already enqueued", "event_id", in.EventID, "kind", in.Kind)
-		return nil
 	}
 	sqlTx, err := jobs.SQLTx(tx)
 	if err != nil {
 		return err
 	}
 	args := Args{
-		NoticeID:           ids[0],
 		EventID:            in.EventID,
 		NoticeKind:         in.Kind,
 		SubscriptionID:     in.SubscriptionID,
@@ -176,30 +159,50 @@ func (e *Enqueuer) Enqueue(ctx context.Context, tx *gorm.DB, in Input) error {
 		NextPaymentAttempt: in.NextPaymentAttempt,
 		AttemptCount:       in.AttemptCount,
 	}
-	// River's row for Args.InsertOpts (unique by event and kind), in one statement of our own.
-	if _, err := jobs.InsertUniqueTx(ctx, e.jobs, sqlTx, args, time.Time{}, args.InsertOpts().MaxAttempts); err != nil {
+	// The customer and mode are $1 and $2, as recipientSQL has them.
+	query := `
+		INSERT INTO notices (event_id, kind, subscription_id, stripe_customer_id, livemode, recipient, created_at)
+		VALUES ($3, $4, $5, $1, $2, coalesce((` + recipientSQL + `), $6), $7)
+		ON CONFLICT (event_id, livemode, kind) DO NOTHING
+		RETURNING id, recipient`
+	params := []any{in.StripeCustomerID, in.Livemode, in.EventID, in.Kind, in.SubscriptionID, strings.TrimSpace(in.FallbackEmail), e.now()}
+	// River's row for Args.InsertOpts (unique by event and kind) for the new row, its id merged in.
+	job, jobParams, err := jobs.UniqueInsert(e.jobs, args, time.Time{}, args.InsertOpts().MaxAttempts, len(params)+1,
+		jobs.Within{From: "notice", Args: `jsonb_build_object('notice_id', notice.id)`})
+	if err != nil {
+		return fmt.Errorf("enqueue %s notice of %s: %w", in.Kind, in.EventID, err)
+	}
+	if job != "" {
+		query = `WITH notice AS (` + query + `), job AS (` + job + `) SELECT id, recipient FROM notice`
+		params = append(params, jobParams...)
+	}
+	var id int64
+	var recipient string
+	err = sqlTx.QueryRowContext(ctx, query, params...).Scan(&id, &recipient)
+	if errors.Is(err, sql.ErrNoRows) {
+		e.log.InfoContext(ctx, "notice already enqueued", "event_id", in.EventID, "kind", in.Kind)
+		return nil
+	}
+	if err != nil {
 		return fmt.Errorf("enqueue %s notice of %s: %w", in.Kind, in.EventID, err)
 	}
 	e.enqueued.WithLabelValues(in.Kind).Inc()
 	e.log.InfoContext(ctx, "notice enqueued", "event_id", in.EventID, "kind", in.Kind,
-		"subscription_id", in.SubscriptionID, "notice_id", ids[0], "has_recipient", recipient != "")
+		"subscription_id", in.SubscriptionID, "notice_id", id, "has_recipient", recipient != "")
 	return nil
 }
 
-// recipientFor is the email of the user linked to a Stripe customer of the given mode, or ""
-// when there is none.
+// recipientSQL is the email of the user linked to the Stripe customer $1 of the mode $2, trimmed
+// of white space, or no row or NULL when there is none: the one definition of a notice's
+// recipient, for the notice's row and, when it had none, for its sending.
+const recipientSQL = `SELECT NULLIF(btrim(email, E' \t\n\v\f\r'), '') FROM customers WHERE stripe_customer_id = $1 AND livemode = $2`
+
+// recipientFor is recipientSQL's recipient, or "" when there is none.
 func recipientFor(ctx context.Context, db *gorm.DB, stripeCustomerID string, livemode bool) (string, error) {
-	if stripeCustomerID == "" {
-		return "", nil
-	}
-	var emails []string
-	err := db.WithContext(ctx).Raw(`SELECT email FROM customers WHERE stripe_customer_id = $1 AND livemode = $2`, stripeCustomerID, livemode).
-		Scan(&emails).Error
+	var email string
+	err := db.WithContext(ctx).Raw(`SELECT coalesce((`+recipientSQL+`), '')`, stripeCustomerID, livemode).Row().Scan(&email)
 	if err != nil {
 		return "", fmt.Errorf("load email of customer %s: %w", stripeCustomerID, err)
 	}
-	if len(emails) == 0 {
-		return "", nil
-	}
-	return strings.TrimSpace(emails[0]), nil
+	return email, nil
 }

@@ -30,6 +30,8 @@ func TestEnqueueRecipientAndArgs(t *testing.T) {
 		wantRecipient string
 	}{
 		{"linked customer's email wins", ptr("user@example.com"), "billing@invoice.example", "user@example.com"},
+		{"linked customer's email, trimmed", ptr(" user@example.com\t\n"), "", "user@example.com"},
+		{"linked with blanks only falls back to the event's", ptr(" \t"), "billing@invoice.example", "billing@invoice.example"},
 		{"linked without email falls back to the event's", ptr(""), "billing@invoice.example", "billing@invoice.example"},
 		{"unlinked falls back to the event's", nil, " billing@invoice.example ", "billing@invoice.example"},
 		{"no address at all", nil, "", ""},
@@ -52,7 +54,11 @@ func TestEnqueueRecipientAndArgs(t *testing.T) {
 				t.Errorf("recipient %q sent %v, want %q and not sent", recipient, sent, tc.wantRecipient)
 			}
 			a := e.jobArgs(t, "evt_f", KindPaymentFailed)
-			if a.NoticeID == 0 || a.SubscriptionID != "sub_1" || a.InvoiceID != "in_1" || a.AmountDue == nil || *a.AmountDue != 2000 ||
+			var noticeID int64
+			if err := e.db.Raw(`SELECT id FROM notices WHERE event_id = 'evt_f'`).Row().Scan(&noticeID); err != nil {
+				t.Fatal(err)
+			}
+			if a.NoticeID != noticeID || a.SubscriptionID != "sub_1" || a.InvoiceID != "in_1" || a.AmountDue == nil || *a.AmountDue != 2000 ||
 				a.Currency != "usd" || a.AttemptCount != 1 || a.HostedInvoiceURL != paymentNotice.HostedInvoiceURL ||
 				a.NextPaymentAttempt == nil || !a.NextPaymentAttempt.Equal(at(86400)) {
 				t.Errorf("job args: %+v", a)

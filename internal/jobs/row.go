@@ -26,6 +26,11 @@ import (
 // does (the pending state, uniqueness other than by args in the default states) are refused
 // rather than ignored. A ScheduledAt makes the job scheduled, as River does; none, available now.
 func RowInsert(args river.JobArgs, opts river.InsertOpts, first int) (string, []any, error) {
+	return rowInsert(args, opts, first, "")
+}
+
+// rowInsert is RowInsert, with merge (when set) a jsonb expression merged into the args column.
+func rowInsert(args river.JobArgs, opts river.InsertOpts, first int, merge string) (string, []any, error) {
 	u := opts.UniqueOpts
 	byArgs := u.ByArgs
 	u.ByArgs = false
@@ -53,8 +58,12 @@ func RowInsert(args river.JobArgs, opts river.InsertOpts, first int) (string, []
 		states = int(defaultUniqueStates)
 	}
 	p := func(k int) string { return "$" + strconv.Itoa(first+k) }
+	argsColumn := `CAST(` + p(0) + ` AS jsonb)`
+	if merge != "" {
+		argsColumn += ` || ` + merge
+	}
 	sql := `INSERT INTO river_job (args, kind, max_attempts, metadata, priority, queue, state, tags, scheduled_at, unique_key, unique_states)
-		  SELECT CAST(` + p(0) + ` AS jsonb), CAST(` + p(1) + ` AS text), CAST(` + p(2) + ` AS smallint), CAST(` + p(3) + ` AS jsonb),
+		  SELECT ` + argsColumn + `, CAST(` + p(1) + ` AS text), CAST(` + p(2) + ` AS smallint), CAST(` + p(3) + ` AS jsonb),
 		    CAST(` + p(4) + ` AS smallint), CAST(` + p(5) + ` AS text), CAST(` + p(6) + ` AS river_job_state),
 		    CAST(string_to_array(CAST(` + p(7) + ` AS text), ',') AS varchar(255)[]), coalesce(CAST(` + p(8) + ` AS timestamptz), now()),
 		    CAST(` + p(9) + ` AS bytea), CAST(CAST(` + p(10) + ` AS integer) AS bit(8))`

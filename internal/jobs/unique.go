@@ -27,7 +27,7 @@ import (
 // Only what the callers need is supported: a flat args struct whose unique fields have plain
 // JSON names, a ScheduledAt or none, a MaxAttempts (River's default when zero).
 func InsertUniqueTx(ctx context.Context, ins Inserter, tx *sql.Tx, args river.JobArgs, scheduledAt time.Time, maxAttempts int) (skipped bool, err error) {
-	query, params, err := UniqueInsert(ins, args, scheduledAt, maxAttempts, 1, "")
+	query, params, err := UniqueInsert(ins, args, scheduledAt, maxAttempts, 1, Within{})
 	if err != nil || query == "" {
 		return false, err
 	}
@@ -39,21 +39,30 @@ func InsertUniqueTx(ctx context.Context, ins Inserter, tx *sql.Tx, args river.Jo
 	return n == 0, err
 }
 
-// UniqueInsert is InsertUniqueTx's statement, its arguments numbered from $first, for a caller
-// that makes it part of a statement of its own (a data-modifying CTE: one round trip instead of
-// two): the job is inserted once for each row of from ("" for once). It is "" when ins is
-// Discard.
-func UniqueInsert(ins Inserter, args river.JobArgs, scheduledAt time.Time, maxAttempts, first int, from string) (string, []any, error) {
+// Within places a job's INSERT inside a statement of the caller's (a data-modifying CTE: one
+// round trip instead of two).
+type Within struct {
+	// From: the job is inserted once for each of its rows ("" for once).
+	From string
+	// Args, when set, is a jsonb expression over From's columns merged into the job's args: a
+	// value only the statement knows, such as the id of a row it inserts. It must name no unique
+	// field, since the unique key is computed from the args as given.
+	Args string
+}
+
+// UniqueInsert is InsertUniqueTx's statement, its arguments numbered from $first, placed within
+// a statement of the caller's. It is "" when ins is Discard.
+func UniqueInsert(ins Inserter, args river.JobArgs, scheduledAt time.Time, maxAttempts, first int, in Within) (string, []any, error) {
 	if _, discard := ins.(Discard); discard {
 		return "", nil, nil
 	}
-	query, params, err := RowInsert(args, river.InsertOpts{MaxAttempts: maxAttempts, ScheduledAt: scheduledAt,
-		UniqueOpts: river.UniqueOpts{ByArgs: true}}, first)
+	query, params, err := rowInsert(args, river.InsertOpts{MaxAttempts: maxAttempts, ScheduledAt: scheduledAt,
+		UniqueOpts: river.UniqueOpts{ByArgs: true}}, first, in.Args)
 	if err != nil {
 		return "", nil, err
 	}
-	if from != "" {
-		query += " FROM " + from
+	if in.From != "" {
+		query += " FROM " + in.From
 	}
 	return query + RowConflict, params, nil
 }
