@@ -219,16 +219,21 @@ func (s *Service) applySubscriptionEvent(ctx context.Context, tx *gorm.DB, ev we
 		obj.CancelAt.Ptr(), obj.CanceledAt.Ptr(), obj.EndedAt.Ptr(), obj.TrialStart.Ptr(), obj.TrialEnd.Ptr(), // $9–$13
 		ev.ID, ev.Type, rankOf(ctx, subEventRank(ev.Type, status)), ev.Created.UTC(), s.now(), // $14–$18
 		statusBeganWith(ev, status), obj.pauseBehavior(), obj.pauseResumesAt(), obj.Quantity()} // $19–$22
-	renewal, renewalArgs, err := s.renewalReread(ev, prior, obj, status, len(args)+1, "updated")
-	if err != nil {
-		return false, err
-	}
-	var n, queued int64
-	if renewal == "" {
+	due := s.rereadsOf(ev, prior, obj, status)
+	var n int64
+	queued := make([]int64, len(due))
+	if len(due) == 0 {
 		n, err = database.Exec(ctx, tx, update, args...)
 	} else {
-		err = tx.Statement.ConnPool.QueryRowContext(ctx, `WITH updated AS (`+update+` RETURNING 1), renewal AS (`+renewal+` RETURNING 1)
-			SELECT (SELECT count(*) FROM updated), (SELECT count(*) FROM renewal)`, append(args, renewalArgs...)...).Scan(&n, &queued)
+		var query string
+		if query, args, err = s.withRereads(update, args, due); err != nil {
+			return false, err
+		}
+		dest := []any{&n}
+		for k := range queued {
+			dest = append(dest, &queued[k])
+		}
+		err = tx.Statement.ConnPool.QueryRowContext(ctx, query, args...).Scan(dest...)
 	}
 	if err != nil {
 		return false, fmt.Errorf("apply %s %s to subscription %s: %w", ev.Type, ev.ID, obj.ID, err)
@@ -249,11 +254,11 @@ func (s *Service) applySubscriptionEvent(ctx context.Context, tx *gorm.DB, ev we
 		slog.String("event_id", ev.ID), slog.String("type", ev.Type),
 		slog.String("subscription_id", obj.ID), slog.String("outcome", outcome),
 		slog.String("from", prior.Status), slog.String("to", status))
-	if queued > 0 {
-		s.log.DebugContext(ctx, "subscription re-read queued", "subscription_id", obj.ID, "reason", "renewal")
-	}
-	if err := s.tieReread(ctx, tx, ev, prior, obj.ID, status); err != nil {
-		return false, err
+	for k, r := range due {
+		if queued[k] > 0 {
+			s.log.DebugContext(ctx, "subscription re-read queued", "subscription_id", obj.ID,
+				"reason", r.args.reason(), "at", r.at.UTC())
+		}
 	}
 
 	if ev.Type != EventSubscriptionTrialWillEnd {

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -120,71 +122,77 @@ func (s *Service) AddWorkers(w *river.Workers) {
 	}
 }
 
-// renewalReread is the check of the renewal that the subscription event (or snapshot) ev sets:
-// when ev changes the renewal prior had and leaves the subscription active or trialing, the
-// INSERT of its job, arguments numbered from $first, to run for each row of from (the UPDATE
-// that applies ev: an event not applied queues nothing). "" when there is none. It rides in the
-// event's UPDATE, one round trip instead of two.
-//
-// The re-read of a renewal is queued by the event that set it. An event that leaves the renewal
-// where the row had it (most updates: a seat, metadata, a redelivered snapshot) would only meet
-// the unique check: its job went in with the event that set that renewal, through this same code.
-func (s *Service) renewalReread(ev webhooks.Event, prior *Subscription, obj *subscriptionObject, status string, first int, from string) (string, []any, error) {
-	if s.rereads.jobs == nil || s.rereads.Stripe == nil {
-		return "", nil, nil // nothing could run the job (a service built for other packages' tests)
-	}
-	_, end := obj.Period()
-	next := Subscription{Status: status, CurrentPeriodEnd: end.Ptr(), TrialEnd: obj.TrialEnd.Ptr()}
-	due := next.RenewalDue()
-	if due == nil || sameInstant(prior.RenewalDue(), due) {
-		return "", nil, nil
-	}
-	args := RereadArgs{SubscriptionID: obj.ID, Livemode: ev.Livemode, Due: due.Unix()}
-	query, params, err := jobs.UniqueInsert(s.rereads.jobs, args, due.Add(s.policy.PeriodGrace/2), s.rereads.MaxAttempts, first, jobs.Within{From: from})
-	if err != nil {
-		return "", nil, fmt.Errorf("queue re-read of %s: %w", obj.ID, err)
-	}
-	return query, params, nil
+// dueReread is a re-read that a subscription event (or snapshot) calls for: its job is queued by
+// the event's UPDATE (one round trip instead of two), and only if that UPDATE applied the event
+// when ifApplied.
+type dueReread struct {
+	args      RereadArgs
+	at        time.Time
+	ifApplied bool
 }
 
-// tieReread queues, in the event's transaction, the settling of a tie between the subscription
-// event (or snapshot) ev and the event stored before it: prior is the row before ev, status what
-// ev says.
-func (s *Service) tieReread(ctx context.Context, tx *gorm.DB, ev webhooks.Event, prior *Subscription, subscriptionID, status string) error {
+// rereadsOf are the re-reads that the subscription event (or snapshot) ev calls for; prior is
+// the row before ev, status what ev says, obj its subscription.
+//
+//   - The check of the renewal ev sets, when ev is applied and changes the renewal prior had,
+//     leaving the subscription active or trialing. The re-read of a renewal is queued by the
+//     event that set it. An event that leaves the renewal where the row had it (most updates: a
+//     seat, metadata, a redelivered snapshot) would only meet the unique check: its job went in
+//     with the event that set that renewal, through this same code.
+//   - The settling of a tie with the event stored before, created in the same second with
+//     another status: a snapshot fetched within that second would lose the tie again, so it is
+//     read in the next one.
+func (s *Service) rereadsOf(ev webhooks.Event, prior *Subscription, obj *subscriptionObject, status string) []dueReread {
 	if s.rereads.jobs == nil || s.rereads.Stripe == nil {
-		return nil
+		return nil // nothing could run the job (a service built for other packages' tests)
+	}
+	if _, discard := s.rereads.jobs.(jobs.Discard); discard {
+		return nil // a replay whose jobs must not exist
+	}
+	var due []dueReread
+	_, end := obj.Period()
+	next := Subscription{Status: status, CurrentPeriodEnd: end.Ptr(), TrialEnd: obj.TrialEnd.Ptr()}
+	if renewal := next.RenewalDue(); renewal != nil && !sameInstant(prior.RenewalDue(), renewal) {
+		due = append(due, dueReread{args: RereadArgs{SubscriptionID: obj.ID, Livemode: ev.Livemode, Due: renewal.Unix()},
+			at: renewal.Add(s.policy.PeriodGrace / 2), ifApplied: true})
 	}
 	created := ev.Created.UTC().Truncate(time.Second)
 	if prior.SubEventCreated != nil && prior.SubEventCreated.UTC().Truncate(time.Second).Equal(created) && prior.Status != status {
-		// A snapshot fetched within that second would lose the tie again: read in the next one.
-		args := RereadArgs{SubscriptionID: subscriptionID, Livemode: ev.Livemode, Tie: created.Unix()}
-		if err := s.queueReread(ctx, tx, args, created.Add(time.Second)); err != nil {
-			return err
-		}
+		due = append(due, dueReread{args: RereadArgs{SubscriptionID: obj.ID, Livemode: ev.Livemode, Tie: created.Unix()},
+			at: created.Add(time.Second)})
 	}
-	return nil
+	return due
+}
+
+// withRereads makes update (which applies a subscription event, its arguments params) the
+// statement that also queues the event's re-reads: data-modifying CTEs, the renewal's inserted
+// for each row the UPDATE applied. It selects the rows updated, then whether each re-read was
+// queued (not a duplicate).
+func (s *Service) withRereads(update string, params []any, due []dueReread) (string, []any, error) {
+	var q strings.Builder
+	q.WriteString("WITH updated AS (" + update + " RETURNING 1)")
+	selects := "(SELECT count(*) FROM updated)"
+	for k, r := range due {
+		from := ""
+		if r.ifApplied {
+			from = "updated"
+		}
+		job, jobParams, err := jobs.UniqueInsert(s.rereads.jobs, r.args, r.at, s.rereads.MaxAttempts, len(params)+1, jobs.Within{From: from})
+		if err != nil {
+			return "", nil, fmt.Errorf("queue re-read of %s: %w", r.args.SubscriptionID, err)
+		}
+		name := "reread" + strconv.Itoa(k)
+		q.WriteString(", " + name + " AS (" + job + " RETURNING 1)")
+		selects += ", (SELECT count(*) FROM " + name + ")"
+		params = append(params, jobParams...)
+	}
+	q.WriteString(" SELECT " + selects)
+	return q.String(), params, nil
 }
 
 // sameInstant reports whether a and b are the same second (the precision of RereadArgs.Due).
 func sameInstant(a, b *time.Time) bool {
 	return a != nil && b != nil && a.Unix() == b.Unix()
-}
-
-func (s *Service) queueReread(ctx context.Context, tx *gorm.DB, args RereadArgs, at time.Time) error {
-	sqlTx, err := jobs.SQLTx(tx)
-	if err != nil {
-		return err
-	}
-	// The row River's InsertTx would write with UniqueOpts{ByArgs: true}, at a fraction of its cost.
-	skipped, err := jobs.InsertUniqueTx(ctx, s.rereads.jobs, sqlTx, args, at, s.rereads.MaxAttempts)
-	if err != nil {
-		return fmt.Errorf("queue re-read of %s: %w", args.SubscriptionID, err)
-	}
-	if !skipped {
-		s.log.DebugContext(ctx, "subscription re-read queued", "subscription_id", args.SubscriptionID,
-			"reason", args.reason(), "at", at.UTC())
-	}
-	return nil
 }
 
 func (a RereadArgs) reason() string {
