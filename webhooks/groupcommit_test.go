@@ -47,6 +47,20 @@ func (h *harness) batchOf(payloads ...[]byte) []answer {
 	return answers
 }
 
+// appliedOnceAtFirstAttempt checks that each event is stored processed after one attempt and its
+// effect applied once.
+func (h *harness) appliedOnceAtFirstAttempt(ids ...string) {
+	h.t.Helper()
+	for _, id := range ids {
+		if row, _ := h.event(id); row.Status != "processed" || row.Attempts != 1 {
+			h.t.Errorf("%s: %+v, want processed after 1 attempt", id, row)
+		}
+		if n := h.applied(id); n != 1 {
+			h.t.Errorf("%s applied %d times, want 1", id, n)
+		}
+	}
+}
+
 // groupCommits is what the group commit metrics say: the shared transactions committed, the
 // events they held, and the events applied again alone.
 func (h *harness) groupCommits() (batches uint64, events float64, retries float64) {
@@ -83,14 +97,7 @@ func TestGroupCommitAppliesABatchInOneCommit(t *testing.T) {
 			t.Errorf("%s: %d %v", ids[k], a.Status, a.Body)
 		}
 	}
-	for _, id := range ids {
-		if row, _ := h.event(id); row.Status != "processed" || row.Attempts != 1 {
-			t.Errorf("%s: %+v, want processed after 1 attempt", id, row)
-		}
-		if n := h.applied(id); n != 1 {
-			t.Errorf("%s applied %d times, want 1", id, n)
-		}
-	}
+	h.appliedOnceAtFirstAttempt(ids...)
 	if batches, events, retries := h.groupCommits(); batches != 1 || events != 3 || retries != 0 {
 		t.Errorf("group commits: %d batches of %v events, %v retries; want 1 of 3, none", batches, events, retries)
 	}
@@ -110,14 +117,7 @@ func TestGroupCommitFailureAppliesEachAlone(t *testing.T) {
 			t.Errorf("delivery %d: %d %v", k, a.Status, a.Body)
 		}
 	}
-	for _, id := range []string{"evt_gc_ok1", "evt_gc_ok2"} {
-		if row, _ := h.event(id); row.Status != "processed" || row.Attempts != 1 {
-			t.Errorf("%s: %+v, want processed after 1 attempt", id, row)
-		}
-		if n := h.applied(id); n != 1 {
-			t.Errorf("%s applied %d times, want 1", id, n)
-		}
-	}
+	h.appliedOnceAtFirstAttempt("evt_gc_ok1", "evt_gc_ok2")
 	if row, _ := h.event("evt_gc_perm"); row.Status != "failed" || row.Attempts != 1 {
 		t.Errorf("the failing event: %+v, want failed after 1 attempt", row)
 	}
@@ -137,14 +137,7 @@ func TestGroupCommitLostMidBatchCommitsNothing(t *testing.T) {
 	h.batchOf(subEvent("evt_gc_before", time.Now()),
 		stripeevents.Event("evt_gc_killer", killerType, time.Now(), false, map[string]any{"id": "dp_2", "object": "dispute"}, nil),
 		subEvent("evt_gc_after", time.Now()))
-	for _, id := range []string{"evt_gc_before", "evt_gc_after"} {
-		if row, _ := h.event(id); row.Status != "processed" || row.Attempts != 1 {
-			t.Errorf("%s: %+v, want processed after 1 attempt", id, row)
-		}
-		if n := h.applied(id); n != 1 {
-			t.Errorf("%s applied %d times, want 1", id, n)
-		}
-	}
+	h.appliedOnceAtFirstAttempt("evt_gc_before", "evt_gc_after")
 	if row, _ := h.event("evt_gc_killer"); row.Status == "processed" {
 		t.Errorf("the event whose connection died: %+v, want not processed", row)
 	}
@@ -218,14 +211,7 @@ func TestGroupCommitOneEventTwiceInABatch(t *testing.T) {
 			t.Errorf("delivery %d: %d %v", k, a.Status, a.Body)
 		}
 	}
-	for _, id := range []string{"evt_gc_twice", "evt_gc_other"} {
-		if row, _ := h.event(id); row.Status != "processed" || row.Attempts != 1 {
-			t.Errorf("%s: %+v, want processed after 1 attempt", id, row)
-		}
-		if n := h.applied(id); n != 1 {
-			t.Errorf("%s applied %d times, want 1", id, n)
-		}
-	}
+	h.appliedOnceAtFirstAttempt("evt_gc_twice", "evt_gc_other")
 	if batches, _, retries := h.groupCommits(); batches != 0 || retries != 3 {
 		t.Errorf("group commits: %d batches, %v retries; want the batch of 3 rolled back and each applied alone", batches, retries)
 	}
