@@ -132,18 +132,18 @@ func (c *committer) run(batch []*pendingApply) {
 		defer cancel()
 	}
 	ctx = context.WithValue(ctx, batchKey{}, true)
-	applied := make([]time.Time, len(live))
-	var applyErr error
 	evs := make([]storedEvent, len(live))
+	for k, p := range live {
+		evs[k] = p.ev
+	}
+	applied := make([]time.Time, len(live)) // zero if the transaction never began
+	var applyErr error
 	err := c.i.cfg.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		for k, p := range live {
-			if applyErr = c.i.dispatch(ctx, tx, p.ev); applyErr != nil {
-				return applyErr
-			}
-			applied[k], evs[k] = c.i.cfg.Now(), p.ev
+		var err error
+		if applied, applyErr, err = c.i.applyInTx(ctx, tx, evs); applyErr != nil {
+			return applyErr
 		}
-		// The rows come last, in one statement, while every handler's locks are held.
-		return c.i.storeProcessed(ctx, tx, evs, applied)
+		return err
 	})
 	switch {
 	case len(live) == 1 && !lockNotAvailable(err):

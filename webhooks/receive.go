@@ -527,9 +527,8 @@ func (i *Inbox) storeAndApply(ctx context.Context, env envelope, body []byte, cr
 	}
 	if alone {
 		err = i.cfg.DB.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-			var err error
-			appliedAt, applyErr, err = i.applyInTx(ctx, tx, ev)
-			if applyErr != nil {
+			at, aerr, err := i.applyInTx(ctx, tx, []storedEvent{ev})
+			if appliedAt, applyErr = at[0], aerr; applyErr != nil {
 				return applyErr
 			}
 			return err
@@ -554,15 +553,20 @@ func (i *Inbox) storeAndApply(ctx context.Context, env envelope, body []byte, cr
 	return i.storeFailed(outer, env, body, created, now, applyErr)
 }
 
-// applyInTx applies a handled event and inserts its row, processed, in tx: the work of an inline
-// attempt made alone. applyErr is the handler's failure; err is the row's (errDuplicate when the
-// event is stored already: the handler's effects must be rolled back).
-func (i *Inbox) applyInTx(ctx context.Context, tx *gorm.DB, ev storedEvent) (appliedAt time.Time, applyErr, err error) {
-	if applyErr = i.dispatch(ctx, tx, ev); applyErr != nil {
-		return time.Time{}, applyErr, nil
+// applyInTx applies handled events in turn and then inserts their rows, processed, in one
+// statement, in tx: the work of an inline attempt, alone or in a batch of group commit. The rows
+// come last, while every handler's locks are held. appliedAt has an entry per event (zero unless
+// all were applied); applyErr is a handler's failure; err is the rows' (errDuplicate when an
+// event is stored already: the handlers' effects must be rolled back).
+func (i *Inbox) applyInTx(ctx context.Context, tx *gorm.DB, evs []storedEvent) (appliedAt []time.Time, applyErr, err error) {
+	appliedAt = make([]time.Time, len(evs))
+	for k, ev := range evs {
+		if applyErr = i.dispatch(ctx, tx, ev); applyErr != nil {
+			return appliedAt, applyErr, nil
+		}
+		appliedAt[k] = i.cfg.Now()
 	}
-	appliedAt = i.cfg.Now()
-	return appliedAt, nil, i.storeProcessed(ctx, tx, []storedEvent{ev}, []time.Time{appliedAt})
+	return appliedAt, nil, i.storeProcessed(ctx, tx, evs, appliedAt)
 }
 
 // storeProcessed inserts the rows of events applied in tx, processed at the times in at, in one
@@ -587,12 +591,10 @@ func (i *Inbox) storeProcessed(ctx context.Context, tx *gorm.DB, evs []storedEve
 	if err != nil {
 		return fmt.Errorf("store event %s: %w", evs[0].EventID, err)
 	}
+	defer rows.Close()
 	stored := 0
 	for rows.Next() {
 		stored++
-	}
-	if err := rows.Close(); err != nil {
-		return fmt.Errorf("store event %s: %w", evs[0].EventID, err)
 	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("store event %s: %w", evs[0].EventID, err)
