@@ -5,9 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"regexp"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -118,38 +116,25 @@ func (s *Service) keptInvoice(ctx context.Context, ev webhooks.Event, inv *invoi
 		inv.HostedInvoiceURL, inv.InvoicePDF, created, // $13–$15
 		ev.ID, ev.Type, ev.Created.UTC(), rank, s.now(), // $16–$20
 	}
-	query, ok := keptInvoiceShifted.Load(first)
-	if !ok {
-		query, _ = keptInvoiceShifted.LoadOrStore(first, shiftPlaceholders(keptInvoiceSQL, first-1))
-	}
-	return query.(string), args
+	return keptInvoiceSQL(first), args
 }
 
-// keptInvoiceShifted holds keptInvoiceSQL numbered from each $first asked for (two, in practice).
-var keptInvoiceShifted sync.Map
-
-var keptInvoiceSQL = `
+// keptInvoiceSQL is keptInvoice's statement with its arguments numbered from $first. The columns
+// stay spelled out, the mode among them, for the check that every statement names its mode.
+func keptInvoiceSQL(first int) string {
+	p := func(k int) string { return "$" + strconv.Itoa(first+k-1) } // the statement's own $k
+	return `
 		INSERT INTO invoices AS i (invoice_id, livemode, stripe_customer_id, subscription_id, number, status, billing_reason,
 		  amount_due, amount_paid, currency, period_start, period_end, hosted_invoice_url, invoice_pdf, created,
 		  inv_event_id, inv_event_type, inv_event_created, inv_event_rank, created_at, updated_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $20)
-		ON CONFLICT (invoice_id, livemode) DO UPDATE SET stripe_customer_id = $3, subscription_id = $4, number = $5,
-		  status = $6, billing_reason = $7, amount_due = $8, amount_paid = $9, currency = $10, period_start = $11,
-		  period_end = $12, hosted_invoice_url = $13, invoice_pdf = $14, created = $15,
-		  inv_event_id = $16, inv_event_type = $17, inv_event_created = $18, inv_event_rank = $19, updated_at = $20
-		WHERE ` + newerThanStored("i.inv", 18, 19, 16) + `
-		  AND (i.status IS NULL OR i.status NOT IN ('paid', 'void') OR CAST($6 AS text) IN ('paid', 'void'))`
-
-// placeholder is a statement's $n.
-var placeholder = regexp.MustCompile(`\$([0-9]+)`)
-
-// shiftPlaceholders renumbers query's placeholders $n to $(n+by), for a statement made part of
-// another whose own arguments come first. The statements it is given hold no other '$'.
-func shiftPlaceholders(query string, by int) string {
-	return placeholder.ReplaceAllStringFunc(query, func(p string) string {
-		n, _ := strconv.Atoi(p[1:])
-		return "$" + strconv.Itoa(n+by)
-	})
+		VALUES (` + p(1) + `, ` + p(2) + `, ` + p(3) + `, ` + p(4) + `, ` + p(5) + `, ` + p(6) + `, ` + p(7) + `, ` + p(8) + `, ` + p(9) + `, ` + p(10) + `,
+		  ` + p(11) + `, ` + p(12) + `, ` + p(13) + `, ` + p(14) + `, ` + p(15) + `, ` + p(16) + `, ` + p(17) + `, ` + p(18) + `, ` + p(19) + `, ` + p(20) + `, ` + p(20) + `)
+		ON CONFLICT (invoice_id, livemode) DO UPDATE SET stripe_customer_id = ` + p(3) + `, subscription_id = ` + p(4) + `, number = ` + p(5) + `,
+		  status = ` + p(6) + `, billing_reason = ` + p(7) + `, amount_due = ` + p(8) + `, amount_paid = ` + p(9) + `, currency = ` + p(10) + `,
+		  period_start = ` + p(11) + `, period_end = ` + p(12) + `, hosted_invoice_url = ` + p(13) + `, invoice_pdf = ` + p(14) + `, created = ` + p(15) + `,
+		  inv_event_id = ` + p(16) + `, inv_event_type = ` + p(17) + `, inv_event_created = ` + p(18) + `, inv_event_rank = ` + p(19) + `, updated_at = ` + p(20) + `
+		WHERE ` + newerThanStored("i.inv", first+17, first+18, first+15) + `
+		  AND (i.status IS NULL OR i.status NOT IN ('paid', 'void') OR CAST(` + p(6) + ` AS text) IN ('paid', 'void'))`
 }
 
 // InvoiceView is one entry of GET /v1/customers/{user_id}/invoices, read straight from the
