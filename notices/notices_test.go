@@ -2,8 +2,10 @@ package notices
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -13,6 +15,7 @@ import (
 	"github.com/riverqueue/river/rivertype"
 	"gorm.io/gorm"
 
+	"billing/internal/jobs"
 	"billing/internal/mail"
 	"billing/internal/mail/mailtest"
 )
@@ -312,4 +315,68 @@ func TestNoticeWorkerSendsOverSMTP(t *testing.T) {
 	if d, r, ok := e.delivery(t, "evt_f"); d != "smtp" || r != "jane@example.com" || !ok {
 		t.Errorf("delivery %q to %q sent %v", d, r, ok)
 	}
+}
+
+// The job Enqueue writes in its one statement (the notice's id merged into the args in SQL) is
+// the row River's InsertTx writes for the same Args, column by column, and each sees the
+// other's as a duplicate.
+func TestEnqueuedJobIsTheRowRiverWouldInsert(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	row := func() string {
+		t.Helper()
+		// scheduled_at is the insert's now() for an available job: not compared.
+		var cols []string
+		if err := e.db.Raw(`SELECT CAST(to_jsonb(j) - 'id' - 'created_at' - 'scheduled_at' AS text) FROM river_job j
+			WHERE kind = 'billing_notice' AND args->>'event_id' = 'evt_f'`).Scan(&cols).Error; err != nil || len(cols) != 1 {
+			t.Fatalf("jobs: %v, %v; want one", cols, err)
+		}
+		return cols[0]
+	}
+	byRiver := func(a Args) (skipped bool) {
+		t.Helper()
+		if err := e.db.Transaction(func(tx *gorm.DB) error {
+			sqlTx, err := jobs.SQLTx(tx)
+			if err != nil {
+				return err
+			}
+			res, err := e.enqueuer.jobs.InsertTx(context.Background(), sqlTx, a, nil)
+			if err == nil {
+				skipped = res.UniqueSkippedAsDuplicate
+			}
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return skipped
+	}
+
+	e.enqueue(t, paymentNotice)
+	ours := row()
+	a := e.jobArgs(t, "evt_f", KindPaymentFailed)
+	if !byRiver(a) {
+		t.Error("River did not see the enqueued job as a duplicate")
+	}
+	if err := e.db.Exec(`DELETE FROM river_job`).Error; err != nil {
+		t.Fatal(err)
+	}
+	if byRiver(a) {
+		t.Fatal("River skipped its insert on an empty table")
+	}
+	if river := row(); !jsonEqual(t, ours, river) {
+		t.Errorf("Enqueue's job:\nours  %s\nRiver %s", ours, river)
+	}
+}
+
+// jsonEqual reports whether two JSON texts hold the same value.
+func jsonEqual(t *testing.T, a, b string) bool {
+	t.Helper()
+	var x, y any
+	if err := json.Unmarshal([]byte(a), &x); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal([]byte(b), &y); err != nil {
+		t.Fatal(err)
+	}
+	return reflect.DeepEqual(x, y)
 }
