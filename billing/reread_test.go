@@ -647,11 +647,12 @@ func TestRereadHalfwayThenAtTheEndOfTheGrace(t *testing.T) {
 	}
 }
 
-// The re-read's and the notice's jobs are written by jobs.InsertUniqueTx, not River: the row
-// must be the one River's InsertTx writes with the same options, column by column (every column
-// River has, so that one it adds later is compared too), and each must see the other's row as a
-// duplicate.
-func TestInsertUniqueTxWritesRiversRow(t *testing.T) {
+// The re-read's and the notice's jobs are written by jobs.UniqueInsert's statement, not River:
+// the row must be the one River's InsertTx writes with the same options, column by column (every
+// column River has, so that one it adds later is compared too), and each must see the other's row
+// as a duplicate. (The notice's statement, with its id merged in, has its own comparison in
+// notices.)
+func TestUniqueInsertWritesRiversRow(t *testing.T) {
 	t.Parallel()
 	db := testenv.DB(t)
 	sqlDB, err := db.DB()
@@ -715,7 +716,7 @@ func TestInsertUniqueTxWritesRiversRow(t *testing.T) {
 		ours := func(args river.JobArgs) (skipped bool) {
 			t.Helper()
 			inTx(func(tx *sql.Tx) (err error) {
-				skipped, err = jobs.InsertUniqueTx(ctx, rc, tx, args, c.at, c.maxAttempts)
+				skipped, err = uniqueInsert(ctx, rc, tx, args, c.at, c.maxAttempts)
 				return err
 			})
 			return skipped
@@ -769,7 +770,7 @@ func TestInsertUniqueTxWritesRiversRow(t *testing.T) {
 			t.Fatal(err)
 		}
 		inTx(func(tx *sql.Tx) error {
-			_, err := jobs.InsertUniqueTx(ctx, jobs.Discard{}, tx, c.args, c.at, c.maxAttempts)
+			_, err := uniqueInsert(ctx, jobs.Discard{}, tx, c.args, c.at, c.maxAttempts)
 			return err
 		})
 		var n int64
@@ -777,4 +778,18 @@ func TestInsertUniqueTxWritesRiversRow(t *testing.T) {
 			t.Errorf("%s: %d jobs written through Discard (%v)", c.name, n, err)
 		}
 	}
+}
+
+// uniqueInsert runs jobs.UniqueInsert's statement alone in tx; skipped reports a duplicate.
+func uniqueInsert(ctx context.Context, ins jobs.Inserter, tx *sql.Tx, args river.JobArgs, at time.Time, maxAttempts int) (skipped bool, err error) {
+	query, params, err := jobs.UniqueInsert(ins, args, at, maxAttempts, 1, jobs.Within{})
+	if err != nil || query == "" {
+		return false, err
+	}
+	res, err := tx.ExecContext(ctx, query, params...)
+	if err != nil {
+		return false, err
+	}
+	n, err := res.RowsAffected()
+	return n == 0, err
 }

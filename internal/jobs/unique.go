@@ -1,9 +1,7 @@
 package jobs
 
 import (
-	"context"
 	"crypto/sha256"
-	"database/sql"
 	"encoding/json"
 	"fmt"
 	"reflect"
@@ -17,29 +15,6 @@ import (
 	"github.com/riverqueue/river/rivertype"
 )
 
-// InsertUniqueTx inserts in tx a job unique by the `river:"unique"` fields of its args, as
-// River's InsertTx does with UniqueOpts{ByArgs: true} — scheduled at scheduledAt, or available
-// now when it is zero — with RowInsert's statement. River's own inserts and this one skip each
-// other's duplicates (the same unique key and states), which TestInsertUniqueTxWritesRiversRow
-// checks. No notification is sent: the client polls (PollOnly). skipped reports a duplicate. ins
-// is the caller's Inserter: Discard (a replay whose jobs must not exist) gets nothing written here
-// either.
-//
-// Only what the callers need is supported: a flat args struct whose unique fields have plain
-// JSON names, a ScheduledAt or none, a MaxAttempts (River's default when zero).
-func InsertUniqueTx(ctx context.Context, ins Inserter, tx *sql.Tx, args river.JobArgs, scheduledAt time.Time, maxAttempts int) (skipped bool, err error) {
-	query, params, err := UniqueInsert(ins, args, scheduledAt, maxAttempts, 1, Within{})
-	if err != nil || query == "" {
-		return false, err
-	}
-	res, err := tx.ExecContext(ctx, query, params...)
-	if err != nil {
-		return false, fmt.Errorf("insert job %s: %w", args.Kind(), err)
-	}
-	n, err := res.RowsAffected()
-	return n == 0, err
-}
-
 // Within places a job's INSERT inside a statement of the caller's (a data-modifying CTE: one
 // round trip instead of two).
 type Within struct {
@@ -51,8 +26,17 @@ type Within struct {
 	Args string
 }
 
-// UniqueInsert is InsertUniqueTx's statement, its arguments numbered from $first, placed within
-// a statement of the caller's. It is "" when ins is Discard.
+// UniqueInsert is the INSERT of a job unique by the `river:"unique"` fields of its args, as
+// River's InsertTx writes it with UniqueOpts{ByArgs: true} — scheduled at scheduledAt, or
+// available now when it is zero — placed within a statement of the caller's, its arguments
+// numbered from $first (RowInsert's statement and RowConflict). River's own inserts and this one
+// skip each other's duplicates (the same unique key and states), which
+// TestUniqueInsertWritesRiversRow checks. No notification is sent: the client polls (PollOnly).
+// ins is the caller's Inserter: for Discard (a replay whose jobs must not exist) the statement
+// is "".
+//
+// Only what the callers need is supported: a flat args struct whose unique fields have plain
+// JSON names, a ScheduledAt or none, a MaxAttempts (River's default when zero).
 func UniqueInsert(ins Inserter, args river.JobArgs, scheduledAt time.Time, maxAttempts, first int, in Within) (string, []any, error) {
 	if _, discard := ins.(Discard); discard {
 		return "", nil, nil
