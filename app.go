@@ -10,6 +10,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -19,6 +21,7 @@ import (
 	"gorm.io/gorm"
 
 	"billing/admin"
+	"billing/appevents"
 	"billing/billing"
 	"billing/checkout"
 	"billing/config"
@@ -150,25 +153,37 @@ func newApp(opts appOptions) (*App, error) {
 		Interval: cfg.Reconcile.Interval, Now: now})
 	rec.AddWorkers(workers)
 	// The ledger finishes its pending rows by a periodic job, which River must know before.
-	charges := ledger.New(ledger.Deps{DB: db, Stripe: stripe, Livemode: livemode, Logger: logger, Now: now})
+	// App events are written by every package that changes what the app reads, pushed by
+	// their own queue's workers when app_events.url is set.
+	told, err := newAppEvents(cfg, db, livemode, logger, now, reg)
+	if err != nil {
+		return nil, err
+	}
+	told.AddWorkers(workers)
+	charges := ledger.New(ledger.Deps{DB: db, Stripe: stripe, Livemode: livemode, Logger: logger, Now: now, AppEvents: told.Teller()})
 	charges.AddWorkers(workers)
+	queues := map[string]int{river.QueueDefault: config.DefaultQueueWorkers, webhooks.QueueWebhooks: cfg.Worker.Concurrency}
+	if cfg.AppEvents.URL != "" {
+		queues[appevents.Queue] = cfg.AppEvents.Concurrency
+	}
 
 	riverClient, err := jobs.NewClient(sqlDB, jobs.ClientOptions{
 		Workers: workers,
 		// The workers' share of the pool (config.PoolShares).
-		Queues:      map[string]int{river.QueueDefault: config.DefaultQueueWorkers, webhooks.QueueWebhooks: cfg.Worker.Concurrency},
+		Queues:      queues,
 		RescueAfter: cfg.Worker.RescueAfter,
 		// Events are applied in their requests; the queues carry retries (30 s apart at least),
 		// notices and Stripe reads, for which 200 ms more is nothing, and an idle replica then
 		// polls PostgreSQL 10 times a second instead of 40.
 		PollInterval: 200 * time.Millisecond,
-		PeriodicJobs: append(append(inbox.PeriodicJobs(), rec.PeriodicJobs()...), charges.PeriodicJobs()...),
+		PeriodicJobs: slices.Concat(inbox.PeriodicJobs(), rec.PeriodicJobs(), charges.PeriodicJobs(), told.PeriodicJobs()),
 		Logger:       slog.New(logging.Demote(logger.Handler(), ": Producer job counts")).With("component", "river"),
 	})
 	if err != nil {
 		return nil, err
 	}
 	inbox.SetJobs(riverClient)
+	told.SetJobs(riverClient)
 	inbox.RegisterGauges(reg, workers, riverClient.PeriodicJobs())
 
 	// Domain packages: billing owns subscription state and handles its events; customers,
@@ -186,7 +201,9 @@ func newApp(opts appOptions) (*App, error) {
 		Registerer: reg,
 		// Access while collection is paused (pause_collection).
 		PausedCollectionEntitled: cfg.Policy.PausedCollectionEntitled,
+		AppEvents:                told.Teller(),
 	})
+	told.SetRecheck(subs.TellUser)
 	// The re-read worker needs the service, which needs the client: River looks workers up in
 	// the bundle when it inserts or works a job, so adding it before Start is in time.
 	subs.AddWorkers(workers)
@@ -205,8 +222,10 @@ func newApp(opts appOptions) (*App, error) {
 	subs.MountAPI(v1)
 	// Usage records are stored by the request and sent to Stripe by the reporter (Start).
 	meters := meterusage.New(meterusage.Deps{DB: db, Stripe: stripe, Livemode: livemode, Periods: subs,
-		ReviewAfter: cfg.Usage.ReviewAfter, ReportRate: float64(cfg.Usage.ReportRate), Registerer: reg, Logger: logger, Now: now})
+		ReviewAfter: cfg.Usage.ReviewAfter, ReportRate: float64(cfg.Usage.ReportRate), Registerer: reg, Logger: logger, Now: now,
+		AppEvents: told.Teller()})
 	meters.Mount(v1)
+	told.Mount(v1)
 
 	inbox.MountWebhook(e)
 	// The API's description, for anyone (it describes no data).
@@ -218,11 +237,12 @@ func newApp(opts appOptions) (*App, error) {
 	admin.New(admin.Deps{
 		Holds: subs, DeadLetters: inbox, Events: inbox, Subscriptions: subs, Charges: charges,
 		Reconcile: admin.NewReconcileReader(db), People: customers.NewDirectory(db), Accounts: subs, Runs: rec, Usage: meters,
-		Audit: audit.NewLog(db), Livemode: livemode, Logger: logger, Now: now,
+		AppEvents: told, Audit: audit.NewLog(db), Livemode: livemode, Logger: logger, Now: now,
 	}).Mount(adminAPI)
 	inbox.MountAdmin(adminAPI)
 	rec.Mount(adminAPI)
 	meters.MountAdmin(adminAPI)
+	told.MountAdmin(adminAPI)
 
 	return &App{Echo: e, River: riverClient, Inbox: inbox, DB: db, Registry: reg, Events: registry, log: logger, Reconcile: rec,
 		Usage: meters}, nil
@@ -269,4 +289,27 @@ func (a *App) Stop(ctx context.Context) error {
 		return a.River.StopAndCancel(cctx)
 	}
 	return nil
+}
+
+// newAppEvents builds the app events' service: the feed always, the push when app_events.url is set.
+func newAppEvents(cfg *config.Config, db *gorm.DB, livemode bool, logger *slog.Logger, now func() time.Time,
+	reg prometheus.Registerer) (*appevents.Service, error) {
+	var push *appevents.PusherConfig
+	if cfg.AppEvents.URL != "" {
+		signer, err := appevents.NewSigner(cfg.AppEvents.Secrets)
+		if err != nil {
+			return nil, err
+		}
+		push = &appevents.PusherConfig{URL: cfg.AppEvents.URL, Signer: signer, Timeout: cfg.AppEvents.Timeout}
+		logger.Info("app events are pushed", "url", redactQuery(cfg.AppEvents.URL), "secrets", len(cfg.AppEvents.Secrets))
+	}
+	return appevents.New(appevents.Deps{DB: db, Livemode: livemode, Push: push, Logger: logger, Now: now, Registerer: reg}), nil
+}
+
+// redactQuery drops a url's query (it may carry a token) for the log.
+func redactQuery(u string) string {
+	if i := strings.IndexAny(u, "?#"); i >= 0 {
+		return u[:i] + "?…"
+	}
+	return u
 }

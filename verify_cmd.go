@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"billing/billing"
 	"billing/checkout"
@@ -85,7 +86,7 @@ func runVerifyCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 	// The handlers as serve builds them, minus everything that reaches out: jobs are discarded
 	// (the transaction is rolled back anyway) and no Stripe client is given.
 	subs := billing.New(billing.Deps{
-		DB: db, Jobs: jobs.Discard{}, Logger: logger,
+		DB: db, Jobs: jobs.Discard{}, Logger: logger, Livemode: livemode,
 		PastDueEntitled: cfg.Policy.PastDueEntitled, PausedCollectionEntitled: cfg.Policy.PausedCollectionEntitled,
 		PeriodGrace: cfg.Policy.PeriodGrace,
 	})
@@ -95,6 +96,10 @@ func runVerifyCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 		ledger.New(ledger.Deps{DB: db, Livemode: livemode, Logger: logger}))
 	rep, err := verify.Run(ctx, verify.Deps{DB: db, Registry: reg, Snapshots: subs, Livemode: livemode, Strict: *strict, Logger: logger}, stdout)
 	if err != nil {
+		return stopped("%v", err)
+	}
+	// Every change of what the app reads has its event: the live answers are the ones told.
+	if err := rep.CheckAppEvents(ctx, db, livemode, time.Now(), subs.EntitlementAnswer, billing.NoneAnswer, stdout); err != nil {
 		return stopped("%v", err)
 	}
 	fmt.Fprintln(stdout, rep.Line())

@@ -17,6 +17,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"billing/appevents"
 	"billing/billing"
 	"billing/customers"
 	"billing/internal/audit"
@@ -87,6 +88,11 @@ type UsageSource interface {
 	MeterTotals(ctx context.Context, userID string, livemode bool, period *usage.Period) ([]usage.MeterTotal, error)
 }
 
+// AppEventSource is the app events of the deployment's mode and their push: appevents.Service.
+type AppEventSource interface {
+	List(ctx context.Context, q appevents.AdminQuery) ([]appevents.AdminEvent, error)
+}
+
 // RunSource is reconciliation as its page reads and starts it: reconcile.Service.
 type RunSource interface {
 	RunPage(ctx context.Context, before string, limit int) ([]reconcile.RunView, bool, error)
@@ -121,6 +127,7 @@ type Deps struct {
 	Runs          RunSource
 	Audit         AuditSource
 	Usage         UsageSource
+	AppEvents     AppEventSource
 	// Livemode is stripe.mode: the mode the console says it runs in.
 	Livemode bool
 	Logger   *slog.Logger

@@ -10,6 +10,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"billing/appevents"
 	"billing/billing"
 	"billing/customers"
 	"billing/internal/database"
@@ -22,6 +23,7 @@ const (
 	customerInvoices = 20
 	customerCharges  = 20
 	customerNotices  = 20
+	customerEvents   = 20
 )
 
 type customerPage struct {
@@ -43,6 +45,9 @@ type world struct {
 	Invoices []billing.InvoiceRow
 	Charges  []chargeWithRefunds
 	Notices  []billing.NoticeRow
+	// AppEvents are the newest events the app was told about the user (the deployment's mode
+	// only: the other mode has no app).
+	AppEvents []appevents.AdminEvent
 	// Usage is per meter over UsagePeriod, the entitled subscription's current period (nil: no
 	// such period, the sums are of every record).
 	Usage                                  []usage.MeterTotal
@@ -137,6 +142,12 @@ func (c *Console) fillWorld(ctx context.Context, w *world, q url.Values) {
 			w.NoticesMore = link("notices", cursorString(&last.CreatedAt, strconv.FormatInt(last.ID, 10)))
 		}
 		w.Notices = notices
+	}
+	if c.d.AppEvents != nil && w.Current {
+		var err error
+		if w.AppEvents, err = c.d.AppEvents.List(ctx, appevents.AdminQuery{UserID: w.Person.UserID, Limit: customerEvents}); err != nil {
+			fail("app events", err)
+		}
 	}
 	if c.d.Usage != nil {
 		w.UsagePeriod = entitledPeriod(w.Account)

@@ -153,7 +153,10 @@ func (s *Service) putFeatures(ctx context.Context, tx *gorm.DB, w featureWrite) 
 	if res.Error != nil {
 		return false, fmt.Errorf("store the features of customer %s: %w", w.customerID, res.Error)
 	}
-	return res.RowsAffected == 1, nil
+	if res.RowsAffected != 1 {
+		return false, nil
+	}
+	return true, s.tellCustomer(ctx, tx, w.customerID, w.livemode)
 }
 
 // handleEntitlementSummary applies entitlements.active_entitlement_summary.updated.

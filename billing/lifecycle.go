@@ -261,6 +261,10 @@ func (s *Service) applySubscriptionEvent(ctx context.Context, tx *gorm.DB, ev we
 		}
 	}
 
+	// A stale event may still move status_since, which breaks ties between subscriptions.
+	if err := s.tellCustomer(ctx, tx, customerID, ev.Livemode); err != nil {
+		return false, err
+	}
 	if ev.Type != EventSubscriptionTrialWillEnd {
 		return applied, nil
 	}
@@ -412,6 +416,11 @@ func (s *Service) applyInvoiceEvent(ctx context.Context, tx *gorm.DB, ev webhook
 		slog.String("event_id", ev.ID), slog.String("type", ev.Type),
 		slog.String("subscription_id", subscriptionID), slog.String("invoice_id", inv.ID),
 		slog.String("outcome", outcome))
+	if applied {
+		if err := s.tellCustomer(ctx, tx, customerID, ev.Livemode); err != nil {
+			return false, err
+		}
+	}
 
 	// Only a failure that is the newest word on the subscription's payments is worth a mail: a
 	// stale one (already paid, or superseded by a later attempt) would only confuse. Nor is the

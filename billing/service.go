@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"gorm.io/gorm"
 
+	"billing/appevents"
 	"billing/internal/jobs"
 	"billing/notices"
 	"billing/webhooks"
@@ -52,6 +53,9 @@ type Deps struct {
 	Reread RereadDeps
 	// Registerer receives the service's metrics; optional.
 	Registerer prometheus.Registerer
+	// AppEvents tells the app of every change of a user's entitlement (entitlement.updated);
+	// nil tells nothing (`billing verify`'s replay).
+	AppEvents *appevents.Teller
 }
 
 // Service is the billing domain: event handlers, and the entitlement and holds reads.
@@ -63,6 +67,7 @@ type Service struct {
 	policy   Policy
 	notices  *notices.Enqueuer
 	rereads  *rereads
+	teller   *appevents.Teller
 
 	events       *prometheus.CounterVec
 	featureReads *prometheus.CounterVec
@@ -90,6 +95,7 @@ func New(d Deps) *Service {
 		now:      d.Now,
 		policy:   Policy{PastDueEntitled: d.PastDueEntitled, PeriodGrace: d.PeriodGrace},
 		rereads:  newRereads(d),
+		teller:   d.AppEvents,
 		notices:  notices.NewEnqueuer(notices.EnqueuerConfig{Jobs: d.Jobs, Logger: log, Now: d.Now, Registerer: d.Registerer}),
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "billing_subscription_events_total",

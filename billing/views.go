@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
+	"gorm.io/gorm"
 
 	"billing/internal/database"
 )
@@ -338,10 +339,16 @@ func scanEntitlementRows(rows rowScanner, query string, viaSQL bool) (rd entitle
 // on one of the pool's connections with pgx itself (see queryPgx); through any other handle,
 // with database/sql.
 func (s *Service) readEntitlement(ctx context.Context, query, userID string, args ...any) (entitlementRead, error) {
+	return s.readEntitlementOn(ctx, s.db.Statement.ConnPool, query, userID, args...)
+}
+
+// readEntitlementOn is readEntitlement through the handle on: the service's pool, or a
+// transaction's (which sees the transaction's own writes).
+func (s *Service) readEntitlementOn(ctx context.Context, on gorm.ConnPool, query, userID string, args ...any) (entitlementRead, error) {
 	var rd entitlementRead
 	var err error
 	args = append([]any{userID, s.livemode}, args...)
-	if pool, ok := s.db.Statement.ConnPool.(*sql.DB); ok {
+	if pool, ok := on.(*sql.DB); ok {
 		err = queryPgx(ctx, pool, func(conn *pgx.Conn) error {
 			rows, err := conn.Query(ctx, query, args...)
 			if err != nil {
@@ -353,7 +360,7 @@ func (s *Service) readEntitlement(ctx context.Context, query, userID string, arg
 		})
 	} else {
 		var rows *sql.Rows
-		rows, err = s.db.Statement.ConnPool.QueryContext(ctx, query, args...)
+		rows, err = on.QueryContext(ctx, query, args...)
 		if err == nil {
 			rd, err = scanEntitlementRows(rows, query, true)
 			if cerr := rows.Close(); err == nil {

@@ -56,6 +56,8 @@ type Customers interface {
 type Billing interface {
 	Entitlement(ctx context.Context, userID string) (*billing.Entitlement, error)
 	ApplySnapshot(ctx context.Context, tx *gorm.DB, snap billing.Snapshot) (billing.SnapshotOutcome, error)
+	// TellUser tells the app, in tx, of the user's entitlement after a link changed it.
+	TellUser(ctx context.Context, tx *gorm.DB, userID string) error
 }
 
 // Deps are what the package needs from main.

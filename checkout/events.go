@@ -251,5 +251,5 @@ func (s *Service) linkCustomer(ctx context.Context, tx *gorm.DB, userID, custome
 		return nil
 	}
 	s.log.InfoContext(ctx, "stripe customer linked from checkout", "user_id", userID, "stripe_customer_id", customerID)
-	return nil
+	return s.billing.TellUser(ctx, tx, userID)
 }

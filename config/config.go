@@ -11,6 +11,7 @@
 package config
 
 import (
+	"encoding/base64"
 	"fmt"
 	"log/slog"
 	"net"
@@ -137,6 +138,18 @@ type Config struct {
 		SMTPURL string // secret: may embed a password
 		From    string
 	}
+	// AppEvents is the push of the app events to the app's endpoint.
+	AppEvents struct {
+		// URL is the app's endpoint; empty pushes nothing (the feed still fills).
+		URL string
+		// Secrets sign each push, every one of them (Standard Webhooks: whsec_ and base64):
+		// to rotate, add the new one first, drop the old one once the app trusts the new.
+		Secrets []string // secrets
+		// Timeout is how long one push attempt waits for the app's answer.
+		Timeout time.Duration
+		// Concurrency is how many users' events one process pushes at once.
+		Concurrency int
+	}
 	Log struct {
 		Level  string
 		Format string
@@ -154,6 +167,10 @@ const DefaultQueueWorkers = 5
 // PoolShares is how the process's connections are shared out (database.PoolShares).
 func (c *Config) PoolShares() database.PoolShares {
 	s := database.PoolShares{StripeCalls: c.Stripe.MaxConcurrentCalls, Workers: c.Worker.Concurrency + DefaultQueueWorkers}
+	if c.AppEvents.URL != "" {
+		// A push holds no connection while it waits for the app, but its statements do.
+		s.Workers += c.AppEvents.Concurrency
+	}
 	if c.Webhooks.ApplyInline {
 		s.InlineApplies = InlineApplies
 	}
@@ -188,7 +205,7 @@ func (e *Error) Error() string {
 // "<key>_file" (YAML) or BILLING_<KEY>_FILE (environment).
 var secretKeys = []string{
 	"database.url", "stripe.secret_key", "stripe.webhook_secrets.test", "stripe.webhook_secrets.live",
-	"auth.api_tokens", "auth.admin_tokens", "mail.smtp_url",
+	"auth.api_tokens", "auth.admin_tokens", "mail.smtp_url", "app_events.secrets",
 }
 
 // EnvNames returns the environment variable of every configuration key, sorted (the secrets
@@ -242,6 +259,10 @@ var defaults = map[string]string{
 	"policy.period_grace":         "2h",
 	"mail.smtp_url":               "",
 	"mail.from":                   "",
+	"app_events.url":              "",
+	"app_events.secrets":          "",
+	"app_events.timeout":          "10s",
+	"app_events.concurrency":      "16",
 	"log.level":                   "info",
 	"log.format":                  "json",
 	// Whether an active subscription with collection paused keeps access (billing.Policy).
@@ -312,6 +333,10 @@ func Load(path string) (*Config, error) {
 	c.Policy.PausedCollectionEntitled = l.boolean("policy.paused_collection_entitled")
 	c.Mail.SMTPURL = l.secret("mail.smtp_url")
 	c.Mail.From = l.str("mail.from")
+	c.AppEvents.URL = l.str("app_events.url")
+	c.AppEvents.Secrets = l.secretList("app_events.secrets")
+	c.AppEvents.Timeout = l.duration("app_events.timeout")
+	c.AppEvents.Concurrency = l.integer("app_events.concurrency")
 	c.Log.Level = strings.ToLower(l.str("log.level"))
 	c.Log.Format = strings.ToLower(l.str("log.format"))
 	if l.err != nil {
@@ -849,6 +874,9 @@ func (c *Config) validate() *Error {
 			return errorf("mail.from", "is required when mail.smtp_url is set")
 		}
 	}
+	if err := c.validateAppEvents(); err != nil {
+		return err
+	}
 	if c.Mail.From != "" {
 		if _, err := mail.ParseAddress(c.Mail.From); err != nil {
 			return errorf("mail.from", "invalid email address %q", c.Mail.From)
@@ -1005,6 +1033,8 @@ func (c *Config) LogValue() slog.Value {
 		slog.Group("policy", slog.Bool("past_due_entitled", c.Policy.PastDueEntitled),
 			slog.String("period_grace", c.Policy.PeriodGrace.String()),
 			slog.Bool("paused_collection_entitled", c.Policy.PausedCollectionEntitled)),
+		slog.Group("app_events", slog.String("url", redactURL(c.AppEvents.URL)), slog.Int("secrets", len(c.AppEvents.Secrets)),
+			slog.String("timeout", c.AppEvents.Timeout.String()), slog.Int("concurrency", c.AppEvents.Concurrency)),
 		slog.Group("mail",
 			slog.String("smtp_url", setness(c.Mail.SMTPURL)),
 			slog.String("from", c.Mail.From),
@@ -1051,4 +1081,50 @@ func checkLoopbackAddr(addr string) string {
 		return fmt.Sprintf("%q is not a loopback address: the profiler listens only on 127.0.0.1, ::1 or localhost (taken as 127.0.0.1)", addr)
 	}
 	return ""
+}
+
+// validateAppEvents checks the push of app events: a url that is an endpoint, secrets the
+// Standard Webhooks specification accepts (whsec_ and base64 of 24 to 64 bytes).
+func (c *Config) validateAppEvents() *Error {
+	a := c.AppEvents
+	if a.URL != "" {
+		// url.Parse errors quote the input, which may hold a token: fixed messages only.
+		u, err := url.Parse(a.URL)
+		switch {
+		case err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.Hostname() == "":
+			return errorf("app_events.url", "must be an http:// or https:// URL with a host")
+		case u.User != nil:
+			return errorf("app_events.url", "must not carry credentials: the app verifies the signature instead")
+		case u.Fragment != "" || strings.Contains(a.URL, "#"):
+			return errorf("app_events.url", "must not have a #fragment")
+		}
+		if len(a.Secrets) == 0 {
+			return errorf("app_events.secrets", "is required when app_events.url is set: every push is signed with it")
+		}
+	}
+	seen := map[string]bool{}
+	for i, s := range a.Secrets {
+		body, ok := strings.CutPrefix(s, "whsec_")
+		if !ok {
+			return errorf("app_events.secrets", "secret %d must start with whsec_", i+1)
+		}
+		key, err := base64.StdEncoding.DecodeString(body)
+		if err != nil {
+			return errorf("app_events.secrets", "secret %d is not whsec_ and base64", i+1)
+		}
+		if len(key) < 24 || len(key) > 64 {
+			return errorf("app_events.secrets", "secret %d must hold 24 to 64 bytes, holds %d", i+1, len(key))
+		}
+		if seen[s] {
+			return errorf("app_events.secrets", "secret %d is listed twice", i+1)
+		}
+		seen[s] = true
+	}
+	if a.Timeout < time.Second || a.Timeout > time.Minute {
+		return errorf("app_events.timeout", "must be between 1s and 1m, got %s", a.Timeout)
+	}
+	if a.Concurrency < 1 || a.Concurrency > 256 {
+		return errorf("app_events.concurrency", "must be 1 to 256, got %d", a.Concurrency)
+	}
+	return nil
 }

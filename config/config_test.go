@@ -2,6 +2,7 @@ package config
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"log/slog"
@@ -97,6 +98,7 @@ func TestLoadDefaults(t *testing.T) {
 	want.Policy.PastDueEntitled = true
 	want.Policy.PeriodGrace = 2 * time.Hour
 	want.Policy.PausedCollectionEntitled = true
+	want.AppEvents.Timeout, want.AppEvents.Concurrency = 10*time.Second, 16
 	want.Log.Level = "info"
 	want.Log.Format = "json"
 	if !reflect.DeepEqual(c, want) {
@@ -179,6 +181,7 @@ func TestLoadYAML(t *testing.T) {
 		want.Policy.PausedCollectionEntitled = false
 		want.Mail.SMTPURL = "smtps://user:pw@mail.example.com:465"
 		want.Mail.From = "billing@example.com"
+		want.AppEvents.Timeout, want.AppEvents.Concurrency = 10*time.Second, 16
 		want.Log.Level = "debug" // normalised from DEBUG
 		want.Log.Format = "text"
 		if !reflect.DeepEqual(c, want) {
@@ -583,6 +586,7 @@ func validConfig() *Config {
 	c.Webhooks.GroupCommit = 16
 	c.Policy.PeriodGrace = 2 * time.Hour
 	c.Usage.ReportRate, c.Usage.ReviewAfter = 20, 20*time.Hour
+	c.AppEvents.Timeout, c.AppEvents.Concurrency = 10*time.Second, 16
 	c.Log.Level = "info"
 	c.Log.Format = "json"
 	return c
@@ -937,5 +941,70 @@ func TestLoadConcurrent(t *testing.T) {
 	close(errs)
 	for err := range errs {
 		t.Error(err)
+	}
+}
+
+// appSecret24 is the Standard Webhooks example secret (24 bytes); appSecret32 holds 32.
+const (
+	appSecret24 = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+	appSecret32 = "whsec_QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVphYmNkZWY="
+)
+
+func TestAppEventsConfig(t *testing.T) {
+	clearEnv(t)
+	t.Setenv("BILLING_APP_EVENTS_URL", "https://app.example.com/billing-events?token=x")
+	t.Setenv("BILLING_APP_EVENTS_SECRETS", appSecret32+","+appSecret24)
+	t.Setenv("BILLING_APP_EVENTS_TIMEOUT", "3s")
+	c, err := Load("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.AppEvents.URL != "https://app.example.com/billing-events?token=x" || !reflect.DeepEqual(c.AppEvents.Secrets, []string{appSecret32, appSecret24}) ||
+		c.AppEvents.Timeout != 3*time.Second || c.AppEvents.Concurrency != 16 {
+		t.Fatalf("app events: %+v", c.AppEvents)
+	}
+	// The secrets read from a file, newline separated (rotation: two at once).
+	clearEnv(t)
+	t.Setenv("BILLING_APP_EVENTS_URL", "http://localhost:9000/events")
+	t.Setenv("BILLING_APP_EVENTS_SECRETS_FILE", writeFile(t, "app-secrets", appSecret24+"\n"+appSecret32+"\n"))
+	if c, err = Load(""); err != nil || len(c.AppEvents.Secrets) != 2 {
+		t.Fatalf("secrets from a file: %+v, %v", c, err)
+	}
+}
+
+func TestAppEventsConfigRefusesWhatCannotPush(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		key  string
+	}{
+		{"url without a secret", map[string]string{"BILLING_APP_EVENTS_URL": "https://app.example.com/e"}, "app_events.secrets"},
+		{"not http", map[string]string{"BILLING_APP_EVENTS_URL": "ftp://app.example.com/e", "BILLING_APP_EVENTS_SECRETS": appSecret24}, "app_events.url"},
+		{"no host", map[string]string{"BILLING_APP_EVENTS_URL": "https:///e", "BILLING_APP_EVENTS_SECRETS": appSecret24}, "app_events.url"},
+		{"relative", map[string]string{"BILLING_APP_EVENTS_URL": "/e", "BILLING_APP_EVENTS_SECRETS": appSecret24}, "app_events.url"},
+		{"credentials", map[string]string{"BILLING_APP_EVENTS_URL": "https://u:pw@app.example.com/e", "BILLING_APP_EVENTS_SECRETS": appSecret24}, "app_events.url"},
+		{"fragment", map[string]string{"BILLING_APP_EVENTS_URL": "https://app.example.com/e#x", "BILLING_APP_EVENTS_SECRETS": appSecret24}, "app_events.url"},
+		{"no whsec_", map[string]string{"BILLING_APP_EVENTS_SECRETS": "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"}, "app_events.secrets"},
+		{"not base64", map[string]string{"BILLING_APP_EVENTS_SECRETS": "whsec_not*base64*at*all*here*0000"}, "app_events.secrets"},
+		{"16 bytes", map[string]string{"BILLING_APP_EVENTS_SECRETS": "whsec_MDEyMzQ1Njc4OWFiY2RlZg=="}, "app_events.secrets"},
+		{"65 bytes", map[string]string{"BILLING_APP_EVENTS_SECRETS": "whsec_" + base64.StdEncoding.EncodeToString(make([]byte, 65))}, "app_events.secrets"},
+		{"twice", map[string]string{"BILLING_APP_EVENTS_SECRETS": appSecret24 + "," + appSecret24}, "app_events.secrets"},
+		{"timeout too short", map[string]string{"BILLING_APP_EVENTS_TIMEOUT": "500ms"}, "app_events.timeout"},
+		{"timeout too long", map[string]string{"BILLING_APP_EVENTS_TIMEOUT": "2m"}, "app_events.timeout"},
+		{"no workers", map[string]string{"BILLING_APP_EVENTS_CONCURRENCY": "0"}, "app_events.concurrency"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clearEnv(t)
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			_, err := Load("")
+			ce := wantKeyErr(t, err, tc.key)
+			for _, v := range tc.env {
+				if strings.HasPrefix(v, "whsec_") && len(v) > 12 && strings.Contains(ce.Error(), v[6:]) {
+					t.Errorf("the error shows the secret: %v", ce)
+				}
+			}
+		})
 	}
 }

@@ -26,6 +26,8 @@ import (
 // entitlement, read from local state (billing.Service implements it).
 type Accounts interface {
 	Customer(ctx context.Context, userID string) (*billing.CustomerView, error)
+	// TellUser tells the app, in tx, of the user's entitlement after a link changed it.
+	TellUser(ctx context.Context, tx *gorm.DB, userID string) error
 }
 
 // Deps are what the customers endpoints need from main.
@@ -194,7 +196,8 @@ func (h *Handlers) link(ctx context.Context, userID string) (*Customer, bool, er
 			}
 			cust.StripeCustomerID = &sc.ID
 			h.log.InfoContext(ctx, "stripe customer linked", "user_id", userID, "stripe_customer_id", sc.ID)
-			return nil
+			// A new customer has nothing yet, unless its events came before this commit.
+			return h.accounts.TellUser(ctx, tx, userID)
 		},
 		Refuse: func(tx *gorm.DB, _ outbound.Attempt) error {
 			// Nothing exists under the key, so the unfinished link is dropped and the next PUT

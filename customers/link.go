@@ -113,6 +113,9 @@ func (h *Handlers) LinkExisting(ctx context.Context, userID, customerID string) 
 		if res.RowsAffected == 0 {
 			return linkChanged(userID)
 		}
+		if err := h.accounts.TellUser(ctx, tx, userID); err != nil {
+			return err
+		}
 		if owner != "" {
 			return nil
 		}

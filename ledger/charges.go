@@ -179,15 +179,25 @@ func (s *Service) loadCharge(ctx context.Context, db *gorm.DB, orderID string) (
 // The conflict target is left open on purpose: the row has two unique keys, order_id and the
 // idempotency_key derived from it, and an insert racing a concurrent one may collide on either.
 // ON CONFLICT (order_id) would turn a collision on the other into a unique violation (a 500).
+//
+// The new row is the charge's first answer (pending): the app is told in the insert's
+// transaction.
 func (s *Service) insertCharge(ctx context.Context, req chargeRequest, hash, stripeCustomerID string) error {
 	now := s.now().UTC()
-	err := s.db.WithContext(ctx).Exec(`
-		INSERT INTO charges (order_id, user_id, stripe_customer_id, amount, currency, description,
-			request_hash, idempotency_key, livemode, state, created_at, updated_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11)
-		ON CONFLICT DO NOTHING`,
-		req.OrderID, req.UserID, stripeCustomerID, req.Amount, req.Currency, req.Description,
-		hash, ChargeKey(req.OrderID), s.livemode, statePending, now).Error
+	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		res := tx.Exec(`
+			INSERT INTO charges (order_id, user_id, stripe_customer_id, amount, currency, description,
+				request_hash, idempotency_key, livemode, state, created_at, updated_at)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $11)
+			ON CONFLICT DO NOTHING`,
+			req.OrderID, req.UserID, stripeCustomerID, req.Amount, req.Currency, req.Description,
+			hash, ChargeKey(req.OrderID), s.livemode, statePending, now)
+		if res.Error != nil || res.RowsAffected == 0 {
+			// A row already there is another request's, told by its own insert.
+			return res.Error
+		}
+		return s.tellCharge(ctx, tx, req.OrderID, req.UserID, s.livemode)
+	})
 	return database.APIError(err, "insert charge")
 }
 
@@ -337,6 +347,9 @@ func (s *Service) completeCharge(ctx context.Context, tx *gorm.DB, row *chargeRo
 		stateCompleted, out.status, out.paymentIntentID, answer, errorCode, out.declineCode, at,
 		row.OrderID, row.Livemode).Error; err != nil {
 		return reply{}, fmt.Errorf("complete charge: %w", err)
+	}
+	if err := s.tellCharge(ctx, tx, row.OrderID, row.UserID, row.Livemode); err != nil {
+		return reply{}, err
 	}
 	s.log.InfoContext(ctx, "charge completed", "order_id", row.OrderID, "status", out.status,
 		"payment_intent_id", out.paymentIntentID, "decline_code", out.declineCode)

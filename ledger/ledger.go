@@ -38,6 +38,7 @@ import (
 	"github.com/stripe/stripe-go/v79/client"
 	"gorm.io/gorm"
 
+	"billing/appevents"
 	"billing/internal/apierr"
 	"billing/internal/httpserver"
 	"billing/internal/outbound"
@@ -63,6 +64,9 @@ type Deps struct {
 	Livemode bool
 	Logger   *slog.Logger
 	Now      func() time.Time
+	// AppEvents tells the app of every change of a charge's GET answer (charge.updated), in the
+	// change's transaction; nil tells nothing.
+	AppEvents *appevents.Teller
 }
 
 // Service makes charges and refunds and serves their endpoints.
@@ -72,11 +76,12 @@ type Service struct {
 	livemode bool
 	log      *slog.Logger
 	now      func() time.Time
+	teller   *appevents.Teller
 }
 
 // New returns the ledger service. Logger and Now default to a discarding logger and time.Now.
 func New(d Deps) *Service {
-	s := &Service{db: d.DB, stripe: d.Stripe, livemode: d.Livemode, log: d.Logger, now: d.Now}
+	s := &Service{db: d.DB, stripe: d.Stripe, livemode: d.Livemode, log: d.Logger, now: d.Now, teller: d.AppEvents}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}

@@ -154,7 +154,9 @@ type reservedSum struct {
 
 // reserveRefund inserts the pending refund row after checking, under the charge's row lock, that
 // the charge can be refunded by that much. A row that a concurrent request inserted while we
-// waited for the lock is left alone (the caller reads it back).
+// waited for the lock is left alone (the caller reads it back). A pending refund is not in the
+// charge's GET answer (refundedSQL counts the completed ones only), so the app is told nothing
+// here: completeRefund tells.
 func (s *Service) reserveRefund(ctx context.Context, req refundRequest, hash string) error {
 	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		var ch chargeRow
@@ -335,6 +337,10 @@ func (s *Service) completeRefund(ctx context.Context, tx *gorm.DB, row *refundRo
 		WHERE order_id = $7 AND refund_id = $8 AND livemode = $9`,
 		stateCompleted, out.status, out.stripeRefundID, answer, errorCode, at, row.OrderID, row.RefundID, row.Livemode).Error; err != nil {
 		return reply{}, fmt.Errorf("complete refund: %w", err)
+	}
+	// A refund Stripe accepted counts in the charge's amount_refunded from now on.
+	if err := s.tellCharge(ctx, tx, row.OrderID, "", row.Livemode); err != nil {
+		return reply{}, err
 	}
 	s.log.InfoContext(ctx, "refund completed", "order_id", row.OrderID, "refund_id", row.RefundID,
 		"status", out.status, "stripe_refund_id", out.stripeRefundID, "amount", row.Amount)

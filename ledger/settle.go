@@ -30,6 +30,10 @@ import (
 // never overwrites a newer state; the rank orders the statuses of one second along their
 // lifecycle. Final states are never left: succeeded and canceled for a PaymentIntent, failed and
 // canceled for a refund (a succeeded refund can still fail).
+//
+// The app is told (charge.updated, tellCharge) in the event's transaction when an event changed
+// a charge's GET answer: after the ledger rows are written and locked, so that the user's lock
+// is always taken last.
 
 // Event types the ledger handles, as stripe-go v79 spells them (EventType constants). v79 knows
 // no refund.failed: a failed refund arrives as refund.updated / charge.refund.updated.
@@ -187,6 +191,7 @@ func chargeStatusOf(eventType, piStatus string) string {
 
 type matchedRow struct {
 	OrderID          string  `gorm:"column:order_id"`
+	UserID           string  `gorm:"column:user_id"`
 	RefundID         string  `gorm:"column:refund_id"`
 	Livemode         bool    `gorm:"column:livemode"`
 	StripeCustomerID string  `gorm:"column:stripe_customer_id"`
@@ -203,7 +208,7 @@ func (s *Service) handlePaymentIntentEvent(ctx context.Context, tx *gorm.DB, ev 
 	}
 	var rows []matchedRow
 	if err := tx.WithContext(ctx).Raw(`
-		SELECT order_id, livemode, stripe_customer_id, payment_intent_id FROM charges
+		SELECT order_id, user_id, livemode, stripe_customer_id, payment_intent_id FROM charges
 		WHERE livemode = $3 AND (payment_intent_id = $1 OR (payment_intent_id IS NULL AND order_id = $2))
 		ORDER BY payment_intent_id IS NULL, order_id
 		`+webhooks.LockRows(ctx), pi.ID, pi.Metadata["order_id"], ev.Livemode).Scan(&rows).Error; err != nil {
@@ -246,7 +251,10 @@ func (s *Service) handlePaymentIntentEvent(ctx context.Context, tx *gorm.DB, ev 
 	}
 	s.log.LogAttrs(ctx, slog.LevelInfo, "charge settled by event", slog.String("event_id", ev.ID),
 		slog.String("order_id", row.OrderID), slog.String("status", status), slog.Bool("applied", res.RowsAffected == 1))
-	return nil
+	if res.RowsAffected == 0 {
+		return nil
+	}
+	return s.tellCharge(ctx, tx, row.OrderID, row.UserID, ev.Livemode)
 }
 
 func (s *Service) handleRefundEvent(ctx context.Context, tx *gorm.DB, ev webhooks.Event) error {
@@ -257,25 +265,31 @@ func (s *Service) handleRefundEvent(ctx context.Context, tx *gorm.DB, ev webhook
 	if r.ID == "" || r.Status == "" {
 		return permanent(ev, errors.New("refund without id or status"))
 	}
-	return s.settleRefund(ctx, tx, ev, &r)
+	orderID, err := s.settleRefund(ctx, tx, ev, &r)
+	if err != nil || orderID == "" {
+		return err
+	}
+	return s.tellCharge(ctx, tx, orderID, "", ev.Livemode)
 }
 
-func (s *Service) settleRefund(ctx context.Context, tx *gorm.DB, ev webhooks.Event, r *refundObject) error {
+// settleRefund writes the event's status of a refund into its row; orderID is the refund's
+// charge when the row took it ("" when nothing changed), for the caller to tell.
+func (s *Service) settleRefund(ctx context.Context, tx *gorm.DB, ev webhooks.Event, r *refundObject) (orderID string, err error) {
 	var rows []matchedRow
 	if err := tx.WithContext(ctx).Raw(`
 		SELECT order_id, refund_id, livemode FROM refunds
 		WHERE livemode = $4 AND (stripe_refund_id = $1 OR (stripe_refund_id IS NULL AND order_id = $2 AND refund_id = $3))
 		ORDER BY stripe_refund_id IS NULL, order_id, refund_id
 		`+webhooks.LockRows(ctx), r.ID, r.Metadata["order_id"], r.Metadata["refund_id"], ev.Livemode).Scan(&rows).Error; err != nil {
-		return fmt.Errorf("lock refund %s: %w", r.ID, err)
+		return "", fmt.Errorf("lock refund %s: %w", r.ID, err)
 	}
 	if len(rows) == 0 {
 		s.log.DebugContext(ctx, "refund of no ledger row", "event_id", ev.ID, "stripe_refund_id", r.ID)
-		return nil
+		return "", nil
 	}
 	row := rows[0]
 	if row.Livemode != ev.Livemode {
-		return mismatch(ev, "refund "+row.RefundID+" of order "+row.OrderID, row.Livemode)
+		return "", mismatch(ev, "refund "+row.RefundID+" of order "+row.OrderID, row.Livemode)
 	}
 	res := tx.WithContext(ctx).Exec(`
 		UPDATE refunds SET status = $4, stripe_refund_id = coalesce(stripe_refund_id, $5), failure_reason = $6,
@@ -288,12 +302,15 @@ func (s *Service) settleRefund(ctx context.Context, tx *gorm.DB, ev webhooks.Eve
 		row.OrderID, row.RefundID, ev.Livemode, r.Status, r.ID, r.FailureReason,
 		ev.ID, ev.Created.UTC(), refundStatusRank(r.Status)*10+refundTypeRank(ev.Type), s.now().UTC())
 	if res.Error != nil {
-		return fmt.Errorf("settle refund %s of order %s: %w", row.RefundID, row.OrderID, res.Error)
+		return "", fmt.Errorf("settle refund %s of order %s: %w", row.RefundID, row.OrderID, res.Error)
 	}
 	s.log.LogAttrs(ctx, slog.LevelInfo, "refund settled by event", slog.String("event_id", ev.ID),
 		slog.String("order_id", row.OrderID), slog.String("refund_id", row.RefundID),
 		slog.String("status", r.Status), slog.Bool("applied", res.RowsAffected == 1))
-	return nil
+	if res.RowsAffected == 0 {
+		return "", nil
+	}
+	return row.OrderID, nil
 }
 
 // refundTypeRank: within one second and one status, an update outranks the creation.
@@ -305,7 +322,8 @@ func refundTypeRank(eventType string) int {
 }
 
 // handleChargeRefunded records how much of a charge Stripe has refunded (also refunds made
-// elsewhere), and settles the refunds the payload lists.
+// elsewhere), and settles the refunds the payload lists. The charges it changed are told once
+// each, at the end: after the refunds' row locks, so that the user's lock comes last.
 func (s *Service) handleChargeRefunded(ctx context.Context, tx *gorm.DB, ev webhooks.Event) error {
 	var ch chargeObject
 	if err := decodeObject(ev.Object, &ch); err != nil {
@@ -315,9 +333,19 @@ func (s *Service) handleChargeRefunded(ctx context.Context, tx *gorm.DB, ev webh
 	if ch.ID == "" {
 		return permanent(ev, errors.New("charge has no id"))
 	}
+	// The charges to tell, each once, in the order they changed (user id "" to look it up).
+	var told []matchedRow
+	tell := func(orderID, userID string) {
+		for _, t := range told {
+			if t.OrderID == orderID {
+				return
+			}
+		}
+		told = append(told, matchedRow{OrderID: orderID, UserID: userID})
+	}
 	if piID != "" {
 		var rows []matchedRow
-		if err := tx.WithContext(ctx).Raw(`SELECT order_id, livemode FROM charges WHERE payment_intent_id = $1 AND livemode = $2 ORDER BY order_id `+webhooks.LockRows(ctx), piID, ev.Livemode).
+		if err := tx.WithContext(ctx).Raw(`SELECT order_id, user_id, livemode FROM charges WHERE payment_intent_id = $1 AND livemode = $2 ORDER BY order_id `+webhooks.LockRows(ctx), piID, ev.Livemode).
 			Scan(&rows).Error; err != nil {
 			return fmt.Errorf("lock charge of %s: %w", piID, err)
 		}
@@ -332,18 +360,27 @@ func (s *Service) handleChargeRefunded(ctx context.Context, tx *gorm.DB, ev webh
 					WHERE order_id = $1 AND livemode = $4`, rows[0].OrderID, *ch.AmountRefunded, s.now().UTC(), ev.Livemode).Error; err != nil {
 					return fmt.Errorf("record refunded amount of order %s: %w", rows[0].OrderID, err)
 				}
+				tell(rows[0].OrderID, rows[0].UserID)
 			}
 		}
 	}
-	if ch.Refunds == nil {
-		return nil
-	}
-	for _, raw := range ch.Refunds.Data {
-		var r refundObject
-		if err := decodeObject(raw, &r); err != nil || r.ID == "" || r.Status == "" {
-			continue
+	if ch.Refunds != nil {
+		for _, raw := range ch.Refunds.Data {
+			var r refundObject
+			if err := decodeObject(raw, &r); err != nil || r.ID == "" || r.Status == "" {
+				continue
+			}
+			orderID, err := s.settleRefund(ctx, tx, ev, &r)
+			if err != nil {
+				return err
+			}
+			if orderID != "" {
+				tell(orderID, "")
+			}
 		}
-		if err := s.settleRefund(ctx, tx, ev, &r); err != nil {
+	}
+	for _, t := range told {
+		if err := s.tellCharge(ctx, tx, t.OrderID, t.UserID, ev.Livemode); err != nil {
 			return err
 		}
 	}

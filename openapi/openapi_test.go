@@ -11,6 +11,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"billing/appevents"
 	"billing/billing"
 	"billing/internal/audit"
 	"billing/reconcile"
@@ -363,16 +364,19 @@ func TestAnswerStructsFitTheDocument(t *testing.T) {
 		schema string
 		value  any
 	}{
-		"Entitlement":  {"Entitlement", ent},
-		"Subscription": {"Subscription", billing.SubscriptionView{Quantity: &one}},
-		"Customer":     {"Customer", billing.CustomerView{Subscriptions: []billing.SubscriptionView{{}}, Entitlement: ent}},
-		"Hold":         {"Hold", billing.HoldView{}},
-		"InvoiceList":  {"InvoiceList", billing.InvoicePage{Invoices: []billing.InvoiceView{{}}}},
-		"Feature":      {"Feature", billing.FeatureAnswer{}},
-		"Event":        {"Event", ev},
-		"EventDetail":  {"EventDetail", withPayload},
-		"ReconcileRun": {"ReconcileRun", reconcile.RunView{}},
-		"Drift":        {"Drift", reconcile.DriftView{}},
+		"Entitlement":   {"Entitlement", ent},
+		"Subscription":  {"Subscription", billing.SubscriptionView{Quantity: &one}},
+		"Customer":      {"Customer", billing.CustomerView{Subscriptions: []billing.SubscriptionView{{}}, Entitlement: ent}},
+		"Hold":          {"Hold", billing.HoldView{}},
+		"InvoiceList":   {"InvoiceList", billing.InvoicePage{Invoices: []billing.InvoiceView{{}}}},
+		"Feature":       {"Feature", billing.FeatureAnswer{}},
+		"Event":         {"Event", ev},
+		"EventDetail":   {"EventDetail", withPayload},
+		"ReconcileRun":  {"ReconcileRun", reconcile.RunView{}},
+		"Drift":         {"Drift", reconcile.DriftView{}},
+		"AppEvent":      {"AppEvent", appevents.Body{Type: appevents.TypeEntitlementUpdated, Sequence: 1, Data: json.RawMessage(`{}`)}},
+		"AppEventPage":  {"AppEventPage", appevents.Page{Events: []appevents.Body{{Type: appevents.TypeChargeUpdated, Sequence: 1, Data: json.RawMessage(`{}`)}}}},
+		"AdminAppEvent": {"AdminAppEvent", appevents.AdminEvent{Status: "pending"}},
 	} {
 		schema, ok := Schema(tc.schema)
 		if !ok {

@@ -43,6 +43,8 @@ type Subscriptions interface {
 	// CustomerFeaturesOf reads the stored features of a page's customers in one query.
 	CustomerFeaturesOf(ctx context.Context, stripeCustomerIDs []string, livemode bool) (map[string]billing.CustomerFeatures, error)
 	ApplyFeatureRead(ctx context.Context, tx *gorm.DB, r billing.FeatureRead) (bool, error)
+	// TellUser tells the app, in tx, of the user's entitlement after a link changed it.
+	TellUser(ctx context.Context, tx *gorm.DB, userID string) error
 }
 
 // Deps are what a reconciler needs.

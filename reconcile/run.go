@@ -745,13 +745,19 @@ func (r *run) linkDiff(ctx context.Context, c *stripe.Customer, links *linkSet) 
 // comparison after the repair reports it).
 func (r *run) link(ctx context.Context, tx *gorm.DB, c *stripe.Customer) error {
 	now := r.s.now().UTC()
-	err := tx.WithContext(ctx).Exec(`
+	res := tx.WithContext(ctx).Exec(`
 		INSERT INTO customers (user_id, stripe_customer_id, email, name, livemode, created_at, updated_at)
 		VALUES ($1, $2, $3, $4, $5, $6, $6)
 		ON CONFLICT DO NOTHING`,
-		c.Metadata["user_id"], c.ID, c.Email, c.Name, r.s.livemode, now).Error
-	if err != nil {
-		return fmt.Errorf("link customer %s: %w", c.ID, err)
+		c.Metadata["user_id"], c.ID, c.Email, c.Name, r.s.livemode, now)
+	if res.Error != nil {
+		return fmt.Errorf("link customer %s: %w", c.ID, res.Error)
+	}
+	if res.RowsAffected == 0 {
+		return nil
+	}
+	if err := r.s.billing.TellUser(ctx, tx, c.Metadata["user_id"]); err != nil {
+		return err
 	}
 	r.s.log.InfoContext(ctx, "reconcile: customer linked", "run_id", r.sum.RunID, "user_id", c.Metadata["user_id"], "stripe_customer_id", c.ID)
 	return nil

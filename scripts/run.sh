@@ -15,6 +15,9 @@ add_once() { grep -q "^$1=" .data/dev.env || echo "$1=$2" >> .data/dev.env; }
 add_once BILLING_STRIPE_WEBHOOK_SECRETS_TEST "whsec_$(rnd 24)"
 add_once BILLING_AUTH_API_TOKENS "app_$(rnd 16)"
 add_once BILLING_AUTH_ADMIN_TOKENS "admin_$(rnd 16)"
+# The app events' signing secret (Standard Webhooks: whsec_ and base64 of 32 bytes): serve pushes
+# signed events when BILLING_APP_EVENTS_URL names the app's endpoint.
+add_once BILLING_APP_EVENTS_SECRETS "whsec_$(head -c 32 /dev/urandom | base64 | tr -d '\n')"
 set -a
 . ./.data/dev.env
 set +a
@@ -72,6 +75,8 @@ billing (test mode, offline)
   Stripe API:      the dev Stripe at ${BILLING_STRIPE_API_URL} (log: .data/devstripe.log):
                    test cards as in Stripe's test mode; a new customer pays with pm_card_visa
   database:        embedded, under .data/postgres; serve logs the psql command to reach it (psql=...)
+  app events:      bin/billing events tail   (the feed; pushed too when BILLING_APP_EVENTS_URL is set:
+                   ${BILLING_APP_EVENTS_URL:-not set}, signed with BILLING_APP_EVENTS_SECRETS of .data/dev.env)
 
 Try:
   curl -s localhost:${port}/readyz

@@ -13,6 +13,7 @@ import (
 	"github.com/stripe/stripe-go/v79"
 	"gorm.io/gorm"
 
+	"billing/appevents"
 	"billing/internal/outbound"
 	"billing/internal/stripeclient"
 )
@@ -257,6 +258,9 @@ func (s *Service) send(ctx context.Context, k recordKey) (outbound.Result, error
 			if err := update(tx, `status = $4, review_since = $5, updated_at = $5`, stateNeedsReview, a.At); err != nil {
 				return fmt.Errorf("mark usage record for review: %w", err)
 			}
+			if err := s.tellReview(ctx, tx, k); err != nil {
+				return err
+			}
 			s.log.WarnContext(ctx, "usage record needs an operator's review: its first attempt is older than usage.review_after and Stripe never acknowledged it",
 				"user_id", row.UserID, "usage_id", row.UsageID, "identifier", row.Identifier, "first_attempt_at", row.FirstAttemptAt, "attempts", row.Attempts)
 			return nil
@@ -280,6 +284,9 @@ func (s *Service) send(ctx context.Context, k recordKey) (outbound.Result, error
 				error_message = $7, updated_at = $5`, stateRefused, a.At, code, msg); err != nil {
 				return fmt.Errorf("mark usage record refused: %w", err)
 			}
+			if err := s.tellReview(ctx, tx, k); err != nil {
+				return err
+			}
 			s.log.WarnContext(ctx, "Stripe refused the meter event; the record is kept as refused", "user_id", row.UserID,
 				"usage_id", row.UsageID, "meter", row.Meter, stripeclient.LogAttr(a.Err))
 			return nil
@@ -302,6 +309,31 @@ func (s *Service) send(ctx context.Context, k recordKey) (outbound.Result, error
 		Now: s.now,
 		Log: s.log.With("user_id", k.UserID, "usage_id", k.UsageID),
 	})
+}
+
+// tellReview tells the app, in tx, a record of the service's mode that tx moved to needs_review
+// or refused (usage.needs_review): the record as POST /v1/customers/{user_id}/usage answers it
+// once tx commits. The user's lock comes after the record's, which tx holds.
+func (s *Service) tellReview(ctx context.Context, tx *gorm.DB, k recordKey) error {
+	if s.teller == nil {
+		return nil
+	}
+	l, err := s.teller.Lock(ctx, tx, k.UserID, s.livemode, appevents.UsageSubject(k.UsageID))
+	if err != nil {
+		return fmt.Errorf("tell usage record %s/%s: %w", k.UserID, k.UsageID, err)
+	}
+	var rows []record
+	if err := tx.WithContext(ctx).Raw(`SELECT * FROM usage_records WHERE livemode = $1 AND user_id = $2 AND usage_id = $3`,
+		s.livemode, k.UserID, k.UsageID).Scan(&rows).Error; err != nil {
+		return fmt.Errorf("tell usage record %s/%s: load: %w", k.UserID, k.UsageID, err)
+	}
+	if len(rows) == 0 || (rows[0].Status != stateNeedsReview && rows[0].Status != stateRefused) {
+		return nil
+	}
+	if _, err := s.teller.Tell(ctx, tx, l, appevents.Change{Type: appevents.TypeUsageNeedsReview, Answer: rows[0].answer()}); err != nil {
+		return fmt.Errorf("tell usage record %s/%s: %w", k.UserID, k.UsageID, err)
+	}
+	return nil
 }
 
 // meterEventParams is the record's meter event; p carries its key (the identifier).

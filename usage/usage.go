@@ -31,6 +31,7 @@ import (
 	"github.com/stripe/stripe-go/v79/client"
 	"gorm.io/gorm"
 
+	"billing/appevents"
 	"billing/billing"
 	"billing/internal/outbound"
 )
@@ -75,6 +76,9 @@ type Deps struct {
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
 	Now        func() time.Time
+	// AppEvents tells the app of a record sent to review or refused (usage.needs_review), in
+	// the transaction that moves it; nil tells nothing.
+	AppEvents *appevents.Teller
 }
 
 // Service stores usage records, reports them and serves their endpoints.
@@ -88,12 +92,13 @@ type Service struct {
 	now         func() time.Time
 	metrics     *metrics
 	rep         *reporter
+	teller      *appevents.Teller
 }
 
 // New returns the usage service.
 func New(d Deps) *Service {
 	s := &Service{db: d.DB, stripe: d.Stripe, livemode: d.Livemode, periods: d.Periods,
-		reviewAfter: d.ReviewAfter, log: d.Logger, now: d.Now}
+		reviewAfter: d.ReviewAfter, log: d.Logger, now: d.Now, teller: d.AppEvents}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}

@@ -38,6 +38,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"billing/appevents"
 	"billing/billing"
 	"billing/webhooks"
 )
@@ -116,17 +117,65 @@ type Report struct {
 	Differences  []Difference
 	// History are the differences of History columns, when not Strict.
 	History []Difference
+	// AppEvents is the check that every change of an entitlement answer was told (nil: not run).
+	AppEvents *appevents.CheckReport
+}
+
+// untold counts the users whose answer differs from the one told and is not a time-driven
+// change whose moment has just come.
+func (r Report) untold() (lost, due int) {
+	if r.AppEvents == nil {
+		return 0, 0
+	}
+	for _, u := range r.AppEvents.Untold {
+		if u.Due {
+			due++
+		} else {
+			lost++
+		}
+	}
+	return lost, due
+}
+
+// CheckAppEvents runs the app events' check into the report, a line per finding on out.
+func (r *Report) CheckAppEvents(ctx context.Context, db *gorm.DB, livemode bool, now time.Time, answer appevents.Answerer,
+	baseline func(string) json.RawMessage, out io.Writer) error {
+	c, err := appevents.Check(ctx, db, livemode, now, answer, baseline)
+	if err != nil {
+		return err
+	}
+	for _, u := range c.Untold {
+		what := "changed with no event"
+		if u.Due {
+			what = "changed by time just now; the sweeper tells it"
+		}
+		told := u.Told
+		if told == "" {
+			told = "(nothing yet)"
+		}
+		fmt.Fprintf(out, "app_events user %s: entitlement %s: told=%s now=%s\n", u.UserID, what, told, u.Now)
+	}
+	for _, g := range c.Gaps {
+		fmt.Fprintf(out, "app_events user %s: the sequences have a gap or a repeat\n", g)
+	}
+	r.AppEvents = c
+	return nil
 }
 
 // Line is the summary line.
 func (r Report) Line() string {
-	return fmt.Sprintf("verify: events=%d reads=%d rows=%d differences=%d history=%d unverifiable=%d replay_errors=%d",
+	line := fmt.Sprintf("verify: events=%d reads=%d rows=%d differences=%d history=%d unverifiable=%d replay_errors=%d",
 		r.Events, r.Reads, r.Rows, len(r.Differences), len(r.History), r.Unverifiable, r.ReplayErrors)
+	if r.AppEvents != nil {
+		lost, due := r.untold()
+		line += fmt.Sprintf(" app_event_users=%d untold=%d untold_due=%d sequence_gaps=%d", r.AppEvents.Users, lost, due, len(r.AppEvents.Gaps))
+	}
+	return line
 }
 
 // ExitCode is 0 when the live tables are what the log makes, 1 otherwise.
 func (r Report) ExitCode() int {
-	if len(r.Differences) > 0 {
+	if lost, _ := r.untold(); len(r.Differences) > 0 || lost > 0 || (r.AppEvents != nil && len(r.AppEvents.Gaps) > 0) {
 		return ExitDifferences
 	}
 	return ExitEqual

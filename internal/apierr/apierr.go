@@ -104,6 +104,9 @@ const (
 	CodeInvalidValue   Code = "invalid_value"
 	// A timestamp Stripe would refuse: older than 35 days or more than 5 minutes ahead.
 	CodeInvalidTimestamp Code = "invalid_timestamp"
+
+	// The app events feed's after names no event of the deployment's mode.
+	CodeUnknownAppEvent Code = "unknown_app_event"
 )
 
 var statuses = map[Code]int{
@@ -171,6 +174,7 @@ var statuses = map[Code]int{
 	CodeInvalidMeter:     http.StatusBadRequest,
 	CodeInvalidValue:     http.StatusBadRequest,
 	CodeInvalidTimestamp: http.StatusUnprocessableEntity,
+	CodeUnknownAppEvent:  http.StatusBadRequest,
 }
 
 // Status is the HTTP status of a code; an unknown code is a 500 so that a forgotten entry is loud.

@@ -23,6 +23,8 @@ const (
 	ActionReconcileStart = "reconcile_start"
 	// An operator's decision on a usage record past its window (reported or resend).
 	ActionUsageReview = "usage_review"
+	// An app event pushed again (POST /admin/app-events/{id}/redeliver).
+	ActionAppEventRedeliver = "app_event_redeliver"
 )
 
 // SystemActor is the actor of an action taken outside an admin request (a command).

@@ -1,0 +1,75 @@
+-- +goose Up
+-- App events: the news the app is told (pushed to app_events.url, listed by GET /v1/app-events).
+-- An event is written in the transaction of the change it reports (appevents.Tell).
+
+-- One row per user of a mode: the lock that orders the user's events, and their push.
+CREATE TABLE app_event_users (
+  user_id text NOT NULL,
+  livemode boolean NOT NULL,
+  -- The sequence of the user's last event (1, 2, 3, … without gaps).
+  last_sequence bigint NOT NULL DEFAULT 0,
+  -- When time alone changes the user's entitlement answer (a period or grace ends with no
+  -- renewal, a trial ends): the sweeper tells it then. NULL: nothing pending.
+  next_change_at timestamptz,
+  -- A push job of the user's is queued or running: the next event queues none. Cleared by the
+  -- job, under this row's lock, when it finds nothing left to push.
+  push_queued boolean NOT NULL DEFAULT false,
+  -- Until when one push job holds the user's events (replicas never push one user at once).
+  push_lease_until timestamptz,
+  push_lease_owner bigint,
+  PRIMARY KEY (user_id, livemode)
+);
+CREATE INDEX app_event_users_next_change_idx ON app_event_users (next_change_at) WHERE next_change_at IS NOT NULL;
+CREATE INDEX app_event_users_push_queued_idx ON app_event_users (livemode) WHERE push_queued;
+
+-- The answer last told about each subject of a user: "entitlement", "charge:ORDER",
+-- "usage:USAGE". A change is an answer that differs from it.
+CREATE TABLE app_event_answers (
+  user_id text NOT NULL,
+  livemode boolean NOT NULL,
+  subject text NOT NULL,
+  answer jsonb NOT NULL,
+  PRIMARY KEY (user_id, livemode, subject)
+);
+
+CREATE TABLE app_events (
+  id text PRIMARY KEY,
+  -- Write order: within a user, the order of sequence (both are taken under the user's lock).
+  n bigserial UNIQUE,
+  -- The event's place in the feed, given once its transaction is visible (appevents.Feed): the
+  -- feed pages by it, so an event that commits late is placed late instead of being skipped.
+  feed_pos bigint,
+  user_id text NOT NULL,
+  livemode boolean NOT NULL,
+  sequence bigint NOT NULL,
+  type text NOT NULL,
+  subject text NOT NULL,
+  created_at timestamptz NOT NULL,
+  data jsonb NOT NULL,
+  status text NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'delivered', 'failed')),
+  attempts integer NOT NULL DEFAULT 0,
+  first_attempt_at timestamptz,
+  last_attempt_at timestamptz,
+  next_at timestamptz,
+  last_error text,
+  delivered_at timestamptz,
+  failed_at timestamptz,
+  UNIQUE (user_id, livemode, sequence),
+  UNIQUE (livemode, feed_pos)
+);
+CREATE INDEX app_events_pending_idx ON app_events (user_id, livemode, sequence) WHERE status = 'pending';
+CREATE INDEX app_events_unplaced_idx ON app_events (livemode, n) WHERE feed_pos IS NULL;
+CREATE INDEX app_events_status_idx ON app_events (livemode, status, n);
+
+-- The feed's last position given, per mode: its row lock serializes the placing.
+CREATE TABLE app_event_feed (
+  livemode boolean PRIMARY KEY,
+  last_pos bigint NOT NULL DEFAULT 0
+);
+INSERT INTO app_event_feed (livemode) VALUES (false), (true);
+
+-- +goose Down
+DROP TABLE app_event_feed;
+DROP TABLE app_events;
+DROP TABLE app_event_answers;
+DROP TABLE app_event_users;
