@@ -63,6 +63,7 @@ commands:
   doctor    check the database, the Stripe key and secrets, the endpoint and the portal (billing doctor -h)
   reconcile compare every subscription with Stripe and repair what differs (billing reconcile -h)
   verify    recompute the state from the stored event log and compare it with the tables (billing verify -h)
+  events    events tail: print the app events (what the app is told) and follow new ones (billing events -h)
   dev       play a customer completing Checkout, or time passing, at the dev Stripe of make run (billing dev -h)`)
 }
 
@@ -86,6 +87,8 @@ func run(args []string) int {
 		return reconcileCommand(args[1:])
 	case "verify":
 		return verifyCommand(args[1:])
+	case "events":
+		return eventsCommand(args[1:])
 	case "dev":
 		return devCommand(args[1:])
 	case "-h", "-help", "--help", "help":

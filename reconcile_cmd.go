@@ -13,6 +13,7 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverdatabasesql"
 
+	"billing/appevents"
 	"billing/billing"
 	"billing/config"
 	"billing/internal/database"
@@ -91,9 +92,10 @@ func runReconcileCommand(ctx context.Context, args []string, stdout, stderr io.W
 	}
 	sc := stripeclient.New(cfg.Stripe.APIURL, cfg.Stripe.SecretKey, logger)
 	livemode := cfg.Stripe.Mode == "live"
-	// As serve wires it, so that a repaired subscription gets its renewal's re-read queued.
+	// As serve wires it, so that a repaired subscription gets its renewal's re-read queued and
+	// the app is told of each repair that changes its answers (serve's workers push them).
 	subs := billing.New(billing.Deps{
-		DB: db, Livemode: livemode, Jobs: jobs, Logger: logger,
+		DB: db, Livemode: livemode, Jobs: jobs, Logger: logger, AppEvents: appevents.NewTeller(cfg.AppEvents.URL != "", jobs, nil),
 		PastDueEntitled: cfg.Policy.PastDueEntitled, PausedCollectionEntitled: cfg.Policy.PausedCollectionEntitled,
 		PeriodGrace: cfg.Policy.PeriodGrace, Reread: billing.RereadDeps{Stripe: sc.Subscriptions, Livemode: livemode},
 	})

@@ -14,6 +14,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"billing/appevents"
 	"billing/billing"
 	"billing/config"
 	"billing/internal/apitest"
@@ -153,8 +154,8 @@ func verifyService(t *testing.T) (*gorm.DB, func(args ...string) (int, string)) 
 // a read of Stripe, and names each field edited by hand afterwards.
 func TestVerifyCommand(t *testing.T) {
 	db, run := verifyService(t)
-	if code, out := run(); code != 0 || !strings.HasSuffix(out, "differences=0 history=0 unverifiable=0 replay_errors=0\n") ||
-		!strings.HasPrefix(out, "verify: events=11 reads=0 ") {
+	if code, out := run(); code != 0 || !strings.Contains(out, "differences=0 history=0 unverifiable=0 replay_errors=0 ") ||
+		!strings.HasPrefix(out, "verify: events=11 reads=0 ") || !strings.HasSuffix(out, " untold=0 untold_due=0 sequence_gaps=0\n") {
 		t.Fatalf("after the deliveries: exit %d, stdout %q", code, out)
 	}
 	// What the log's replay made is what was applied: the state is the lifecycle's.
@@ -167,7 +168,7 @@ func TestVerifyCommand(t *testing.T) {
 	}
 
 	// A read of Stripe applied as a snapshot (reconcile's repair) is kept and replayed too.
-	subs := billing.New(billing.Deps{DB: db})
+	subs := billing.New(billing.Deps{DB: db, AppEvents: appevents.NewTeller(false, nil, nil)})
 	obj, _ := json.Marshal(mustObject(stripeevents.Subscription{ID: "sub_c", Customer: "cus_sub_c", Status: "past_due", PriceID: "price_pro",
 		CurrentPeriodStart: time.Now().Add(-time.Hour), CurrentPeriodEnd: time.Now().AddDate(0, 1, 0)}))
 	err := db.Transaction(func(tx *gorm.DB) error {
@@ -220,6 +221,25 @@ func TestVerifyCommand(t *testing.T) {
 	}
 	if code, out := run("--strict"); code != 1 || !strings.Contains(out, " differences=6 history=0 ") {
 		t.Errorf("--strict: exit %d, stdout %q", code, out)
+	}
+
+	// A change the app was not told of (the answer told is not the answer now), and a lost event.
+	var told int
+	if err := db.Raw(`SELECT count(*) FROM app_events WHERE livemode = false`).Scan(&told).Error; err != nil || told == 0 {
+		t.Fatalf("%d app events after the deliveries (%v)", told, err)
+	}
+	for _, q := range []string{
+		`INSERT INTO app_event_answers (user_id, livemode, subject, answer) VALUES ('u_d', false, 'entitlement', '{"user_id": "u_d", "entitled": true}')
+		 ON CONFLICT (user_id, livemode, subject) DO UPDATE SET answer = EXCLUDED.answer`,
+		`DELETE FROM app_events WHERE livemode = false AND sequence = 1`,
+	} {
+		if err := db.Exec(q).Error; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if code, out := run(); code != 1 || !strings.Contains(out, "entitlement changed with no event: told=") ||
+		!strings.Contains(out, "the sequences have a gap") || !strings.Contains(out, " untold=1 untold_due=0 sequence_gaps=1") {
+		t.Errorf("an untold change and a lost event: exit %d, stdout %q", code, out)
 	}
 
 	// The other mode has nothing of this mode's state.

@@ -138,16 +138,19 @@ type Config struct {
 		SMTPURL string // secret: may embed a password
 		From    string
 	}
-	// AppEvents is the push of the app events to the app's endpoint.
+	// AppEvents is the push of the app events to the app's endpoint (PushesAppEvents).
 	AppEvents struct {
-		// URL is the app's endpoint; empty pushes nothing (the feed still fills).
+		// URL is the app's endpoint for pushed app events (absolute http:// or https://, no
+		// credentials, no fragment); empty pushes nothing (the feed still fills).
 		URL string
-		// Secrets sign each push, every one of them (Standard Webhooks: whsec_ and base64):
-		// to rotate, add the new one first, drop the old one once the app trusts the new.
+		// Secrets are Standard Webhooks signing secrets (whsec_ and the standard base64 of 24 to
+		// 64 bytes), newest first. Every one of them signs each push: to rotate, add the new one
+		// first, and remove the old one once the app trusts the new one.
 		Secrets []string // secrets
 		// Timeout is how long one push attempt waits for the app's answer.
 		Timeout time.Duration
-		// Concurrency is how many users' events one process pushes at once.
+		// Concurrency is how many users' events one process pushes at once (River workers of
+		// the app events queue); each holds one of the workers' connections while it works.
 		Concurrency int
 	}
 	Log struct {
@@ -167,8 +170,9 @@ const DefaultQueueWorkers = 5
 // PoolShares is how the process's connections are shared out (database.PoolShares).
 func (c *Config) PoolShares() database.PoolShares {
 	s := database.PoolShares{StripeCalls: c.Stripe.MaxConcurrentCalls, Workers: c.Worker.Concurrency + DefaultQueueWorkers}
-	if c.AppEvents.URL != "" {
-		// A push holds no connection while it waits for the app, but its statements do.
+	if c.PushesAppEvents() {
+		// The app events queue runs only when there is an endpoint to push to. A push holds no
+		// connection while it waits for the app, but its statements do.
 		s.Workers += c.AppEvents.Concurrency
 	}
 	if c.Webhooks.ApplyInline {
@@ -176,6 +180,10 @@ func (c *Config) PoolShares() database.PoolShares {
 	}
 	return s
 }
+
+// PushesAppEvents reports whether app events are pushed to the app (app_events.url is set).
+// Without it the feed still fills; nothing is pushed.
+func (c *Config) PushesAppEvents() bool { return c.AppEvents.URL != "" }
 
 // PoolSize is the size of the process's pool: database.pool_size, or the shares' size.
 func (c *Config) PoolSize() int {
@@ -828,8 +836,12 @@ func (c *Config) validate() *Error {
 		return errorf("database.pool_size", "must be 0 (sized from the shares) or a number of connections, got %d", c.Database.PoolSize)
 	}
 	if sh := c.PoolShares(); c.Database.PoolSize != 0 && c.Database.PoolSize < sh.Size() {
-		return errorf("database.pool_size", "%d connections cannot hold the shares: %d for stripe.max_concurrent_calls + %d inline webhook applies + %d workers (worker.concurrency + %d) + %d background + %d kept for reads and webhook receipt = %d; raise it, or lower stripe.max_concurrent_calls or worker.concurrency",
-			c.Database.PoolSize, sh.StripeCalls, sh.InlineApplies, sh.Workers, DefaultQueueWorkers, database.BackgroundConns, database.FreeConns, sh.Size())
+		workers, lower := "worker.concurrency", "stripe.max_concurrent_calls or worker.concurrency"
+		if c.PushesAppEvents() {
+			workers, lower = "worker.concurrency + app_events.concurrency", "stripe.max_concurrent_calls, worker.concurrency or app_events.concurrency"
+		}
+		return errorf("database.pool_size", "%d connections cannot hold the shares: %d for stripe.max_concurrent_calls + %d inline webhook applies + %d workers (%s + %d) + %d background + %d kept for reads and webhook receipt = %d; raise it, or lower %s",
+			c.Database.PoolSize, sh.StripeCalls, sh.InlineApplies, sh.Workers, workers, DefaultQueueWorkers, database.BackgroundConns, database.FreeConns, sh.Size(), lower)
 	}
 	if c.Worker.RescueAfter < time.Second {
 		return errorf("worker.rescue_after", "must be at least 1s, got %s", c.Worker.RescueAfter)
@@ -874,13 +886,13 @@ func (c *Config) validate() *Error {
 			return errorf("mail.from", "is required when mail.smtp_url is set")
 		}
 	}
-	if err := c.validateAppEvents(); err != nil {
-		return err
-	}
 	if c.Mail.From != "" {
 		if _, err := mail.ParseAddress(c.Mail.From); err != nil {
 			return errorf("mail.from", "invalid email address %q", c.Mail.From)
 		}
+	}
+	if err := c.validateAppEvents(); err != nil {
+		return err
 	}
 
 	switch c.Log.Level {
@@ -1083,48 +1095,58 @@ func checkLoopbackAddr(addr string) string {
 	return ""
 }
 
-// validateAppEvents checks the push of app events: a url that is an endpoint, secrets the
-// Standard Webhooks specification accepts (whsec_ and base64 of 24 to 64 bytes).
+// Bounds of an app events secret's key, in bytes (the Standard Webhooks specification's).
+const (
+	MinAppEventsSecretBytes = 24
+	MaxAppEventsSecretBytes = 64
+)
+
+// validateAppEvents checks the push of app events: a url that is an endpoint, and secrets the
+// Standard Webhooks specification accepts (whsec_ and the base64 of 24 to 64 bytes). Messages
+// name a secret by its position only, and never quote the url (its query may carry a token).
 func (c *Config) validateAppEvents() *Error {
 	a := c.AppEvents
 	if a.URL != "" {
-		// url.Parse errors quote the input, which may hold a token: fixed messages only.
+		// url.Parse errors quote the input: fixed messages only.
 		u, err := url.Parse(a.URL)
 		switch {
-		case err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.Hostname() == "":
-			return errorf("app_events.url", "must be an http:// or https:// URL with a host")
+		case err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "":
+			return errorf("app_events.url", "must be an absolute http:// or https:// URL with a host")
 		case u.User != nil:
-			return errorf("app_events.url", "must not carry credentials: the app verifies the signature instead")
-		case u.Fragment != "" || strings.Contains(a.URL, "#"):
+			return errorf("app_events.url", "must not carry credentials (user:password@): the app verifies each push by its signature instead (app_events.secrets)")
+		case strings.Contains(a.URL, "#"):
 			return errorf("app_events.url", "must not have a #fragment")
 		}
 		if len(a.Secrets) == 0 {
-			return errorf("app_events.secrets", "is required when app_events.url is set: every push is signed with it")
+			return errorf("app_events.secrets", "is empty, but app_events.url needs at least one secret to sign its pushes with")
 		}
 	}
-	seen := map[string]bool{}
+	seen := make(map[string]int, len(a.Secrets))
 	for i, s := range a.Secrets {
 		body, ok := strings.CutPrefix(s, "whsec_")
 		if !ok {
-			return errorf("app_events.secrets", "secret %d must start with whsec_", i+1)
+			return errorf("app_events.secrets", "entry %d must be a whsec_… secret (whsec_ and base64)", i+1)
 		}
+		// Only the padded standard alphabet, exactly as base64.StdEncoding writes it: the
+		// decoder alone would also take line breaks and non-zero trailing bits.
 		key, err := base64.StdEncoding.DecodeString(body)
-		if err != nil {
-			return errorf("app_events.secrets", "secret %d is not whsec_ and base64", i+1)
+		if err != nil || base64.StdEncoding.EncodeToString(key) != body {
+			return errorf("app_events.secrets", "entry %d is not whsec_ followed by standard base64 (A-Z a-z 0-9 + /, padded with =)", i+1)
 		}
-		if len(key) < 24 || len(key) > 64 {
-			return errorf("app_events.secrets", "secret %d must hold 24 to 64 bytes, holds %d", i+1, len(key))
+		if len(key) < MinAppEventsSecretBytes || len(key) > MaxAppEventsSecretBytes {
+			return errorf("app_events.secrets", "entry %d decodes to %d bytes; a secret must hold %d to %d (openssl rand -base64 32 makes one)",
+				i+1, len(key), MinAppEventsSecretBytes, MaxAppEventsSecretBytes)
 		}
-		if seen[s] {
-			return errorf("app_events.secrets", "secret %d is listed twice", i+1)
+		if j, dup := seen[s]; dup {
+			return errorf("app_events.secrets", "entries %d and %d are the same secret", j, i+1)
 		}
-		seen[s] = true
+		seen[s] = i + 1
 	}
 	if a.Timeout < time.Second || a.Timeout > time.Minute {
-		return errorf("app_events.timeout", "must be between 1s and 1m, got %s", a.Timeout)
+		return errorf("app_events.timeout", "must be between 1s and 60s, got %s", a.Timeout)
 	}
 	if a.Concurrency < 1 || a.Concurrency > 256 {
-		return errorf("app_events.concurrency", "must be 1 to 256, got %d", a.Concurrency)
+		return errorf("app_events.concurrency", "must be between 1 and 256, got %d", a.Concurrency)
 	}
 	return nil
 }

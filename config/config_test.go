@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -139,6 +140,11 @@ policy:
 mail:
   smtp_url: smtps://user:pw@mail.example.com:465
   from: billing@example.com
+app_events:
+  url: https://app.example.com/billing/events
+  secrets: [` + appSecret32 + `, ` + appSecret24 + `]
+  timeout: 5s
+  concurrency: 32
 log:
   level: DEBUG
   format: text
@@ -181,7 +187,9 @@ func TestLoadYAML(t *testing.T) {
 		want.Policy.PausedCollectionEntitled = false
 		want.Mail.SMTPURL = "smtps://user:pw@mail.example.com:465"
 		want.Mail.From = "billing@example.com"
-		want.AppEvents.Timeout, want.AppEvents.Concurrency = 10*time.Second, 16
+		want.AppEvents.URL = "https://app.example.com/billing/events"
+		want.AppEvents.Secrets = []string{appSecret32, appSecret24}
+		want.AppEvents.Timeout, want.AppEvents.Concurrency = 5*time.Second, 32
 		want.Log.Level = "debug" // normalised from DEBUG
 		want.Log.Format = "text"
 		if !reflect.DeepEqual(c, want) {
@@ -844,7 +852,7 @@ func TestLogValueRedactsSecrets(t *testing.T) {
 	t.Parallel()
 	secrets := []string{
 		"DBPASSWORD", "sk_test_SECRETKEY", "whsec_TESTSECRET_0123456789abcdef0123456789abcdef", "whsec_LIVESECRET_0123456789abcdef0123456789abcdef",
-		"APITOKEN", "ADMINTOKEN", "SMTPPASSWORD", "URLPASSWORD",
+		"APITOKEN", "ADMINTOKEN", "SMTPPASSWORD", "URLPASSWORD", appSecret24[6:], appSecret32[6:],
 	}
 	c := validConfig()
 	c.Database.URL = "postgres://billing:DBPASSWORD@db:5432/billing"
@@ -857,6 +865,8 @@ func TestLogValueRedactsSecrets(t *testing.T) {
 	c.Portal.ReturnURL = "https://example.com/account"
 	c.Mail.SMTPURL = "smtp://user:SMTPPASSWORD@mail:587"
 	c.Mail.From = "billing@example.com"
+	c.AppEvents.URL = "https://app.example.com/events"
+	c.AppEvents.Secrets = []string{appSecret24, appSecret32}
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -907,6 +917,9 @@ func TestLogValueRedactsSecrets(t *testing.T) {
 	if cfg.Mail["smtp_url"] != "set" || cfg.Mail["from"] != "billing@example.com" || cfg.Log["level"] != "info" {
 		t.Errorf("unexpected mail/log group: %s", out)
 	}
+	if !strings.Contains(out, `"app_events":{"url":"https://app.example.com/events","secrets":2,"timeout":"10s","concurrency":16}`) {
+		t.Errorf("unexpected app_events group: %s", out)
+	}
 
 	// Unset secrets say so rather than vanishing.
 	buf.Reset()
@@ -944,67 +957,260 @@ func TestLoadConcurrent(t *testing.T) {
 	}
 }
 
-// appSecret24 is the Standard Webhooks example secret (24 bytes); appSecret32 holds 32.
+// Secrets of app_events.secrets: appSecret24 is the Standard Webhooks example secret (24 bytes,
+// the fewest accepted); appSecret32 holds 32 bytes and ends in padding.
 const (
 	appSecret24 = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 	appSecret32 = "whsec_QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVphYmNkZWY="
 )
 
-func TestAppEventsConfig(t *testing.T) {
+// appSecretOf is a well-formed app events secret of n bytes.
+func appSecretOf(n int) string {
+	return "whsec_" + base64.StdEncoding.EncodeToString([]byte(strings.Repeat("k", n)))
+}
+
+// TestAppEventsDefaults: out of the box nothing is pushed and nothing is required.
+func TestAppEventsDefaults(t *testing.T) {
 	clearEnv(t)
-	t.Setenv("BILLING_APP_EVENTS_URL", "https://app.example.com/billing-events?token=x")
-	t.Setenv("BILLING_APP_EVENTS_SECRETS", appSecret32+","+appSecret24)
-	t.Setenv("BILLING_APP_EVENTS_TIMEOUT", "3s")
 	c, err := Load("")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.AppEvents.URL != "https://app.example.com/billing-events?token=x" || !reflect.DeepEqual(c.AppEvents.Secrets, []string{appSecret32, appSecret24}) ||
-		c.AppEvents.Timeout != 3*time.Second || c.AppEvents.Concurrency != 16 {
-		t.Fatalf("app events: %+v", c.AppEvents)
+	if c.AppEvents.URL != "" || c.AppEvents.Secrets != nil || c.AppEvents.Timeout != 10*time.Second || c.AppEvents.Concurrency != 16 {
+		t.Fatalf("app events defaults: %+v", c.AppEvents)
 	}
-	// The secrets read from a file, newline separated (rotation: two at once).
-	clearEnv(t)
-	t.Setenv("BILLING_APP_EVENTS_URL", "http://localhost:9000/events")
-	t.Setenv("BILLING_APP_EVENTS_SECRETS_FILE", writeFile(t, "app-secrets", appSecret24+"\n"+appSecret32+"\n"))
-	if c, err = Load(""); err != nil || len(c.AppEvents.Secrets) != 2 {
-		t.Fatalf("secrets from a file: %+v, %v", c, err)
+	if c.PushesAppEvents() {
+		t.Fatal("pushes app events without app_events.url")
+	}
+	names := EnvNames()
+	for _, n := range []string{"BILLING_APP_EVENTS_URL", "BILLING_APP_EVENTS_SECRETS", "BILLING_APP_EVENTS_TIMEOUT", "BILLING_APP_EVENTS_CONCURRENCY"} {
+		if !slices.Contains(names, n) {
+			t.Errorf("EnvNames lacks %s", n)
+		}
 	}
 }
 
-func TestAppEventsConfigRefusesWhatCannotPush(t *testing.T) {
-	for _, tc := range []struct {
+// TestAppEventsFromEnv: a url and two secrets (a rotation in progress, newest first) from the
+// environment.
+func TestAppEventsFromEnv(t *testing.T) {
+	clearEnv(t)
+	setEnv(t, map[string]string{
+		"BILLING_APP_EVENTS_URL":         "https://app.example.com:8443/billing-events?token=x",
+		"BILLING_APP_EVENTS_SECRETS":     appSecret32 + " , " + appSecret24,
+		"BILLING_APP_EVENTS_TIMEOUT":     "3s",
+		"BILLING_APP_EVENTS_CONCURRENCY": "4",
+	})
+	c, err := Load("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.AppEvents.URL != "https://app.example.com:8443/billing-events?token=x" || !reflect.DeepEqual(c.AppEvents.Secrets, []string{appSecret32, appSecret24}) ||
+		c.AppEvents.Timeout != 3*time.Second || c.AppEvents.Concurrency != 4 {
+		t.Fatalf("app events: %+v", c.AppEvents)
+	}
+	if !c.PushesAppEvents() {
+		t.Fatal("app_events.url is set but PushesAppEvents is false")
+	}
+	// The app events queue's workers take their share of the pool: 61 by default, + 4.
+	if got := c.PoolSize(); got != 65 {
+		t.Fatalf("pool size = %d, want 65", got)
+	}
+}
+
+// TestAppEventsSecretsFile: app_events.secrets is a secret, read from BILLING_APP_EVENTS_SECRETS_FILE
+// or the YAML key secrets_file like the others, newline or comma separated.
+func TestAppEventsSecretsFile(t *testing.T) {
+	t.Run("environment", func(t *testing.T) {
+		clearEnv(t)
+		t.Setenv("BILLING_APP_EVENTS_URL", "http://localhost:9000/events")
+		t.Setenv("BILLING_APP_EVENTS_SECRETS_FILE", writeFile(t, "app-secrets", appSecret24+"\n"+appSecret32+"\n\n"))
+		c, err := Load("")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(c.AppEvents.Secrets, []string{appSecret24, appSecret32}) {
+			t.Fatalf("secrets = %q", c.AppEvents.Secrets)
+		}
+	})
+	t.Run("yaml", func(t *testing.T) {
+		clearEnv(t)
+		f := writeFile(t, "app-secrets", appSecret32+","+appSecret24+"\n")
+		c, err := Load(writeFile(t, "c.yaml", "app_events:\n  url: https://app.example.com/e\n  secrets_file: "+f+"\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(c.AppEvents.Secrets, []string{appSecret32, appSecret24}) {
+			t.Fatalf("secrets = %q", c.AppEvents.Secrets)
+		}
+	})
+	t.Run("value and file both set", func(t *testing.T) {
+		clearEnv(t)
+		t.Setenv("BILLING_APP_EVENTS_SECRETS", appSecret24)
+		t.Setenv("BILLING_APP_EVENTS_SECRETS_FILE", writeFile(t, "app-secrets", appSecret32))
+		_, err := Load("")
+		wantKeyErr(t, err, "app_events.secrets")
+		if strings.Contains(err.Error(), appSecret24[6:]) || strings.Contains(err.Error(), appSecret32[6:]) {
+			t.Fatalf("error shows a secret: %v", err)
+		}
+	})
+	t.Run("same secret twice in the file", func(t *testing.T) {
+		clearEnv(t)
+		t.Setenv("BILLING_APP_EVENTS_SECRETS_FILE", writeFile(t, "app-secrets", appSecret32+"\n"+appSecret32+"\n"))
+		_, err := Load("")
+		if ce := wantKeyErr(t, err, "app_events.secrets"); strings.Contains(ce.Error(), appSecret32[6:]) {
+			t.Fatalf("error shows the secret: %v", ce)
+		}
+	})
+	t.Run("file missing", func(t *testing.T) {
+		clearEnv(t)
+		t.Setenv("BILLING_APP_EVENTS_SECRETS_FILE", "/nonexistent/app-secrets")
+		_, err := Load("")
+		wantKeyErr(t, err, "app_events.secrets")
+	})
+}
+
+// TestAppEventsAccepts: the bounds themselves, and secrets without a url (the feed fills,
+// nothing is pushed).
+func TestAppEventsAccepts(t *testing.T) {
+	tests := []struct {
 		name string
 		env  map[string]string
-		key  string
+		ok   func(*Config) bool
 	}{
-		{"url without a secret", map[string]string{"BILLING_APP_EVENTS_URL": "https://app.example.com/e"}, "app_events.secrets"},
-		{"not http", map[string]string{"BILLING_APP_EVENTS_URL": "ftp://app.example.com/e", "BILLING_APP_EVENTS_SECRETS": appSecret24}, "app_events.url"},
-		{"no host", map[string]string{"BILLING_APP_EVENTS_URL": "https:///e", "BILLING_APP_EVENTS_SECRETS": appSecret24}, "app_events.url"},
-		{"relative", map[string]string{"BILLING_APP_EVENTS_URL": "/e", "BILLING_APP_EVENTS_SECRETS": appSecret24}, "app_events.url"},
-		{"credentials", map[string]string{"BILLING_APP_EVENTS_URL": "https://u:pw@app.example.com/e", "BILLING_APP_EVENTS_SECRETS": appSecret24}, "app_events.url"},
-		{"fragment", map[string]string{"BILLING_APP_EVENTS_URL": "https://app.example.com/e#x", "BILLING_APP_EVENTS_SECRETS": appSecret24}, "app_events.url"},
-		{"no whsec_", map[string]string{"BILLING_APP_EVENTS_SECRETS": "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"}, "app_events.secrets"},
-		{"not base64", map[string]string{"BILLING_APP_EVENTS_SECRETS": "whsec_not*base64*at*all*here*0000"}, "app_events.secrets"},
-		{"16 bytes", map[string]string{"BILLING_APP_EVENTS_SECRETS": "whsec_MDEyMzQ1Njc4OWFiY2RlZg=="}, "app_events.secrets"},
-		{"65 bytes", map[string]string{"BILLING_APP_EVENTS_SECRETS": "whsec_" + base64.StdEncoding.EncodeToString(make([]byte, 65))}, "app_events.secrets"},
-		{"twice", map[string]string{"BILLING_APP_EVENTS_SECRETS": appSecret24 + "," + appSecret24}, "app_events.secrets"},
-		{"timeout too short", map[string]string{"BILLING_APP_EVENTS_TIMEOUT": "500ms"}, "app_events.timeout"},
-		{"timeout too long", map[string]string{"BILLING_APP_EVENTS_TIMEOUT": "2m"}, "app_events.timeout"},
-		{"no workers", map[string]string{"BILLING_APP_EVENTS_CONCURRENCY": "0"}, "app_events.concurrency"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
+		{"secrets without a url", map[string]string{"BILLING_APP_EVENTS_SECRETS": appSecret24}, func(c *Config) bool {
+			return len(c.AppEvents.Secrets) == 1 && !c.PushesAppEvents() && c.PoolSize() == 61
+		}},
+		{"http url", map[string]string{"BILLING_APP_EVENTS_URL": "http://app:3000/hooks/billing", "BILLING_APP_EVENTS_SECRETS": appSecret24}, func(c *Config) bool { return c.PushesAppEvents() }},
+		{"IPv6 host", map[string]string{"BILLING_APP_EVENTS_URL": "https://[::1]:8443/e", "BILLING_APP_EVENTS_SECRETS": appSecret24}, func(c *Config) bool { return c.PushesAppEvents() }},
+		{"24-byte secret", map[string]string{"BILLING_APP_EVENTS_SECRETS": appSecretOf(24)}, func(c *Config) bool { return len(c.AppEvents.Secrets) == 1 }},
+		{"64-byte secret", map[string]string{"BILLING_APP_EVENTS_SECRETS": appSecretOf(64)}, func(c *Config) bool { return len(c.AppEvents.Secrets) == 1 }},
+		{"timeout of 1s", map[string]string{"BILLING_APP_EVENTS_TIMEOUT": "1s"}, func(c *Config) bool { return c.AppEvents.Timeout == time.Second }},
+		{"timeout of 60s", map[string]string{"BILLING_APP_EVENTS_TIMEOUT": "60s"}, func(c *Config) bool { return c.AppEvents.Timeout == time.Minute }},
+		{"one worker", map[string]string{"BILLING_APP_EVENTS_CONCURRENCY": "1"}, func(c *Config) bool { return c.AppEvents.Concurrency == 1 }},
+		{"256 workers", map[string]string{"BILLING_APP_EVENTS_CONCURRENCY": "256"}, func(c *Config) bool { return c.AppEvents.Concurrency == 256 }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
 			clearEnv(t)
-			for k, v := range tc.env {
-				t.Setenv(k, v)
+			setEnv(t, tt.env)
+			c, err := Load("")
+			if err != nil {
+				t.Fatal(err)
 			}
-			_, err := Load("")
-			ce := wantKeyErr(t, err, tc.key)
-			for _, v := range tc.env {
-				if strings.HasPrefix(v, "whsec_") && len(v) > 12 && strings.Contains(ce.Error(), v[6:]) {
-					t.Errorf("the error shows the secret: %v", ce)
+			if !tt.ok(c) {
+				t.Fatalf("unexpected app events: %+v", c.AppEvents)
+			}
+		})
+	}
+}
+
+// TestAppEventsRefuses: what cannot be pushed or signed stops start-up with one line naming the
+// key, and never shows a secret.
+func TestAppEventsRefuses(t *testing.T) {
+	const url = "https://app.example.com/e"
+	tests := []struct {
+		name string
+		env  map[string]string
+		yaml string
+		key  string
+		msg  string // the message must contain it
+	}{
+		{name: "ftp url", env: map[string]string{"BILLING_APP_EVENTS_URL": "ftp://app.example.com/e", "BILLING_APP_EVENTS_SECRETS": appSecret24}, key: "app_events.url", msg: "http:// or https://"},
+		{name: "scheme only", env: map[string]string{"BILLING_APP_EVENTS_URL": "app.example.com/e", "BILLING_APP_EVENTS_SECRETS": appSecret24}, key: "app_events.url"},
+		{name: "relative url", env: map[string]string{"BILLING_APP_EVENTS_URL": "/e", "BILLING_APP_EVENTS_SECRETS": appSecret24}, key: "app_events.url"},
+		{name: "no host", env: map[string]string{"BILLING_APP_EVENTS_URL": "https:///e", "BILLING_APP_EVENTS_SECRETS": appSecret24}, key: "app_events.url", msg: "host"},
+		{name: "port without host", env: map[string]string{"BILLING_APP_EVENTS_URL": "https://:8443/e", "BILLING_APP_EVENTS_SECRETS": appSecret24}, key: "app_events.url"},
+		{name: "opaque", env: map[string]string{"BILLING_APP_EVENTS_URL": "https:app.example.com", "BILLING_APP_EVENTS_SECRETS": appSecret24}, key: "app_events.url"},
+		{name: "unparsable", env: map[string]string{"BILLING_APP_EVENTS_URL": "https://app.example.com:port/e?token=hunter2", "BILLING_APP_EVENTS_SECRETS": appSecret24}, key: "app_events.url"},
+		{name: "user info", env: map[string]string{"BILLING_APP_EVENTS_URL": "https://u:hunter2@app.example.com/e", "BILLING_APP_EVENTS_SECRETS": appSecret24}, key: "app_events.url", msg: "signature"},
+		{name: "user without password", env: map[string]string{"BILLING_APP_EVENTS_URL": "https://hunter2@app.example.com/e", "BILLING_APP_EVENTS_SECRETS": appSecret24}, key: "app_events.url", msg: "signature"},
+		{name: "fragment", env: map[string]string{"BILLING_APP_EVENTS_URL": url + "#x", "BILLING_APP_EVENTS_SECRETS": appSecret24}, key: "app_events.url", msg: "fragment"},
+		{name: "empty fragment", env: map[string]string{"BILLING_APP_EVENTS_URL": url + "#", "BILLING_APP_EVENTS_SECRETS": appSecret24}, key: "app_events.url", msg: "fragment"},
+		{name: "url without a secret", env: map[string]string{"BILLING_APP_EVENTS_URL": url}, key: "app_events.secrets", msg: "at least one secret to sign"},
+		{name: "url in yaml without a secret", yaml: "app_events:\n  url: " + url + "\n  secrets: []\n", key: "app_events.secrets", msg: "at least one secret to sign"},
+		{name: "not whsec_", env: map[string]string{"BILLING_APP_EVENTS_SECRETS": appSecret24[6:]}, key: "app_events.secrets", msg: "whsec_"},
+		{name: "Stripe-style whsec_", env: map[string]string{"BILLING_APP_EVENTS_SECRETS": "whsec_t1_0123456789abcdef0123456789abcdef"}, key: "app_events.secrets", msg: "base64"},
+		{name: "bare whsec_", env: map[string]string{"BILLING_APP_EVENTS_SECRETS": "whsec_"}, key: "app_events.secrets"},
+		{name: "not base64", env: map[string]string{"BILLING_APP_EVENTS_SECRETS": "whsec_not*base64*at*all*here*0000"}, key: "app_events.secrets", msg: "base64"},
+		{name: "url-safe alphabet", env: map[string]string{"BILLING_APP_EVENTS_SECRETS": "whsec_" + base64.URLEncoding.EncodeToString([]byte("\xfb\xff\xfe"+strings.Repeat("k", 29)))}, key: "app_events.secrets", msg: "base64"},
+		{name: "padding missing", env: map[string]string{"BILLING_APP_EVENTS_SECRETS": strings.TrimRight(appSecret32, "=")}, key: "app_events.secrets", msg: "base64"},
+		{name: "non-zero trailing bits", env: map[string]string{"BILLING_APP_EVENTS_SECRETS": "whsec_QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVphYmNkZWZ="}, key: "app_events.secrets", msg: "base64"},
+		{name: "16 bytes", env: map[string]string{"BILLING_APP_EVENTS_SECRETS": "whsec_MDEyMzQ1Njc4OWFiY2RlZg=="}, key: "app_events.secrets", msg: "16 bytes"},
+		{name: "23 bytes", env: map[string]string{"BILLING_APP_EVENTS_SECRETS": appSecretOf(23)}, key: "app_events.secrets", msg: "23 bytes"},
+		{name: "65 bytes", env: map[string]string{"BILLING_APP_EVENTS_SECRETS": appSecretOf(65)}, key: "app_events.secrets", msg: "65 bytes"},
+		{name: "bad secret after a good one", env: map[string]string{"BILLING_APP_EVENTS_URL": url, "BILLING_APP_EVENTS_SECRETS": appSecret24 + ",whsec_hunter2"}, key: "app_events.secrets", msg: "entry 2"},
+		{name: "same secret twice", env: map[string]string{"BILLING_APP_EVENTS_URL": url, "BILLING_APP_EVENTS_SECRETS": appSecret24 + "," + appSecret32 + "," + appSecret24}, key: "app_events.secrets", msg: "entries 1 and 3"},
+		{name: "same secret twice in yaml", yaml: "app_events:\n  secrets: [" + appSecret32 + ", " + appSecret32 + "]\n", key: "app_events.secrets", msg: "same secret"},
+		{name: "timeout below 1s", env: map[string]string{"BILLING_APP_EVENTS_TIMEOUT": "999ms"}, key: "app_events.timeout"},
+		{name: "timeout above 60s", env: map[string]string{"BILLING_APP_EVENTS_TIMEOUT": "1m0.001s"}, key: "app_events.timeout"},
+		{name: "zero timeout", env: map[string]string{"BILLING_APP_EVENTS_TIMEOUT": "0"}, key: "app_events.timeout"},
+		{name: "unitless timeout", env: map[string]string{"BILLING_APP_EVENTS_TIMEOUT": "10"}, key: "app_events.timeout"},
+		{name: "no workers", env: map[string]string{"BILLING_APP_EVENTS_CONCURRENCY": "0"}, key: "app_events.concurrency"},
+		{name: "negative workers", env: map[string]string{"BILLING_APP_EVENTS_CONCURRENCY": "-1"}, key: "app_events.concurrency"},
+		{name: "257 workers", env: map[string]string{"BILLING_APP_EVENTS_CONCURRENCY": "257"}, key: "app_events.concurrency"},
+		{name: "concurrency garbage", env: map[string]string{"BILLING_APP_EVENTS_CONCURRENCY": "many"}, key: "app_events.concurrency"},
+		{name: "misspelt yaml key", yaml: "app_events:\n  secret: [" + appSecret24 + "]\n", key: "app_events.secret", msg: "did you mean app_events.secrets?"},
+		{name: "misspelt variable", env: map[string]string{"BILLING_APP_EVENTS_SECRET": appSecret24}, key: "BILLING_APP_EVENTS_SECRET", msg: "BILLING_APP_EVENTS_SECRETS"},
+		{name: "pool smaller than its shares with pushes", env: map[string]string{"BILLING_APP_EVENTS_URL": url, "BILLING_APP_EVENTS_SECRETS": appSecret24, "BILLING_DATABASE_POOL_SIZE": "61"}, key: "database.pool_size", msg: "app_events.concurrency"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			clearEnv(t)
+			setEnv(t, tt.env)
+			path := ""
+			if tt.yaml != "" {
+				path = writeFile(t, "c.yaml", tt.yaml)
+			}
+			c, err := Load(path)
+			if c != nil {
+				t.Errorf("Load returned a config alongside an error")
+			}
+			ce := wantKeyErr(t, err, tt.key)
+			if !strings.Contains(ce.Msg, tt.msg) {
+				t.Errorf("message %q does not say %q", ce.Msg, tt.msg)
+			}
+			// No secret, nor the body of one, nor a password of the url.
+			msg := err.Error()
+			for _, s := range []string{appSecret24[6:], appSecret32[6:], "hunter2", "not*base64", "MDEyMzQ1Njc4OWFiY2RlZg", strings.TrimPrefix(tt.env["BILLING_APP_EVENTS_SECRETS"], "whsec_")} {
+				if s != "" && strings.Contains(msg, s) {
+					t.Errorf("the error shows a secret (%q): %v", s, msg)
 				}
 			}
+		})
+	}
+}
+
+// TestAppEventsValidate covers the rules for Configs built in code.
+func TestAppEventsValidate(t *testing.T) {
+	t.Parallel()
+	pushing := func(c *Config) {
+		c.AppEvents.URL, c.AppEvents.Secrets = "https://app.example.com/e", []string{appSecret24}
+	}
+	c := validConfig()
+	pushing(c)
+	if err := c.Validate(); err != nil {
+		t.Fatalf("valid app events rejected: %v", err)
+	}
+	tests := []struct {
+		name   string
+		mutate func(*Config)
+		key    string
+	}{
+		{"no secret", func(c *Config) { pushing(c); c.AppEvents.Secrets = nil }, "app_events.secrets"},
+		{"empty secret", func(c *Config) { pushing(c); c.AppEvents.Secrets = []string{""} }, "app_events.secrets"},
+		{"secret with a line break", func(c *Config) {
+			pushing(c)
+			c.AppEvents.Secrets = []string{appSecret24[:20] + "\n" + appSecret24[20:]}
+		}, "app_events.secrets"},
+		{"zero timeout", func(c *Config) { c.AppEvents.Timeout = 0 }, "app_events.timeout"},
+		{"zero concurrency", func(c *Config) { c.AppEvents.Concurrency = 0 }, "app_events.concurrency"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			c := validConfig()
+			tt.mutate(c)
+			wantKeyErr(t, c.Validate(), tt.key)
 		})
 	}
 }

@@ -2,6 +2,7 @@ package test
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -140,88 +141,14 @@ func TestAppEventsSurviveKillsAndReplicas(t *testing.T) {
 		}
 	}
 
-	var pending int
-	if !waitUntil(3*time.Minute, func() bool {
-		return db.QueryRow(`SELECT count(*) FROM app_events WHERE status = 'pending'`).Scan(&pending) == nil && pending == 0
-	}) {
-		t.Fatalf("%d app events still pending 3 minutes after the storm", pending)
-	}
+	waitAppEventsPushed(t, db, 3*time.Minute)
 
-	type row struct {
-		id       string
-		user     string
-		sequence int64
-		attempts int
-		status   string
+	if problems, figures := checkAppEvents(t, db, app, 2); len(problems) > 0 {
+		t.Fatalf("%s: %v", figures, problems)
+	} else {
+		t.Log(figures)
 	}
-	rows, err := db.Query(`SELECT id, user_id, sequence, attempts, status FROM app_events ORDER BY user_id, sequence`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stored := map[string]row{}
-	perUser := map[string][]row{}
-	for rows.Next() {
-		var r row
-		if err := rows.Scan(&r.id, &r.user, &r.sequence, &r.attempts, &r.status); err != nil {
-			t.Fatal(err)
-		}
-		stored[r.id] = r
-		perUser[r.user] = append(perUser[r.user], r)
-	}
-	rows.Close()
-	if len(perUser) != users {
-		t.Fatalf("events for %d users, want %d", len(perUser), users)
-	}
-	for user, rs := range perUser {
-		// One event per step at least once the subscription changes (trialing → … → canceled).
-		if len(rs) < len(statuses) {
-			t.Errorf("user %s: %d events for %d changes", user, len(rs), len(statuses))
-		}
-		for k, r := range rs {
-			if r.sequence != int64(k+1) {
-				t.Fatalf("user %s: stored sequence %d at %d (a gap)", user, r.sequence, k+1)
-			}
-			if r.status != "delivered" {
-				t.Errorf("event %s is %s", r.id, r.status)
-			}
-		}
-	}
-
-	pushes := app.snapshot()
-	deliveries := map[string]int{}
-	delivered := map[string]bool{}
-	lastFirst := map[string]int64{}
-	kills := 2
-	for _, p := range pushes {
-		if _, ok := stored[p.ID]; !ok {
-			t.Fatalf("the app was pushed %s, which is not stored", p.ID)
-		}
-		deliveries[p.ID]++
-		if delivered[p.ID] {
-			continue // a redelivery after a kill: the same event again, not a later one
-		}
-		// A user's events arrive in sequence order: the next only after the previous was
-		// answered 2xx.
-		if p.Sequence != lastFirst[p.UserID] && p.Sequence != lastFirst[p.UserID]+1 {
-			t.Fatalf("user %s: pushed sequence %d after %d", p.UserID, p.Sequence, lastFirst[p.UserID])
-		}
-		lastFirst[p.UserID] = p.Sequence
-		if p.Status == http.StatusOK {
-			delivered[p.ID] = true
-		}
-	}
-	lost := 0
-	for id, r := range stored {
-		if !delivered[id] {
-			lost++
-		}
-		if deliveries[id] > r.attempts+kills {
-			t.Errorf("event %s pushed %d times with %d attempts recorded", id, deliveries[id], r.attempts)
-		}
-	}
-	if lost > 0 || app.badSigs > 0 {
-		t.Fatalf("lost %d app events; %d pushes failed their signature", lost, app.badSigs)
-	}
+	stored := countRows(t, db, `SELECT count(*) FROM app_events`)
 
 	// The feed lists each event once, whoever reads it, in an order that keeps each user's.
 	seen := map[string]bool{}
@@ -249,14 +176,129 @@ func TestAppEventsSurviveKillsAndReplicas(t *testing.T) {
 			break
 		}
 	}
-	if len(seen) != len(stored) {
-		t.Fatalf("the feed listed %d events of %d", len(seen), len(stored))
+	if len(seen) != stored {
+		t.Fatalf("the feed listed %d events of %d", len(seen), stored)
 	}
 
 	code, out := runCmd(t, t.TempDir(), map[string]string{"BILLING_DATABASE_URL": url, "BILLING_LOG_LEVEL": "warn"}, "verify")
 	if code != 0 {
 		t.Fatalf("billing verify after the storm: exit %d\n%s", code, tail(out, 3000))
 	}
-	t.Logf("%d events for %d users, %d pushes (%d first attempts failed by the app), delivered all",
-		len(stored), users, len(pushes), len(app.failedOnce))
+	if n := countRows(t, db, `SELECT count(DISTINCT user_id) FROM app_events`); n != users {
+		t.Fatalf("events for %d users, want %d", n, users)
+	}
+	if n := countRows(t, db, `SELECT count(*) FROM app_events`); n < users*len(statuses) {
+		t.Fatalf("%d events for %d users' %d changes each", n, users, len(statuses))
+	}
+}
+
+func countRows(t *testing.T, db *sql.DB, query string) int {
+	t.Helper()
+	var n int
+	if err := db.QueryRow(query).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// waitAppEventsPushed waits until no app event is pending.
+func waitAppEventsPushed(t *testing.T, db *sql.DB, limit time.Duration) {
+	t.Helper()
+	var pending int
+	if !waitUntil(limit, func() bool {
+		return db.QueryRow(`SELECT count(*) FROM app_events WHERE status = 'pending'`).Scan(&pending) == nil && pending == 0
+	}) {
+		t.Errorf("%d app events still pending %s after the storm", pending, limit)
+	}
+}
+
+// checkAppEvents compares what the app was pushed with what is stored: every event delivered
+// (lost 0), each user's first deliveries in sequence order without a gap, no event pushed more
+// often than its recorded attempts plus the kills (a push in flight when its process died is
+// pushed again), every push's signature valid. It returns the problems and a line of figures.
+func checkAppEvents(t *testing.T, db *sql.DB, app *appReceiver, kills int) (problems []string, figures string) {
+	t.Helper()
+	type row struct {
+		user     string
+		sequence int64
+		attempts int
+		status   string
+	}
+	rows, err := db.Query(`SELECT id, user_id, sequence, attempts, status FROM app_events ORDER BY user_id, sequence`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored := map[string]row{}
+	gaps := 0
+	last := map[string]int64{}
+	for rows.Next() {
+		var id string
+		var r row
+		if err := rows.Scan(&id, &r.user, &r.sequence, &r.attempts, &r.status); err != nil {
+			t.Fatal(err)
+		}
+		if r.sequence != last[r.user]+1 {
+			gaps++
+			problems = append(problems, fmt.Sprintf("user %s: stored sequence %d after %d", r.user, r.sequence, last[r.user]))
+		}
+		last[r.user] = r.sequence
+		stored[id] = r
+	}
+	rows.Close()
+
+	pushes := app.snapshot()
+	deliveries := map[string]int{}
+	delivered := map[string]bool{}
+	lastFirst := map[string]int64{}
+	disorder := 0
+	for _, p := range pushes {
+		if _, ok := stored[p.ID]; !ok {
+			problems = append(problems, "the app was pushed "+p.ID+", which is not stored")
+			continue
+		}
+		deliveries[p.ID]++
+		if delivered[p.ID] {
+			continue // pushed again after a kill: the same event, not a later one
+		}
+		// The next of a user's events only after the previous was answered 2xx.
+		if p.Sequence != lastFirst[p.UserID] && p.Sequence != lastFirst[p.UserID]+1 {
+			disorder++
+			problems = append(problems, fmt.Sprintf("user %s: pushed sequence %d after %d", p.UserID, p.Sequence, lastFirst[p.UserID]))
+		}
+		lastFirst[p.UserID] = p.Sequence
+		if p.Status == http.StatusOK {
+			delivered[p.ID] = true
+		}
+	}
+	lost, extra, undelivered := 0, 0, 0
+	for id, r := range stored {
+		if !delivered[id] {
+			lost++
+		}
+		if r.status != "delivered" {
+			undelivered++
+		}
+		if deliveries[id] > r.attempts+kills {
+			extra++
+			problems = append(problems, fmt.Sprintf("event %s pushed %d times with %d attempts recorded", id, deliveries[id], r.attempts))
+		}
+	}
+	if lost > 0 {
+		problems = append(problems, fmt.Sprintf("%d app events never reached the app", lost))
+	}
+	if undelivered > 0 {
+		problems = append(problems, fmt.Sprintf("%d app events not marked delivered", undelivered))
+	}
+	app.mu.Lock()
+	bad := app.badSigs
+	app.mu.Unlock()
+	if bad > 0 {
+		problems = append(problems, fmt.Sprintf("%d pushes failed their signature", bad))
+	}
+	app.mu.Lock()
+	failedFirst := len(app.failedOnce)
+	app.mu.Unlock()
+	figures = fmt.Sprintf("app_events=%d users=%d pushes=%d app_failed_first=%d lost=%d sequence_gaps=%d out_of_order=%d beyond_retries=%d",
+		len(stored), len(last), len(pushes), failedFirst, lost, gaps, disorder, extra)
+	return problems, figures
 }

@@ -90,6 +90,9 @@ func TestSoak(t *testing.T) {
 	env["BILLING_STRIPE_API_URL"] = proxy.URL
 	// Production's rescue delay, so that the recovery figure is the one production gets.
 	delete(env, "BILLING_WORKER_RESCUE_AFTER")
+	// The app is told of every change, and fails a first push now and then.
+	appRecv, appURL := newAppReceiver(t, seed, 0.05)
+	env["BILLING_APP_EVENTS_URL"], env["BILLING_APP_EVENTS_SECRETS"] = appURL, appSecret
 	var replicas []*service
 	var targets []string
 	for i := range 3 {
@@ -195,6 +198,12 @@ func TestSoak(t *testing.T) {
 		}
 		t.Logf("%s: %s", h.Name, figures)
 	}
+	waitAppEventsPushed(t, db, 10*time.Minute)
+	appProblems, appFigures := checkAppEvents(t, db, appRecv, f.Kills)
+	for _, p := range appProblems {
+		f.WrongStates++
+		t.Errorf("app events: %s", p)
+	}
 	verified := runVerifyCommand(t, env)
 
 	faults := proxy.Faulted()
@@ -210,6 +219,7 @@ func TestSoak(t *testing.T) {
 		f.Lost, f.WrongStates, f.DuplicateNotices, oneEach, recovery.Round(time.Millisecond), strings.Join(rss, " "),
 		time.Since(t0).Round(time.Second))
 	t.Log(line)
+	t.Logf("soak: %s", appFigures)
 	t.Logf("soak: %s", reconciled)
 	t.Logf("soak: %s", verified)
 	t.Logf("soak: senders: %s", s.stats)
