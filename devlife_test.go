@@ -159,6 +159,37 @@ func TestDevLoopPlaysTheWholeLifeOffline(t *testing.T) {
 		return e["entitled"] == false && e["status"] == "canceled"
 	})
 
+	// The app was told that life: an entitlement.updated per change, in sequence, the last one
+	// the cancellation; and billing events tail prints them.
+	_, feed := d.do(apitest.AppToken, http.MethodGet, "/v1/app-events?limit=500", nil)
+	evs, _ := feed["events"].([]any)
+	var told []map[string]any
+	for _, e := range evs {
+		if ev := e.(map[string]any); ev["user_id"] == user && ev["type"] == "entitlement.updated" {
+			told = append(told, ev)
+		}
+	}
+	if len(told) < 4 {
+		t.Fatalf("the app was told %d entitlement changes of the whole life: %v", len(told), feed)
+	}
+	for k, ev := range told {
+		if ev["sequence"] != float64(k+1) {
+			t.Errorf("entitlement event %d has sequence %v", k, ev["sequence"])
+		}
+	}
+	last := told[len(told)-1]["data"].(map[string]any)
+	if last["entitled"] != false || last["status"] != "canceled" || last["previous"].(map[string]any)["entitled"] != true {
+		t.Errorf("the last event told %v, want the cancellation (entitled false, previously true)", last)
+	}
+	first := told[0]["data"].(map[string]any)
+	if first["entitled"] != true || first["quantity"] != float64(3) {
+		t.Errorf("the first event told %v, want entitled with 3 seats", first)
+	}
+	var tailed bytes.Buffer
+	if err := tailEvents(ctx, d.app.DB, false, tailOptions{}, &tailed); err != nil || !strings.Contains(tailed.String(), "user="+user+" seq=1 entitled=true status=") {
+		t.Errorf("events tail: %v\n%s", err, tailed.String())
+	}
+
 	// The console's subscription page tells the same life.
 	req, _ := http.NewRequest(http.MethodGet, d.server.URL+"/admin/ui/subscriptions/"+sub, nil)
 	req.SetBasicAuth("admin", apitest.AdminToken)
