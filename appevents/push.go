@@ -170,11 +170,17 @@ type pending struct {
 
 // Work pushes the user's pending events in sequence order, each after the previous one was
 // answered 2xx or given up, until none is due, and then lets the next event queue a job.
+//
+// Three statements an event: the claim (or the previous event's record) reads the next head;
+// the push is recorded with the lease renewed; the run ends with a compare-and-set of the
+// user's wakes, which every writer of a pending event bumps under the user's lock. The wakes
+// compared are read in the same snapshot as "nothing pending": an event committed after that
+// snapshot moved them, so the run goes on instead of leaving it without a job.
 func (p *Pusher) Work(ctx context.Context, job *river.Job[PushArgs]) error {
 	a := job.Args
 	db := p.cfg.DB.WithContext(ctx)
 	start := p.cfg.Now()
-	held, err := p.claim(ctx, db, a, job.ID)
+	head, wakes, held, err := p.claim(ctx, db, a, job.ID)
 	if err != nil {
 		return err
 	}
@@ -184,16 +190,21 @@ func (p *Pusher) Work(ctx context.Context, job *river.Job[PushArgs]) error {
 		return river.JobSnooze(p.leaseFor())
 	}
 	for {
-		head, err := p.head(ctx, db, a)
-		if err != nil {
-			return err
-		}
 		if head == nil {
-			done, err := p.finish(ctx, db, a, job.ID)
-			if err != nil || done {
+			done, lost, err := p.finish(ctx, db, a, job.ID, wakes)
+			switch {
+			case err != nil:
+				return err
+			case lost:
+				return river.JobSnooze(p.leaseFor())
+			case done:
+				return nil
+			}
+			// An event was written (or redelivered) meanwhile.
+			if head, wakes, err = p.head(ctx, db, a); err != nil {
 				return err
 			}
-			continue // an event committed meanwhile
+			continue
 		}
 		now := p.cfg.Now()
 		if head.nextAt != nil && head.nextAt.After(now) {
@@ -205,27 +216,80 @@ func (p *Pusher) Work(ctx context.Context, job *river.Job[PushArgs]) error {
 		if ctx.Err() != nil {
 			return p.release(context.WithoutCancel(ctx), p.cfg.DB, a, job.ID, river.JobSnooze(0))
 		}
-		ok, retryAt, err := p.attempt(ctx, db, a, job.ID, head)
+		next, nextWakes, retryAt, err := p.attempt(ctx, db, a, job.ID, head)
 		if err != nil {
 			return err
 		}
-		if !ok && retryAt != nil {
+		if retryAt != nil {
 			return p.release(ctx, db, a, job.ID, river.JobSnooze(retryAt.Sub(p.cfg.Now())))
 		}
+		head, wakes = next, nextWakes
 	}
 }
 
-// claim takes the user's lease for this job.
-func (p *Pusher) claim(ctx context.Context, db *gorm.DB, a PushArgs, jobID int64) (bool, error) {
-	now := p.cfg.Now()
-	res := db.Exec(`UPDATE app_event_users SET push_lease_until = $3, push_lease_owner = $4
-		WHERE user_id = $1 AND livemode = $2
-		  AND (push_lease_until IS NULL OR push_lease_until < $5 OR push_lease_owner = $4)`,
-		a.UserID, a.Livemode, now.Add(p.leaseFor()), jobID, now)
-	if res.Error != nil {
-		return false, fmt.Errorf("app events: claim user %s: %w", a.UserID, res.Error)
+// headQuery reads the head of the user's pending events ($1, $2) and, in the same snapshot,
+// the user's wakes; idCond ("" or "AND id <> $n") leaves out the event just recorded.
+func headQuery(idCond string) string {
+	return `SELECT s.wakes, e.id, e.type, e.created_at, e.sequence, e.data, e.attempts, e.first_attempt_at, e.next_at
+		FROM (SELECT wakes FROM app_event_users WHERE user_id = $1 AND livemode = $2) s
+		LEFT JOIN LATERAL (SELECT id, type, created_at, sequence, data, attempts, first_attempt_at, next_at FROM app_events
+		  WHERE user_id = $1 AND livemode = $2 AND status = 'pending' ` + idCond + ` ORDER BY sequence LIMIT 1) e ON true`
+}
+
+// scanHead scans a headQuery row (after the columns in pre).
+func (p *Pusher) scanHead(row interface{ Scan(...any) error }, a PushArgs, pre ...any) (*pending, int64, error) {
+	var wakes int64
+	var id, typ sql.NullString
+	var created, first, next sql.NullTime
+	var seq sql.NullInt64
+	var data []byte
+	var attempts sql.NullInt64
+	if err := row.Scan(append(pre, &wakes, &id, &typ, &created, &seq, &data, &attempts, &first, &next)...); err != nil {
+		return nil, 0, err
 	}
-	return res.RowsAffected == 1, nil
+	if !id.Valid {
+		return nil, wakes, nil
+	}
+	h := &pending{id: id.String, attempts: int(attempts.Int64)}
+	b := Body{ID: id.String, Type: typ.String, Created: created.Time.Unix(), Livemode: a.Livemode, UserID: a.UserID,
+		Sequence: seq.Int64, Data: data}
+	var err error
+	if h.body, err = json.Marshal(b); err != nil {
+		return nil, 0, err
+	}
+	if first.Valid {
+		h.firstAttemptAt = &first.Time
+	}
+	if next.Valid {
+		h.nextAt = &next.Time
+	}
+	return h, wakes, nil
+}
+
+// claim takes the user's lease for this job and reads the head.
+func (p *Pusher) claim(ctx context.Context, db *gorm.DB, a PushArgs, jobID int64) (*pending, int64, bool, error) {
+	now := p.cfg.Now()
+	row := db.Raw(`WITH c AS (UPDATE app_event_users SET push_lease_until = $3, push_lease_owner = $4
+		  WHERE user_id = $1 AND livemode = $2 AND (push_lease_until IS NULL OR push_lease_until < $5 OR push_lease_owner = $4) RETURNING 1)
+		SELECT h.* FROM (`+headQuery("")+`) h WHERE EXISTS (SELECT 1 FROM c)`,
+		a.UserID, a.Livemode, now.Add(p.leaseFor()), jobID, now).Row()
+	h, wakes, err := p.scanHead(row, a)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, 0, false, nil
+	}
+	if err != nil {
+		return nil, 0, false, fmt.Errorf("app events: claim user %s: %w", a.UserID, err)
+	}
+	return h, wakes, true, nil
+}
+
+// head reads the head again.
+func (p *Pusher) head(ctx context.Context, db *gorm.DB, a PushArgs) (*pending, int64, error) {
+	h, wakes, err := p.scanHead(db.Raw(headQuery(""), a.UserID, a.Livemode).Row(), a)
+	if err != nil {
+		return nil, 0, fmt.Errorf("app events: read pending of user %s: %w", a.UserID, err)
+	}
+	return h, wakes, nil
 }
 
 // release gives the lease back and returns then.
@@ -237,66 +301,28 @@ func (p *Pusher) release(ctx context.Context, db *gorm.DB, a PushArgs, jobID int
 	return then
 }
 
-// finish ends the user's push when nothing is pending, under the user's lock, which the writer
-// of an event holds when it decides whether to queue a job: either the writer's event is seen
-// here, or the writer sees push_queued false and queues the next job.
-func (p *Pusher) finish(ctx context.Context, db *gorm.DB, a PushArgs, jobID int64) (bool, error) {
-	var done bool
-	err := db.Transaction(func(tx *gorm.DB) error {
-		var queued bool
-		if err := tx.Raw(`SELECT push_queued FROM app_event_users WHERE user_id = $1 AND livemode = $2 FOR UPDATE`,
-			a.UserID, a.Livemode).Row().Scan(&queued); err != nil {
-			return err
-		}
-		var more bool
-		if err := tx.Raw(`SELECT EXISTS (SELECT 1 FROM app_events WHERE user_id = $1 AND livemode = $2 AND status = 'pending')`,
-			a.UserID, a.Livemode).Row().Scan(&more); err != nil {
-			return err
-		}
-		if more {
-			return nil
-		}
-		done = true
-		return tx.Exec(`UPDATE app_event_users SET push_queued = false, push_lease_until = NULL, push_lease_owner = NULL
-			WHERE user_id = $1 AND livemode = $2`, a.UserID, a.Livemode).Error
-	})
-	if err != nil {
-		return false, fmt.Errorf("app events: finish user %s: %w", a.UserID, err)
+// finish ends the user's push when its wakes are still those read with "nothing pending": a
+// writer of a pending event bumps them under the user's lock and queues a job only when none is
+// queued, so either it sees push_queued false after this, or this sees its wakes and goes on.
+// lost: the lease is another run's.
+func (p *Pusher) finish(ctx context.Context, db *gorm.DB, a PushArgs, jobID, wakes int64) (done, lost bool, err error) {
+	var ended []bool
+	if err := db.Raw(`UPDATE app_event_users SET push_queued = (wakes <> $3),
+		  push_lease_until = CASE WHEN wakes = $3 THEN NULL ELSE push_lease_until END,
+		  push_lease_owner = CASE WHEN wakes = $3 THEN NULL ELSE push_lease_owner END
+		WHERE user_id = $1 AND livemode = $2 AND push_lease_owner = $4 RETURNING wakes = $3`,
+		a.UserID, a.Livemode, wakes, jobID).Scan(&ended).Error; err != nil {
+		return false, false, fmt.Errorf("app events: finish user %s: %w", a.UserID, err)
 	}
-	return done, nil
+	if len(ended) == 0 {
+		return false, true, nil
+	}
+	return ended[0], false, nil
 }
 
-// head reads the user's first pending event.
-func (p *Pusher) head(ctx context.Context, db *gorm.DB, a PushArgs) (*pending, error) {
-	var h pending
-	var b Body
-	var created time.Time
-	var first, next sql.NullTime
-	err := db.Raw(`SELECT id, type, created_at, sequence, data, attempts, first_attempt_at, next_at
-		FROM app_events WHERE user_id = $1 AND livemode = $2 AND status = 'pending' ORDER BY sequence LIMIT 1`,
-		a.UserID, a.Livemode).Row().Scan(&h.id, &b.Type, &created, &b.Sequence, &b.Data, &h.attempts, &first, &next)
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("app events: read pending of user %s: %w", a.UserID, err)
-	}
-	b.ID, b.Created, b.Livemode, b.UserID = h.id, created.Unix(), a.Livemode, a.UserID
-	if h.body, err = json.Marshal(b); err != nil {
-		return nil, err
-	}
-	if first.Valid {
-		h.firstAttemptAt = &first.Time
-	}
-	if next.Valid {
-		h.nextAt = &next.Time
-	}
-	return &h, nil
-}
-
-// attempt pushes one event and records the answer. ok: delivered (or given up: the next one
-// goes); retryAt: when to try this one again.
-func (p *Pusher) attempt(ctx context.Context, db *gorm.DB, a PushArgs, jobID int64, h *pending) (ok bool, retryAt *time.Time, err error) {
+// attempt pushes one event and records the answer with the lease renewed, reading the next head
+// in the same statement. retryAt: the push failed and is retried then (the run ends).
+func (p *Pusher) attempt(ctx context.Context, db *gorm.DB, a PushArgs, jobID int64, h *pending) (next *pending, wakes int64, retryAt *time.Time, err error) {
 	at := p.cfg.Now()
 	status, perr := p.send(ctx, h, at)
 	done := p.cfg.Now()
@@ -306,7 +332,7 @@ func (p *Pusher) attempt(ctx context.Context, db *gorm.DB, a PushArgs, jobID int
 		first = *h.firstAttemptAt
 	}
 	result, state, errText := "delivered", "delivered", ""
-	var next *time.Time
+	var nextAt *time.Time
 	if perr != nil {
 		errText = perr.Error()
 		result = failureKind(perr)
@@ -315,37 +341,40 @@ func (p *Pusher) attempt(ctx context.Context, db *gorm.DB, a PushArgs, jobID int
 		} else {
 			state = "pending"
 			n := done.Add(RetryDelay(attempts))
-			next = &n
+			nextAt = &n
 		}
 	}
-	res := db.Exec(`WITH lease AS (
-		  UPDATE app_event_users SET push_lease_until = $9 WHERE user_id = $6 AND livemode = $7 AND push_lease_owner = $8 RETURNING 1)
-		UPDATE app_events SET attempts = $2, first_attempt_at = $3, last_attempt_at = CAST($4 AS timestamptz),
-		  status = CAST($5 AS text), next_at = $10, last_error = nullif(CAST($11 AS text), ''),
-		  delivered_at = CASE WHEN CAST($5 AS text) = 'delivered' THEN CAST($4 AS timestamptz) END,
-		  failed_at = CASE WHEN CAST($5 AS text) = 'failed' THEN CAST($4 AS timestamptz) END
-		WHERE id = $1 AND status = 'pending' AND EXISTS (SELECT 1 FROM lease)`,
-		h.id, attempts, first, done, state, a.UserID, a.Livemode, jobID, done.Add(p.leaseFor()), next, errText)
-	if res.Error != nil {
-		return false, nil, fmt.Errorf("app events: record push of %s: %w", h.id, res.Error)
+	var recorded int
+	row := db.Raw(`WITH lease AS (
+		  UPDATE app_event_users SET push_lease_until = $9 WHERE user_id = $1 AND livemode = $2 AND push_lease_owner = $8 RETURNING 1),
+		done AS (UPDATE app_events SET attempts = $4, first_attempt_at = $5, last_attempt_at = CAST($6 AS timestamptz),
+		  status = CAST($7 AS text), next_at = $10, last_error = nullif(CAST($11 AS text), ''),
+		  delivered_at = CASE WHEN CAST($7 AS text) = 'delivered' THEN CAST($6 AS timestamptz) END,
+		  failed_at = CASE WHEN CAST($7 AS text) = 'failed' THEN CAST($6 AS timestamptz) END
+		  WHERE id = $3 AND livemode = $2 AND status = 'pending' AND EXISTS (SELECT 1 FROM lease) RETURNING 1)
+		SELECT (SELECT count(*) FROM done), h.* FROM (`+headQuery("AND id <> $3")+`) h`,
+		a.UserID, a.Livemode, h.id, attempts, first, done, state, jobID, done.Add(p.leaseFor()), nextAt, errText).Row()
+	next, wakes, err = p.scanHead(row, a, &recorded)
+	if err != nil {
+		return nil, 0, nil, fmt.Errorf("app events: record push of %s: %w", h.id, err)
 	}
-	if res.RowsAffected == 0 {
+	if recorded == 0 {
 		// The lease was lost (this run outlived it): the run that holds it pushes from here.
-		return false, nil, river.JobSnooze(p.leaseFor())
+		return nil, 0, nil, river.JobSnooze(p.leaseFor())
 	}
 	p.cfg.Metrics.deliveries.WithLabelValues(result).Inc()
 	log := p.log.With("app_event_id", h.id, "user_id", a.UserID, "attempt", attempts)
 	switch state {
 	case "delivered":
 		log.Debug("app event delivered", "status", status)
-		return true, nil, nil
+		return next, wakes, nil, nil
 	case "failed":
 		p.cfg.Metrics.deliveries.WithLabelValues("dead_lettered").Inc()
 		log.Error("app event failed: the app did not accept it for 3 days; the user's next event goes", "error", errText)
-		return true, nil, nil
+		return next, wakes, nil, nil
 	}
-	log.Warn("app event push failed; will retry", "error", errText, "next_at", next.UTC())
-	return false, next, nil
+	log.Warn("app event push failed; will retry", "error", errText, "next_at", nextAt.UTC())
+	return nil, 0, nextAt, nil
 }
 
 // pushError is an answer that is not a delivery.

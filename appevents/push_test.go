@@ -336,3 +336,41 @@ type noInserter struct{}
 func (noInserter) InsertTx(context.Context, *sql.Tx, river.JobArgs, *river.InsertOpts) (*rivertype.JobInsertResult, error) {
 	return nil, errors.New("not used")
 }
+
+// TestPushRunDoesNotEndOverAnEventWrittenMeanwhile: a run that found nothing pending must not
+// end (and clear push_queued) over an event committed after it looked, since that event's
+// writer saw a job queued and queued none.
+func TestPushRunDoesNotEndOverAnEventWrittenMeanwhile(t *testing.T) {
+	e := newPushEnv(t, 2*time.Second)
+	tl := NewTeller(true, noInserter{}, e.clock.Now)
+	tell(t, e.db, tl, answer{UserID: "u1", Status: "s0"}) // queues the job (push_queued)
+	ctx := context.Background()
+	head, wakes, held, err := e.pusher.claim(ctx, e.db, PushArgs{UserID: "u1"}, 1)
+	if err != nil || !held || head == nil {
+		t.Fatalf("claim: %v %v %v", head, held, err)
+	}
+	next, wakes, retry, err := e.pusher.attempt(ctx, e.db, PushArgs{UserID: "u1"}, 1, head)
+	if err != nil || retry != nil || next != nil {
+		t.Fatalf("attempt: next %v, retry %v, %v", next, retry, err)
+	}
+	// Nothing pending as the run saw it; now an event commits, its writer queuing no job.
+	tell(t, e.db, tl, answer{UserID: "u1", Status: "s1"})
+	var jobs int
+	if err := e.db.Raw(`SELECT count(*) FROM river_job WHERE kind = $1`, PushJobKind).Row().Scan(&jobs); err != nil || jobs != 1 {
+		t.Fatalf("%d jobs (%v), want the first one only", jobs, err)
+	}
+	done, lost, err := e.pusher.finish(ctx, e.db, PushArgs{UserID: "u1"}, 1, wakes)
+	if err != nil || lost || done {
+		t.Fatalf("finish over a new event: done %v lost %v %v; want the run to go on", done, lost, err)
+	}
+	if err := e.pusher.Work(ctx, job(1, "u1")); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.app.sequences(); len(got) != 2 || got[1] != 2 {
+		t.Fatalf("the app got %v, want 1 2", got)
+	}
+	var queued bool
+	if err := e.db.Raw(`SELECT push_queued FROM app_event_users WHERE user_id = 'u1'`).Row().Scan(&queued); err != nil || queued {
+		t.Fatalf("push_queued = %v (%v) once all was pushed", queued, err)
+	}
+}

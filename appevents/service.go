@@ -201,8 +201,11 @@ func (s *Service) queuePush(ctx context.Context, tx *gorm.DB, userID string) err
 	if err != nil {
 		return err
 	}
-	if _, err := tx.Statement.ConnPool.ExecContext(ctx, `WITH u AS (UPDATE app_event_users SET push_queued = true
-		  WHERE user_id = $1 AND livemode = $2 AND NOT push_queued RETURNING 1) `+job+` FROM u`,
+	// The wakes move whether a job is queued or not: a running job sees them and goes on.
+	if _, err := tx.Statement.ConnPool.ExecContext(ctx, `WITH old AS (SELECT push_queued AS was FROM app_event_users
+		  WHERE user_id = $1 AND livemode = $2 FOR UPDATE),
+		u AS (UPDATE app_event_users SET push_queued = true, wakes = wakes + 1 WHERE user_id = $1 AND livemode = $2 RETURNING 1)
+		`+job+` FROM old WHERE NOT old.was`,
 		append([]any{userID, s.d.Livemode}, args...)...); err != nil {
 		return fmt.Errorf("app events: queue push of user %s: %w", userID, err)
 	}

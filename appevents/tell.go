@@ -183,7 +183,7 @@ func (t *Teller) Tell(ctx context.Context, tx *gorm.DB, l *Locked, c Change) (*B
 	queue := t.push && !l.pushQueued
 	args := []any{l.UserID, l.Livemode, l.Subject, string(answer), b.ID, c.Type, now, string(data), b.Sequence,
 		c.Plan, c.NextChangeAt, queue}
-	q.WriteString(`WITH u AS (UPDATE app_event_users SET last_sequence = $9,
+	q.WriteString(`WITH u AS (UPDATE app_event_users SET last_sequence = $9, wakes = wakes + 1,
 		  next_change_at = CASE WHEN $10 THEN CAST($11 AS timestamptz) ELSE next_change_at END,
 		  push_queued = push_queued OR $12
 		WHERE user_id = $1 AND livemode = $2 AND last_sequence = $9 - 1 RETURNING 1),

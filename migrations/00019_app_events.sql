@@ -14,6 +14,9 @@ CREATE TABLE app_event_users (
   -- A push job of the user's is queued or running: the next event queues none. Cleared by the
   -- job, under this row's lock, when it finds nothing left to push.
   push_queued boolean NOT NULL DEFAULT false,
+  -- Bumped by whatever makes an event pending (a new event, a redelivery), under this row's
+  -- lock: a push job ends only while the wakes it read with "nothing pending" are unchanged.
+  wakes bigint NOT NULL DEFAULT 0,
   -- Until when one push job holds the user's events (replicas never push one user at once).
   push_lease_until timestamptz,
   push_lease_owner bigint,
