@@ -72,6 +72,10 @@ type App struct {
 	// stopUsage ends the reporter's loop; usageDone is closed when it has returned.
 	stopUsage context.CancelFunc
 	usageDone chan struct{}
+	// AppEvents pushes app events (its loop runs from Start to Stop).
+	AppEvents *appevents.Service
+	stopPush  context.CancelFunc
+	pushDone  chan struct{}
 }
 
 // newApp wires the service. It starts nothing: Start runs the workers, and main serves Echo.
@@ -153,8 +157,8 @@ func newApp(opts appOptions) (*App, error) {
 		Interval: cfg.Reconcile.Interval, Now: now})
 	rec.AddWorkers(workers)
 	// The ledger finishes its pending rows by a periodic job, which River must know before.
-	// App events are written by every package that changes what the app reads, pushed by
-	// their own queue's workers when app_events.url is set.
+	// App events are written by every package that changes what the app reads, pushed by the
+	// push loop of every replica when app_events.url is set (Start).
 	told, err := newAppEvents(cfg, db, livemode, logger, now, reg)
 	if err != nil {
 		return nil, err
@@ -163,9 +167,6 @@ func newApp(opts appOptions) (*App, error) {
 	charges := ledger.New(ledger.Deps{DB: db, Stripe: stripe, Livemode: livemode, Logger: logger, Now: now, AppEvents: told.Teller()})
 	charges.AddWorkers(workers)
 	queues := map[string]int{river.QueueDefault: config.DefaultQueueWorkers, webhooks.QueueWebhooks: cfg.Worker.Concurrency}
-	if cfg.AppEvents.URL != "" {
-		queues[appevents.Queue] = cfg.AppEvents.Concurrency
-	}
 
 	riverClient, err := jobs.NewClient(sqlDB, jobs.ClientOptions{
 		Workers: workers,
@@ -183,7 +184,6 @@ func newApp(opts appOptions) (*App, error) {
 		return nil, err
 	}
 	inbox.SetJobs(riverClient)
-	told.SetJobs(riverClient)
 	inbox.RegisterGauges(reg, workers, riverClient.PeriodicJobs())
 
 	// Domain packages: billing owns subscription state and handles its events; customers,
@@ -245,7 +245,7 @@ func newApp(opts appOptions) (*App, error) {
 	told.MountAdmin(adminAPI)
 
 	return &App{Echo: e, River: riverClient, Inbox: inbox, DB: db, Registry: reg, Events: registry, log: logger, Reconcile: rec,
-		Usage: meters}, nil
+		Usage: meters, AppEvents: told}, nil
 }
 
 // Start runs the background workers.
@@ -262,6 +262,12 @@ func (a *App) Start(ctx context.Context) error {
 		defer close(a.usageDone)
 		a.Usage.RunReporter(uctx)
 	}()
+	pctx, stopPush := context.WithCancel(ctx)
+	a.stopPush, a.pushDone = stopPush, make(chan struct{})
+	go func() {
+		defer close(a.pushDone)
+		a.AppEvents.RunPush(pctx)
+	}()
 	return nil
 }
 
@@ -277,6 +283,15 @@ func (a *App) Stop(ctx context.Context) error {
 		case <-a.usageDone:
 		case <-ctx.Done():
 			a.log.Warn("usage reporter did not stop in time")
+		}
+	}
+	if a.stopPush != nil {
+		// The pushes in flight finish (each within app_events.timeout) and record their answers.
+		a.stopPush()
+		select {
+		case <-a.pushDone:
+		case <-ctx.Done():
+			a.log.Warn("app events push did not stop in time")
 		}
 	}
 	if err := a.Reconcile.Stop(ctx); err != nil {
@@ -300,7 +315,8 @@ func newAppEvents(cfg *config.Config, db *gorm.DB, livemode bool, logger *slog.L
 		if err != nil {
 			return nil, err
 		}
-		push = &appevents.PusherConfig{URL: cfg.AppEvents.URL, Signer: signer, Timeout: cfg.AppEvents.Timeout}
+		push = &appevents.PusherConfig{URL: cfg.AppEvents.URL, Signer: signer, Timeout: cfg.AppEvents.Timeout,
+			Concurrency: cfg.AppEvents.Concurrency}
 		logger.Info("app events are pushed", "url", redactQuery(cfg.AppEvents.URL), "secrets", len(cfg.AppEvents.Secrets))
 	}
 	return appevents.New(appevents.Deps{DB: db, Livemode: livemode, Push: push, Logger: logger, Now: now, Registerer: reg}), nil

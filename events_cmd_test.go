@@ -20,7 +20,7 @@ import (
 // tellTest writes an entitlement.updated of user with status in a transaction of its own.
 func tellTest(t *testing.T, db *gorm.DB, user, status string) *appevents.Body {
 	t.Helper()
-	tl := appevents.NewTeller(false, nil, nil)
+	tl := appevents.NewTeller(nil)
 	var b *appevents.Body
 	err := db.Transaction(func(tx *gorm.DB) error {
 		l, err := tl.Lock(context.Background(), tx, user, false, appevents.SubjectEntitlement)

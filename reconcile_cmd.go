@@ -95,7 +95,7 @@ func runReconcileCommand(ctx context.Context, args []string, stdout, stderr io.W
 	// As serve wires it, so that a repaired subscription gets its renewal's re-read queued and
 	// the app is told of each repair that changes its answers (serve's workers push them).
 	subs := billing.New(billing.Deps{
-		DB: db, Livemode: livemode, Jobs: jobs, Logger: logger, AppEvents: appevents.NewTeller(cfg.AppEvents.URL != "", jobs, nil),
+		DB: db, Livemode: livemode, Jobs: jobs, Logger: logger, AppEvents: appevents.NewTeller(nil),
 		PastDueEntitled: cfg.Policy.PastDueEntitled, PausedCollectionEntitled: cfg.Policy.PausedCollectionEntitled,
 		PeriodGrace: cfg.Policy.PeriodGrace, Reread: billing.RereadDeps{Stripe: sc.Subscriptions, Livemode: livemode},
 	})

@@ -18,7 +18,7 @@ import (
 // get it.
 func TestFeedPlacesAnEventThatCommitsLate(t *testing.T) {
 	db := testenv.DB(t)
-	tl := NewTeller(false, nil, nil)
+	tl := NewTeller(nil)
 	ctx := context.Background()
 
 	late := db.Begin()
@@ -53,7 +53,7 @@ func TestFeedPlacesAnEventThatCommitsLate(t *testing.T) {
 
 func TestFeedRefusesAnUnknownCursorAndKeepsModesApart(t *testing.T) {
 	db := testenv.DB(t)
-	tl := NewTeller(false, nil, nil)
+	tl := NewTeller(nil)
 	ev := tell(t, db, tl, answer{UserID: "u1", Entitled: true})
 	if _, err := Feed(context.Background(), db, false, "aevt_nothing", 10); !errors.Is(err, ErrUnknownCursor) {
 		t.Fatalf("unknown cursor: %v, want ErrUnknownCursor", err)
@@ -72,7 +72,7 @@ func TestFeedRefusesAnUnknownCursorAndKeepsModesApart(t *testing.T) {
 // event exactly once, each user's in sequence order.
 func TestFeedUnderConcurrentWritersSeesEveryEventOnce(t *testing.T) {
 	db := testenv.DB(t)
-	tl := NewTeller(false, nil, nil)
+	tl := NewTeller(nil)
 	ctx := context.Background()
 	const writers, each, users = 8, 60, 12
 	var written atomic.Int64

@@ -3,7 +3,9 @@ package appevents
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"database/sql"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,39 +14,14 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/riverqueue/river"
 	"gorm.io/gorm"
 )
-
-// Queue is the River queue of the push jobs: its workers are the users pushed at once, apart
-// from the default queue's, so that a slow app never delays notices or re-reads.
-const Queue = "app_events"
-
-// PushJobKind is the kind of the push job.
-const PushJobKind = "app_event_push"
-
-// pushJobAttempts bounds a push job's errors (the database failing): its events' own attempts
-// and their schedule are in app_events, so a job is snoozed, not failed, by an app that fails.
-const pushJobAttempts = 25
-
-// PushArgs is the job that pushes one user's pending events, in sequence order. One is queued
-// per user at a time (app_event_users.push_queued).
-type PushArgs struct {
-	UserID   string `json:"user_id"`
-	Livemode bool   `json:"livemode"`
-}
-
-func (PushArgs) Kind() string { return PushJobKind }
-
-// InsertOpts puts the job on the app events queue also when River inserts it.
-func (PushArgs) InsertOpts() river.InsertOpts {
-	return river.InsertOpts{Queue: Queue, MaxAttempts: pushJobAttempts}
-}
 
 // Retry is the schedule of a push that failed: the delay after the nth failed attempt (the
 // last repeats), and how long after its first attempt an event is given up (failed).
@@ -101,13 +78,16 @@ func (s *Signer) Signature(id string, at time.Time, body []byte) string {
 	return strings.Join(sigs, " ")
 }
 
-// PusherConfig is what the push worker needs.
+// PusherConfig is what the push needs.
 type PusherConfig struct {
-	DB     *gorm.DB
-	URL    string
-	Signer *Signer
+	DB       *gorm.DB
+	Livemode bool
+	URL      string
+	Signer   *Signer
 	// Timeout bounds one attempt (app_events.timeout).
 	Timeout time.Duration
+	// Concurrency is how many users' heads are pushed at once (app_events.concurrency).
+	Concurrency int
 	// Client sends the pushes; one that follows no redirect when nil.
 	Client  *http.Client
 	Logger  *slog.Logger
@@ -115,20 +95,35 @@ type PusherConfig struct {
 	Metrics *Metrics
 }
 
-// Pusher is the River worker of PushArgs.
+// Pusher is the push loop of one process (Run). Every replica runs one; they share the users
+// through leases on app_event_users, claimed with SKIP LOCKED, so a user's events are pushed by
+// one process at a time, in sequence, each after the previous one was answered 2xx or given up.
+//
+// The loop claims the heads of up to Concurrency due users in one statement (their lease taken,
+// each head read in the same snapshot as the user's wakes), pushes them at once, and records
+// each answer in one statement that also releases the user and sets when it is due next: at the
+// next head's time, at this head's retry, or never when nothing is pending. "Nothing" is decided
+// against the wakes read in that statement's snapshot: a writer of a pending event bumps them
+// under the user's lock, so an event committed after that look makes the user due again at once.
+// A pushing process that dies holds its users until their lease (an attempt's timeout and 5 s)
+// passes; then another claims them and pushes the head again (the app dedups by id).
 type Pusher struct {
-	river.WorkerDefaults[PushArgs]
-	cfg PusherConfig
-	log *slog.Logger
+	cfg   PusherConfig
+	log   *slog.Logger
+	owner int64
+	wake  chan struct{}
 }
 
-// NewPusher returns the push worker.
+// NewPusher returns the push loop.
 func NewPusher(cfg PusherConfig) *Pusher {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 10 * time.Second
+	}
+	if cfg.Concurrency <= 0 {
+		cfg.Concurrency = 16
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -138,25 +133,94 @@ func NewPusher(cfg PusherConfig) *Pusher {
 			// A redirect is an answer that is not 2xx: following it would send the signed event
 			// somewhere app_events.url does not name.
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+			Transport: &http.Transport{Proxy: http.ProxyFromEnvironment, MaxIdleConnsPerHost: cfg.Concurrency,
+				IdleConnTimeout: 90 * time.Second, TLSHandshakeTimeout: cfg.Timeout, ForceAttemptHTTP2: true},
 		}
 	}
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics(nil)
 	}
-	return &Pusher{cfg: cfg, log: cfg.Logger.With("component", "appevents")}
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return &Pusher{cfg: cfg, log: cfg.Logger.With("component", "appevents"),
+		owner: int64(binary.BigEndian.Uint64(b[:]) >> 1), wake: make(chan struct{}, 1)}
 }
 
-// runBudget is how long one run of a push job pushes before it hands its place back (River
-// bounds a job's run time; a user with thousands of pending events is pushed over several runs).
-const runBudget = 20 * time.Second
-
-// leaseFor is how long a run holds its user: an attempt and the statements around it, renewed
-// at each attempt. A run that dies (kill -9) holds its user that long after River rescues it.
+// leaseFor is how long a claim holds its user: an attempt and the statements around it.
 func (p *Pusher) leaseFor() time.Duration { return p.cfg.Timeout + 5*time.Second }
 
-// Timeout lets a run last its budget and one attempt more.
-func (p *Pusher) Timeout(*river.Job[PushArgs]) time.Duration {
-	return runBudget + p.cfg.Timeout + 5*time.Second
+// pushPoll is how long an idle loop waits before it looks for due users again.
+const pushPoll = 100 * time.Millisecond
+
+// Run pushes until ctx ends, then lets the pushes in flight finish (each bounded by the timeout).
+func (p *Pusher) Run(ctx context.Context) {
+	p.log.InfoContext(ctx, "app events push started", "concurrency", p.cfg.Concurrency, "timeout", p.cfg.Timeout.String())
+	slots := make(chan struct{}, p.cfg.Concurrency)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	failing := false
+	for ctx.Err() == nil {
+		free := p.cfg.Concurrency - len(slots)
+		heads := []claimed{}
+		if free > 0 {
+			var err error
+			heads, err = p.claim(ctx, free)
+			switch {
+			case err != nil && ctx.Err() == nil:
+				if !failing {
+					p.log.ErrorContext(ctx, "app events push: claiming due users failed; retrying", "error", err)
+				}
+				failing = true
+			case err == nil && failing:
+				p.log.InfoContext(ctx, "app events push: claiming works again")
+				failing = false
+			}
+		}
+		for _, c := range heads {
+			slots <- struct{}{}
+			wg.Go(func() {
+				defer func() { <-slots; p.nudge() }()
+				if err := p.push(context.WithoutCancel(ctx), c); err != nil {
+					p.log.ErrorContext(ctx, "app events push: recording an answer failed; the user is pushed again after its lease",
+						"user_id", c.user, "app_event_id", c.head.id, "error", err)
+				}
+			})
+		}
+		if len(heads) > 0 && len(heads) == free {
+			continue
+		}
+		t := time.NewTimer(pushPoll)
+		select {
+		case <-ctx.Done():
+		case <-p.wake:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// nudge wakes the loop: a slot is free.
+func (p *Pusher) nudge() {
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Step claims the due users once and pushes their heads, and returns how many it pushed: the
+// loop's one round, for tests and tools.
+func (p *Pusher) Step(ctx context.Context) (int, error) {
+	heads, err := p.claim(ctx, p.cfg.Concurrency)
+	if err != nil {
+		return 0, err
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, len(heads))
+	for k, c := range heads {
+		wg.Go(func() { errs[k] = p.push(ctx, c) })
+	}
+	wg.Wait()
+	return len(heads), errors.Join(errs...)
 }
 
 // pending is the head of a user's pending events.
@@ -168,213 +232,159 @@ type pending struct {
 	nextAt         *time.Time
 }
 
-// Work pushes the user's pending events in sequence order, each after the previous one was
-// answered 2xx or given up, until none is due, and then lets the next event queue a job.
-//
-// Three statements an event: the claim (or the previous event's record) reads the next head;
-// the push is recorded with the lease renewed; the run ends with a compare-and-set of the
-// user's wakes, which every writer of a pending event bumps under the user's lock. The wakes
-// compared are read in the same snapshot as "nothing pending": an event committed after that
-// snapshot moved them, so the run goes on instead of leaving it without a job.
-func (p *Pusher) Work(ctx context.Context, job *river.Job[PushArgs]) error {
-	a := job.Args
-	db := p.cfg.DB.WithContext(ctx)
-	start := p.cfg.Now()
-	head, wakes, held, err := p.claim(ctx, db, a, job.ID)
-	if err != nil {
-		return err
-	}
-	if !held {
-		// Another run holds the user (a rescued job whose first run is still going): after its
-		// lease, this one pushes what is left.
-		return river.JobSnooze(p.leaseFor())
-	}
-	for {
-		if head == nil {
-			done, lost, err := p.finish(ctx, db, a, job.ID, wakes)
-			switch {
-			case err != nil:
-				return err
-			case lost:
-				return river.JobSnooze(p.leaseFor())
-			case done:
-				return nil
-			}
-			// An event was written (or redelivered) meanwhile.
-			if head, wakes, err = p.head(ctx, db, a); err != nil {
-				return err
-			}
-			continue
-		}
-		now := p.cfg.Now()
-		if head.nextAt != nil && head.nextAt.After(now) {
-			return p.release(ctx, db, a, job.ID, river.JobSnooze(head.nextAt.Sub(now)))
-		}
-		if now.Sub(start) > runBudget {
-			return p.release(ctx, db, a, job.ID, river.JobSnooze(0))
-		}
-		if ctx.Err() != nil {
-			return p.release(context.WithoutCancel(ctx), p.cfg.DB, a, job.ID, river.JobSnooze(0))
-		}
-		next, nextWakes, retryAt, err := p.attempt(ctx, db, a, job.ID, head)
-		if err != nil {
-			return err
-		}
-		if retryAt != nil {
-			return p.release(ctx, db, a, job.ID, river.JobSnooze(retryAt.Sub(p.cfg.Now())))
-		}
-		head, wakes = next, nextWakes
-	}
+// claimed is a user claimed for one push: its head (nil: nothing pending as of the claim) and
+// its wakes in the same snapshot.
+type claimed struct {
+	user  string
+	wakes int64
+	head  *pending
 }
 
-// headQuery reads the head of the user's pending events ($1, $2) and, in the same snapshot,
-// the user's wakes; idCond ("" or "AND id <> $n") leaves out the event just recorded.
-func headQuery(idCond string) string {
-	return `SELECT s.wakes, e.id, e.type, e.created_at, e.sequence, e.data, e.attempts, e.first_attempt_at, e.next_at
-		FROM (SELECT wakes FROM app_event_users WHERE user_id = $1 AND livemode = $2) s
-		LEFT JOIN LATERAL (SELECT id, type, created_at, sequence, data, attempts, first_attempt_at, next_at FROM app_events
-		  WHERE user_id = $1 AND livemode = $2 AND status = 'pending' ` + idCond + ` ORDER BY sequence LIMIT 1) e ON true`
-}
+// headOf reads, for the users of the CTE named from (user_id, wakes), their first pending event.
+const headOf = `LEFT JOIN LATERAL (SELECT id, type, created_at, sequence, data, attempts, first_attempt_at, next_at FROM app_events e
+		  WHERE e.user_id = u.user_id AND e.livemode = $1 AND e.status = 'pending' ORDER BY e.sequence LIMIT 1) h ON true`
 
-// scanHead scans a headQuery row (after the columns in pre).
-func (p *Pusher) scanHead(row interface{ Scan(...any) error }, a PushArgs, pre ...any) (*pending, int64, error) {
-	var wakes int64
-	var id, typ sql.NullString
-	var created, first, next sql.NullTime
-	var seq sql.NullInt64
-	var data []byte
-	var attempts sql.NullInt64
-	if err := row.Scan(append(pre, &wakes, &id, &typ, &created, &seq, &data, &attempts, &first, &next)...); err != nil {
-		return nil, 0, err
-	}
-	if !id.Valid {
-		return nil, wakes, nil
-	}
-	h := &pending{id: id.String, attempts: int(attempts.Int64)}
-	b := Body{ID: id.String, Type: typ.String, Created: created.Time.Unix(), Livemode: a.Livemode, UserID: a.UserID,
-		Sequence: seq.Int64, Data: data}
-	var err error
-	if h.body, err = json.Marshal(b); err != nil {
-		return nil, 0, err
-	}
-	if first.Valid {
-		h.firstAttemptAt = &first.Time
-	}
-	if next.Valid {
-		h.nextAt = &next.Time
-	}
-	return h, wakes, nil
-}
-
-// claim takes the user's lease for this job and reads the head.
-func (p *Pusher) claim(ctx context.Context, db *gorm.DB, a PushArgs, jobID int64) (*pending, int64, bool, error) {
+// claim takes the lease of up to n due users and reads their heads.
+func (p *Pusher) claim(ctx context.Context, n int) ([]claimed, error) {
 	now := p.cfg.Now()
-	row := db.Raw(`WITH c AS (UPDATE app_event_users SET push_lease_until = $3, push_lease_owner = $4
-		  WHERE user_id = $1 AND livemode = $2 AND (push_lease_until IS NULL OR push_lease_until < $5 OR push_lease_owner = $4) RETURNING 1)
-		SELECT h.* FROM (`+headQuery("")+`) h WHERE EXISTS (SELECT 1 FROM c)`,
-		a.UserID, a.Livemode, now.Add(p.leaseFor()), jobID, now).Row()
-	h, wakes, err := p.scanHead(row, a)
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, 0, false, nil
-	}
+	rows, err := p.cfg.DB.WithContext(ctx).Raw(`WITH c AS (
+		  SELECT user_id FROM app_event_users
+		  WHERE livemode = $1 AND push_due_at <= $2 AND (push_lease_until IS NULL OR push_lease_until < $2)
+		  ORDER BY push_due_at LIMIT $3 FOR UPDATE SKIP LOCKED),
+		u AS (UPDATE app_event_users a SET push_lease_until = $4, push_lease_owner = $5 FROM c
+		  WHERE a.user_id = c.user_id AND a.livemode = $1 RETURNING a.user_id)
+		SELECT u.user_id, (SELECT s.wakes FROM app_event_users s WHERE s.user_id = u.user_id AND s.livemode = $1),
+		  h.id, h.type, h.created_at, h.sequence, h.data, h.attempts, h.first_attempt_at, h.next_at
+		FROM u `+headOf, p.cfg.Livemode, now, n, now.Add(p.leaseFor()), p.owner).Rows()
 	if err != nil {
-		return nil, 0, false, fmt.Errorf("app events: claim user %s: %w", a.UserID, err)
+		return nil, fmt.Errorf("app events: claim due users: %w", err)
 	}
-	return h, wakes, true, nil
+	defer rows.Close()
+	var out []claimed
+	for rows.Next() {
+		var c claimed
+		var id, typ sql.NullString
+		var created, first, next sql.NullTime
+		var seq, attempts sql.NullInt64
+		var data []byte
+		if err := rows.Scan(&c.user, &c.wakes, &id, &typ, &created, &seq, &data, &attempts, &first, &next); err != nil {
+			return nil, fmt.Errorf("app events: claim due users: %w", err)
+		}
+		if id.Valid {
+			h := &pending{id: id.String, attempts: int(attempts.Int64)}
+			b := Body{ID: id.String, Type: typ.String, Created: created.Time.Unix(), Livemode: p.cfg.Livemode, UserID: c.user,
+				Sequence: seq.Int64, Data: data}
+			if h.body, err = json.Marshal(b); err != nil {
+				return nil, err
+			}
+			if first.Valid {
+				h.firstAttemptAt = &first.Time
+			}
+			if next.Valid {
+				h.nextAt = &next.Time
+			}
+			c.head = h
+		}
+		out = append(out, c)
+	}
+	return out, rows.Err()
 }
 
-// head reads the head again.
-func (p *Pusher) head(ctx context.Context, db *gorm.DB, a PushArgs) (*pending, int64, error) {
-	h, wakes, err := p.scanHead(db.Raw(headQuery(""), a.UserID, a.Livemode).Row(), a)
-	if err != nil {
-		return nil, 0, fmt.Errorf("app events: read pending of user %s: %w", a.UserID, err)
+// push pushes a claimed user's head and records the answer (or, with no head, ends the user's
+// push when nothing is pending).
+func (p *Pusher) push(ctx context.Context, c claimed) error {
+	now := p.cfg.Now()
+	if c.head == nil {
+		return p.settle(ctx, c, "", nil, nil)
 	}
-	return h, wakes, nil
-}
-
-// release gives the lease back and returns then.
-func (p *Pusher) release(ctx context.Context, db *gorm.DB, a PushArgs, jobID int64, then error) error {
-	if err := db.WithContext(ctx).Exec(`UPDATE app_event_users SET push_lease_until = NULL, push_lease_owner = NULL
-		WHERE user_id = $1 AND livemode = $2 AND push_lease_owner = $3`, a.UserID, a.Livemode, jobID).Error; err != nil {
-		return fmt.Errorf("app events: release user %s: %w", a.UserID, err)
+	if c.head.nextAt != nil && c.head.nextAt.After(now) {
+		// Due by the user's row but not by its head (a redelivery moved it): wait for the head.
+		return p.settle(ctx, c, "", nil, c.head.nextAt)
 	}
-	return then
-}
-
-// finish ends the user's push when its wakes are still those read with "nothing pending": a
-// writer of a pending event bumps them under the user's lock and queues a job only when none is
-// queued, so either it sees push_queued false after this, or this sees its wakes and goes on.
-// lost: the lease is another run's.
-func (p *Pusher) finish(ctx context.Context, db *gorm.DB, a PushArgs, jobID, wakes int64) (done, lost bool, err error) {
-	var ended []bool
-	if err := db.Raw(`UPDATE app_event_users SET push_queued = (wakes <> $3),
-		  push_lease_until = CASE WHEN wakes = $3 THEN NULL ELSE push_lease_until END,
-		  push_lease_owner = CASE WHEN wakes = $3 THEN NULL ELSE push_lease_owner END
-		WHERE user_id = $1 AND livemode = $2 AND push_lease_owner = $4 RETURNING wakes = $3`,
-		a.UserID, a.Livemode, wakes, jobID).Scan(&ended).Error; err != nil {
-		return false, false, fmt.Errorf("app events: finish user %s: %w", a.UserID, err)
-	}
-	if len(ended) == 0 {
-		return false, true, nil
-	}
-	return ended[0], false, nil
-}
-
-// attempt pushes one event and records the answer with the lease renewed, reading the next head
-// in the same statement. retryAt: the push failed and is retried then (the run ends).
-func (p *Pusher) attempt(ctx context.Context, db *gorm.DB, a PushArgs, jobID int64, h *pending) (next *pending, wakes int64, retryAt *time.Time, err error) {
-	at := p.cfg.Now()
-	status, perr := p.send(ctx, h, at)
+	h := c.head
+	status, perr := p.send(ctx, h, now)
 	done := p.cfg.Now()
 	attempts := h.attempts + 1
-	first := at
+	first := now
 	if h.firstAttemptAt != nil {
 		first = *h.firstAttemptAt
 	}
-	result, state, errText := "delivered", "delivered", ""
-	var nextAt *time.Time
+	rec := &record{attempts: attempts, first: first, at: done, state: "delivered"}
+	result := "delivered"
+	var retryAt *time.Time
 	if perr != nil {
-		errText = perr.Error()
+		rec.errText = perr.Error()
 		result = failureKind(perr)
 		if done.Sub(first) >= Retry.GiveUp {
-			state = "failed"
+			rec.state = "failed"
 		} else {
-			state = "pending"
+			rec.state = "pending"
 			n := done.Add(RetryDelay(attempts))
-			nextAt = &n
+			retryAt, rec.nextAt = &n, &n
 		}
 	}
-	var recorded int
-	row := db.Raw(`WITH lease AS (
-		  UPDATE app_event_users SET push_lease_until = $9 WHERE user_id = $1 AND livemode = $2 AND push_lease_owner = $8 RETURNING 1),
-		done AS (UPDATE app_events SET attempts = $4, first_attempt_at = $5, last_attempt_at = CAST($6 AS timestamptz),
-		  status = CAST($7 AS text), next_at = $10, last_error = nullif(CAST($11 AS text), ''),
-		  delivered_at = CASE WHEN CAST($7 AS text) = 'delivered' THEN CAST($6 AS timestamptz) END,
-		  failed_at = CASE WHEN CAST($7 AS text) = 'failed' THEN CAST($6 AS timestamptz) END
-		  WHERE id = $3 AND livemode = $2 AND status = 'pending' AND EXISTS (SELECT 1 FROM lease) RETURNING 1)
-		SELECT (SELECT count(*) FROM done), h.* FROM (`+headQuery("AND id <> $3")+`) h`,
-		a.UserID, a.Livemode, h.id, attempts, first, done, state, jobID, done.Add(p.leaseFor()), nextAt, errText).Row()
-	next, wakes, err = p.scanHead(row, a, &recorded)
-	if err != nil {
-		return nil, 0, nil, fmt.Errorf("app events: record push of %s: %w", h.id, err)
-	}
-	if recorded == 0 {
-		// The lease was lost (this run outlived it): the run that holds it pushes from here.
-		return nil, 0, nil, river.JobSnooze(p.leaseFor())
+	if err := p.settle(ctx, c, h.id, rec, retryAt); err != nil {
+		return err
 	}
 	p.cfg.Metrics.deliveries.WithLabelValues(result).Inc()
-	log := p.log.With("app_event_id", h.id, "user_id", a.UserID, "attempt", attempts)
-	switch state {
+	log := p.log.With("app_event_id", h.id, "user_id", c.user, "attempt", attempts)
+	switch rec.state {
 	case "delivered":
 		log.Debug("app event delivered", "status", status)
-		return next, wakes, nil, nil
 	case "failed":
 		p.cfg.Metrics.deliveries.WithLabelValues("dead_lettered").Inc()
-		log.Error("app event failed: the app did not accept it for 3 days; the user's next event goes", "error", errText)
-		return next, wakes, nil, nil
+		log.Error("app event failed: the app did not accept it for 3 days; the user's next event goes", "error", rec.errText)
+	default:
+		log.Warn("app event push failed; will retry", "error", rec.errText, "next_at", retryAt.UTC())
 	}
-	log.Warn("app event push failed; will retry", "error", errText, "next_at", nextAt.UTC())
-	return nil, 0, nextAt, nil
+	return nil
+}
+
+// record is the outcome of one attempt.
+type record struct {
+	attempts int
+	first    time.Time
+	at       time.Time
+	state    string // delivered, pending (retried at nextAt), failed
+	nextAt   *time.Time
+	errText  string
+}
+
+// settle records an attempt (when rec is set) of event id and releases the user, due again at
+// dueAt when set (a retry, or a head not yet due), else at the next head's time, else never —
+// unless its wakes moved since this statement's snapshot (an event written meanwhile): then now.
+func (p *Pusher) settle(ctx context.Context, c claimed, id string, rec *record, dueAt *time.Time) error {
+	if rec == nil {
+		rec = &record{}
+	}
+	now := p.cfg.Now()
+	var settled int
+	err := p.cfg.DB.WithContext(ctx).Raw(`WITH held AS (
+		  SELECT 1 FROM app_event_users WHERE user_id = $2 AND livemode = $1 AND push_lease_owner = $3),
+		done AS (UPDATE app_events SET attempts = $5, first_attempt_at = $6, last_attempt_at = CAST($7 AS timestamptz),
+		  status = CAST($8 AS text), next_at = $9, last_error = nullif(CAST($10 AS text), ''),
+		  delivered_at = CASE WHEN CAST($8 AS text) = 'delivered' THEN CAST($7 AS timestamptz) END,
+		  failed_at = CASE WHEN CAST($8 AS text) = 'failed' THEN CAST($7 AS timestamptz) END
+		  WHERE id = $4 AND livemode = $1 AND status = 'pending' AND CAST($8 AS text) <> '' AND EXISTS (SELECT 1 FROM held) RETURNING 1),
+		nxt AS (SELECT next_at FROM app_events WHERE user_id = $2 AND livemode = $1 AND status = 'pending' AND id <> $4
+		  ORDER BY sequence LIMIT 1),
+		s AS (SELECT wakes FROM app_event_users WHERE user_id = $2 AND livemode = $1),
+		u AS (UPDATE app_event_users SET push_lease_until = NULL, push_lease_owner = NULL,
+		  push_due_at = CASE WHEN CAST($11 AS timestamptz) IS NOT NULL THEN CAST($11 AS timestamptz)
+		    WHEN EXISTS (SELECT 1 FROM nxt) THEN greatest((SELECT next_at FROM nxt), CAST($12 AS timestamptz))
+		    WHEN wakes = (SELECT wakes FROM s) THEN NULL ELSE CAST($12 AS timestamptz) END
+		  WHERE user_id = $2 AND livemode = $1 AND push_lease_owner = $3 RETURNING 1)
+		SELECT (SELECT count(*) FROM u)`,
+		p.cfg.Livemode, c.user, p.owner, id, rec.attempts, rec.first, rec.at, rec.state, rec.nextAt, rec.errText, dueAt, now).
+		Row().Scan(&settled)
+	if err != nil {
+		return fmt.Errorf("app events: record push of %s: %w", id, err)
+	}
+	if settled == 0 {
+		// The lease passed before this answer (a stalled process): another claim pushes on.
+		p.log.WarnContext(ctx, "app events push: a user's lease passed before its answer was recorded", "user_id", c.user, "app_event_id", id)
+	}
+	return nil
 }
 
 // pushError is an answer that is not a delivery.

@@ -2,9 +2,7 @@ package appevents
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
-	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -16,8 +14,6 @@ import (
 
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 
-	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/rivertype"
 	"gorm.io/gorm"
 
 	"billing/internal/testenv"
@@ -130,9 +126,6 @@ type clock struct {
 func (c *clock) Now() time.Time      { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
 func (c *clock) Add(d time.Duration) { c.mu.Lock(); defer c.mu.Unlock(); c.t = c.t.Add(d) }
 func newClock() *clock               { return &clock{t: time.Now().UTC().Truncate(time.Second)} }
-func job(id int64, user string) *river.Job[PushArgs] {
-	return &river.Job[PushArgs]{JobRow: &rivertype.JobRow{ID: id}, Args: PushArgs{UserID: user}}
-}
 
 type pushEnv struct {
 	db     *gorm.DB
@@ -140,6 +133,7 @@ type pushEnv struct {
 	clock  *clock
 	pusher *Pusher
 	teller *Teller
+	url    string
 }
 
 func newPushEnv(t *testing.T, timeout time.Duration) *pushEnv {
@@ -147,13 +141,18 @@ func newPushEnv(t *testing.T, timeout time.Duration) *pushEnv {
 	e := &pushEnv{db: testenv.DB(t), app: &app{status: http.StatusOK}, clock: newClock()}
 	srv := httptest.NewServer(e.app)
 	t.Cleanup(srv.Close)
+	e.url = srv.URL + "/hooks"
+	e.pusher = e.newPusher(t, timeout)
+	e.teller = NewTeller(e.clock.Now)
+	return e
+}
+
+func (e *pushEnv) newPusher(t *testing.T, timeout time.Duration) *Pusher {
 	signer, err := NewSigner([]string{"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.pusher = NewPusher(PusherConfig{DB: e.db, URL: srv.URL + "/hooks", Signer: signer, Timeout: timeout, Now: e.clock.Now})
-	e.teller = NewTeller(false, nil, e.clock.Now)
-	return e
+	return NewPusher(PusherConfig{DB: e.db, URL: e.url, Signer: signer, Timeout: timeout, Concurrency: 4, Now: e.clock.Now})
 }
 
 func (e *pushEnv) tellN(t *testing.T, user string, n int) {
@@ -163,11 +162,30 @@ func (e *pushEnv) tellN(t *testing.T, user string, n int) {
 	}
 }
 
+// step runs one round of the push and returns how many users it pushed.
+func (e *pushEnv) step(t *testing.T) int {
+	t.Helper()
+	n, err := e.pusher.Step(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// dueAt is the user's push_due_at.
+func (e *pushEnv) dueAt(t *testing.T, user string) *time.Time {
+	t.Helper()
+	var at *time.Time
+	if err := e.db.Raw(`SELECT push_due_at FROM app_event_users WHERE user_id = $1`, user).Row().Scan(&at); err != nil {
+		t.Fatal(err)
+	}
+	return at
+}
+
 func TestPushDeliversInSequenceSigned(t *testing.T) {
 	e := newPushEnv(t, 2*time.Second)
 	e.tellN(t, "u1", 3)
-	if err := e.pusher.Work(context.Background(), job(1, "u1")); err != nil {
-		t.Fatalf("Work: %v", err)
+	for e.step(t) > 0 {
 	}
 	if got := e.app.sequences(); len(got) != 3 || got[0] != 1 || got[1] != 2 || got[2] != 3 {
 		t.Fatalf("the app got sequences %v, want 1 2 3", got)
@@ -179,16 +197,14 @@ func TestPushDeliversInSequenceSigned(t *testing.T) {
 			t.Errorf("push %d headers %v, want webhook-id %s and JSON", k, h, rows[k].ID)
 		}
 	}
-	// The body as pushed verifies with the secret (re-encoded here exactly as sent: compare the
-	// feed's body, which is the pushed one).
+	// The feed's body is the pushed one: it verifies against the pushed signature.
 	p, err := Feed(context.Background(), e.db, false, "", 10)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for k, b := range p.Events {
 		raw, _ := json.Marshal(b)
-		h := e.app.got[k]
-		if err := wh.VerifyIgnoringTimestamp(raw, h); err != nil {
+		if err := wh.VerifyIgnoringTimestamp(raw, e.app.got[k]); err != nil {
 			t.Errorf("event %s: the feed's body does not verify against the pushed signature: %v", b.ID, err)
 		}
 	}
@@ -197,20 +213,9 @@ func TestPushDeliversInSequenceSigned(t *testing.T) {
 			t.Errorf("event %d: %s after %d attempts, want delivered after 1", r.Sequence, r.Status, r.Attempts)
 		}
 	}
-	var queued bool
-	if err := e.db.Raw(`SELECT push_queued FROM app_event_users WHERE user_id = 'u1'`).Row().Scan(&queued); err != nil || queued {
-		t.Fatalf("push_queued = %v (%v), want false once nothing is pending", queued, err)
+	if at := e.dueAt(t, "u1"); at != nil {
+		t.Fatalf("push_due_at = %v once nothing is pending, want none", at)
 	}
-}
-
-// snoozed returns the snooze of a Work result, failing on anything else.
-func snoozed(t *testing.T, err error) time.Duration {
-	t.Helper()
-	var s *rivertype.JobSnoozeError
-	if !errors.As(err, &s) {
-		t.Fatalf("Work = %v, want a snooze", err)
-	}
-	return s.Duration
 }
 
 func TestPushRetriesOnTheScheduleThenGivesUpAndTheNextGoes(t *testing.T) {
@@ -219,28 +224,32 @@ func TestPushRetriesOnTheScheduleThenGivesUpAndTheNextGoes(t *testing.T) {
 	e.tellN(t, "u1", 2)
 	start := e.clock.Now()
 	for n := 1; ; n++ {
-		err := e.pusher.Work(context.Background(), job(1, "u1"))
+		if got := e.step(t); got != 1 {
+			t.Fatalf("round %d pushed %d users, want 1", n, got)
+		}
 		rows := events(t, e.db, "u1")
 		if rows[0].Status == "failed" {
 			if elapsed := e.clock.Now().Sub(start); elapsed < Retry.GiveUp {
 				t.Fatalf("given up after %s, want 3 days", elapsed)
 			}
-			if rows[1].Status != "delivered" {
-				t.Fatalf("after the first was given up the second is %s, want delivered", rows[1].Status)
-			}
-			if err != nil {
-				t.Fatalf("Work = %v, want done", err)
+			if e.step(t) != 1 || events(t, e.db, "u1")[1].Status != "delivered" {
+				t.Fatalf("after the first was given up the second is not delivered: %+v", events(t, e.db, "u1"))
 			}
 			break
 		}
-		if got, want := snoozed(t, err), RetryDelay(n); got != want {
-			t.Fatalf("after failed attempt %d the job waits %s, want %s", n, got, want)
+		if rows[0].Attempts != n || rows[1].Attempts != 0 {
+			t.Fatalf("round %d: attempts %d and %d, want %d and 0 (the second waits)", n, rows[0].Attempts, rows[1].Attempts, n)
 		}
-		if rows[1].Attempts != 0 {
-			t.Fatalf("the second event was pushed while the first was pending")
+		due := e.dueAt(t, "u1")
+		if want := e.clock.Now().Add(RetryDelay(n)); due == nil || !due.Equal(want) {
+			t.Fatalf("after failed attempt %d the user is due at %v, want %v", n, due, want)
 		}
-		// The job comes back when its snooze ends.
-		e.clock.Add(RetryDelay(n))
+		// Not before its time.
+		e.clock.Add(RetryDelay(n) - time.Second)
+		if got := e.step(t); got != 0 {
+			t.Fatalf("pushed %d users a second before the retry", got)
+		}
+		e.clock.Add(time.Second)
 		if n > 40 {
 			t.Fatal("never given up")
 		}
@@ -268,7 +277,7 @@ func TestPushTreatsTimeoutsRedirectsAndGarbage(t *testing.T) {
 			e := newPushEnv(t, 100*time.Millisecond)
 			e.app.answerer = tc.answerer
 			e.tellN(t, "u1", 1)
-			_ = e.pusher.Work(context.Background(), job(1, "u1"))
+			e.step(t)
 			var status string
 			var lastErr *string
 			if err := e.db.Raw(`SELECT status, last_error FROM app_events WHERE user_id = 'u1'`).Row().Scan(&status, &lastErr); err != nil {
@@ -284,8 +293,8 @@ func TestPushTreatsTimeoutsRedirectsAndGarbage(t *testing.T) {
 	}
 }
 
-// TestPushOneUserAtATime: two runs for one user (a rescued job beside its first run, or two
-// replicas) never push at once; the second waits for the first's lease.
+// TestPushOneUserAtATime: two replicas never push one user at once; a user's hanging app
+// delays no other user.
 func TestPushOneUserAtATime(t *testing.T) {
 	e := newPushEnv(t, 2*time.Second)
 	release := make(chan struct{})
@@ -293,84 +302,90 @@ func TestPushOneUserAtATime(t *testing.T) {
 	e.app.answerer = func(w http.ResponseWriter) {
 		select {
 		case inFlight <- struct{}{}:
+			<-release // the first push hangs until released
 		default:
 		}
-		<-release
 		w.WriteHeader(http.StatusOK)
 	}
 	e.tellN(t, "u1", 1)
 	first := make(chan error, 1)
-	go func() { first <- e.pusher.Work(context.Background(), job(1, "u1")) }()
+	go func() { _, err := e.pusher.Step(context.Background()); first <- err }()
 	<-inFlight
-	// The first run is mid-push: a second run for the user steps aside.
-	if d := snoozed(t, e.pusher.Work(context.Background(), job(2, "u1"))); d <= 0 {
-		t.Fatalf("second run snoozed %s", d)
+	other := e.newPusher(t, 2*time.Second)
+	e.tellN(t, "u2", 1)
+	if n, err := other.Step(context.Background()); err != nil || n != 1 {
+		t.Fatalf("the other replica pushed %d users (%v), want u2 only", n, err)
 	}
 	close(release)
 	if err := <-first; err != nil {
 		t.Fatal(err)
 	}
-	if n := len(e.app.sequences()); n != 1 {
-		t.Fatalf("the app got %d pushes, want 1", n)
+	e.app.mu.Lock()
+	defer e.app.mu.Unlock()
+	var u1 int
+	for _, b := range e.app.bodies {
+		if b.UserID == "u1" {
+			u1++
+		}
+	}
+	if u1 != 1 || len(e.app.bodies) != 2 {
+		t.Fatalf("the app got %d pushes of u1 and %d in all, want 1 and 2", u1, len(e.app.bodies))
 	}
 }
 
-func TestPushWritesAJobOnlyForTheFirstPendingEvent(t *testing.T) {
-	db := testenv.DB(t)
-	tl := NewTeller(true, noInserter{}, nil)
-	for k := range 3 {
-		tell(t, db, tl, answer{UserID: "u1", Status: "s" + itoa(int64(k))})
-	}
-	var jobs int
-	if err := db.Raw(`SELECT count(*) FROM river_job WHERE kind = $1 AND args->>'user_id' = 'u1'`, PushJobKind).Row().Scan(&jobs); err != nil {
-		t.Fatal(err)
-	}
-	if jobs != 1 {
-		t.Fatalf("%d push jobs for 3 events, want 1 (the next ones wait behind it)", jobs)
-	}
-}
-
-// noInserter stands for River's client: the Teller writes the job row itself.
-type noInserter struct{}
-
-func (noInserter) InsertTx(context.Context, *sql.Tx, river.JobArgs, *river.InsertOpts) (*rivertype.JobInsertResult, error) {
-	return nil, errors.New("not used")
-}
-
-// TestPushRunDoesNotEndOverAnEventWrittenMeanwhile: a run that found nothing pending must not
-// end (and clear push_queued) over an event committed after it looked, since that event's
-// writer saw a job queued and queued none.
-func TestPushRunDoesNotEndOverAnEventWrittenMeanwhile(t *testing.T) {
+func TestTellMakesTheUserDueOnce(t *testing.T) {
 	e := newPushEnv(t, 2*time.Second)
-	tl := NewTeller(true, noInserter{}, e.clock.Now)
-	tell(t, e.db, tl, answer{UserID: "u1", Status: "s0"}) // queues the job (push_queued)
+	e.tellN(t, "u1", 1)
+	first := e.dueAt(t, "u1")
+	if first == nil {
+		t.Fatal("a pending event left its user not due")
+	}
+	e.clock.Add(time.Minute)
+	e.tellN(t, "u1", 1)
+	if again := e.dueAt(t, "u1"); again == nil || !again.Equal(*first) {
+		t.Fatalf("a second event moved the due time %v to %v: the head goes first", first, again)
+	}
+}
+
+// TestPushDoesNotLeaveAnEventWrittenDuringItsRecord: an event that commits while a push records
+// its answer (the writer holds the user's lock; the record's snapshot misses the event) keeps
+// the user due, so the event is pushed next, not left without a push.
+func TestPushDoesNotLeaveAnEventWrittenDuringItsRecord(t *testing.T) {
+	e := newPushEnv(t, 2*time.Second)
+	e.tellN(t, "u1", 1)
 	ctx := context.Background()
-	head, wakes, held, err := e.pusher.claim(ctx, e.db, PushArgs{UserID: "u1"}, 1)
-	if err != nil || !held || head == nil {
-		t.Fatalf("claim: %v %v %v", head, held, err)
+	heads, err := e.pusher.claim(ctx, 4)
+	if err != nil || len(heads) != 1 || heads[0].head == nil {
+		t.Fatalf("claim: %+v %v", heads, err)
 	}
-	next, wakes, retry, err := e.pusher.attempt(ctx, e.db, PushArgs{UserID: "u1"}, 1, head)
-	if err != nil || retry != nil || next != nil {
-		t.Fatalf("attempt: next %v, retry %v, %v", next, retry, err)
-	}
-	// Nothing pending as the run saw it; now an event commits, its writer queuing no job.
-	tell(t, e.db, tl, answer{UserID: "u1", Status: "s1"})
-	var jobs int
-	if err := e.db.Raw(`SELECT count(*) FROM river_job WHERE kind = $1`, PushJobKind).Row().Scan(&jobs); err != nil || jobs != 1 {
-		t.Fatalf("%d jobs (%v), want the first one only", jobs, err)
-	}
-	done, lost, err := e.pusher.finish(ctx, e.db, PushArgs{UserID: "u1"}, 1, wakes)
-	if err != nil || lost || done {
-		t.Fatalf("finish over a new event: done %v lost %v %v; want the run to go on", done, lost, err)
-	}
-	if err := e.pusher.Work(ctx, job(1, "u1")); err != nil {
+	// A writer locks the user and writes the next event, not committed yet.
+	w := e.db.Begin()
+	l, err := e.teller.Lock(ctx, w, "u1", false, SubjectEntitlement)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if got := e.app.sequences(); len(got) != 2 || got[1] != 2 {
-		t.Fatalf("the app got %v, want 1 2", got)
+	if _, err := e.teller.Tell(ctx, w, l, Change{Type: TypeEntitlementUpdated, Answer: answer{UserID: "u1", Status: "next"}}); err != nil {
+		t.Fatal(err)
 	}
-	var queued bool
-	if err := e.db.Raw(`SELECT push_queued FROM app_event_users WHERE user_id = 'u1'`).Row().Scan(&queued); err != nil || queued {
-		t.Fatalf("push_queued = %v (%v) once all was pushed", queued, err)
+	pushed := make(chan error, 1)
+	go func() { pushed <- e.pusher.push(ctx, heads[0]) }()
+	// The record waits for the writer's lock.
+	var waiting int
+	for ; waiting == 0; time.Sleep(time.Millisecond) {
+		if err := e.db.Raw(`SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%push_due_at%'`).Row().Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Commit().Error; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-pushed; err != nil {
+		t.Fatal(err)
+	}
+	if at := e.dueAt(t, "u1"); at == nil {
+		t.Fatal("the user is not due with an event pending")
+	}
+	if e.step(t) != 1 || len(e.app.sequences()) != 2 {
+		t.Fatalf("the app got %v, want 1 2", e.app.sequences())
 	}
 }

@@ -17,7 +17,6 @@ import (
 	"billing/internal/apierr"
 	"billing/internal/audit"
 	"billing/internal/database"
-	"billing/internal/jobs"
 )
 
 // Recheck tells a user's entitlement again in tx, by the clock: the sweeper's call when the
@@ -30,14 +29,11 @@ type Deps struct {
 	// Livemode is the deployment's world: only its events are written, pushed and listed.
 	Livemode bool
 	// Push is nil when app_events.url is empty: nothing is pushed, the feed still fills.
-	Push *PusherConfig
-	Jobs jobs.Inserter
-	// Recheck is set by SetRecheck (billing is built after the River client).
+	Push       *PusherConfig
 	Logger     *slog.Logger
 	Now        func() time.Time
 	Registerer prometheus.Registerer
-	// SweepInterval is how often due time-driven changes are told and lost pushes queued
-	// again; 15 s when zero.
+	// SweepInterval is how often due time-driven changes are told; 15 s when zero.
 	SweepInterval time.Duration
 }
 
@@ -63,10 +59,10 @@ func New(d Deps) *Service {
 		d.SweepInterval = 15 * time.Second
 	}
 	s := &Service{d: d, log: d.Logger.With("component", "appevents"), metrics: NewMetrics(d.Registerer)}
-	s.teller = NewTeller(d.Push != nil, d.Jobs, d.Now)
+	s.teller = NewTeller(d.Now)
 	if d.Push != nil {
 		cfg := *d.Push
-		cfg.DB, cfg.Logger, cfg.Now, cfg.Metrics = d.DB, d.Logger, d.Now, s.metrics
+		cfg.DB, cfg.Livemode, cfg.Logger, cfg.Now, cfg.Metrics = d.DB, d.Livemode, d.Logger, d.Now, s.metrics
 		s.pusher = NewPusher(cfg)
 	}
 	if d.Registerer != nil {
@@ -81,25 +77,23 @@ func (s *Service) Teller() *Teller { return s.teller }
 // SetRecheck sets the entitlement's re-telling by the clock.
 func (s *Service) SetRecheck(r Recheck) { s.recheck = r }
 
-// SetJobs sets the job inserter (River's client, built after the workers are known).
-func (s *Service) SetJobs(ins jobs.Inserter) {
-	s.d.Jobs = ins
-	s.teller.ins = ins
-	s.teller.push = s.d.Push != nil && ins != nil
-}
-
-// AddWorkers adds the push and sweep workers.
+// AddWorkers adds the sweeper's worker.
 func (s *Service) AddWorkers(w *river.Workers) {
 	river.AddWorker(w, &sweeper{s: s})
+}
+
+// RunPush pushes the app events until ctx ends, when app_events.url is set (else it returns at
+// once): serve runs it beside River's workers, in every replica.
+func (s *Service) RunPush(ctx context.Context) {
 	if s.pusher != nil {
-		river.AddWorker(w, s.pusher)
+		s.pusher.Run(ctx)
 	}
 }
 
 // SweepJobKind is the kind of the periodic sweep.
 const SweepJobKind = "app_events_sweep"
 
-// SweepArgs is the periodic sweep: due time-driven changes, and pushes without a job.
+// SweepArgs is the periodic sweep of the time-driven changes that are due.
 type SweepArgs struct{}
 
 func (SweepArgs) Kind() string { return SweepJobKind }
@@ -123,16 +117,6 @@ func (w *sweeper) Work(ctx context.Context, _ *river.Job[SweepArgs]) error {
 	}
 	if told > 0 {
 		w.s.log.Info("time-driven entitlement changes told", "users", told)
-	}
-	if w.s.pusher == nil {
-		return nil
-	}
-	n, err := w.s.requeue(ctx)
-	if err != nil {
-		return err
-	}
-	if n > 0 {
-		w.s.log.Info("app event pushes queued by the sweeper", "users", n)
 	}
 	return nil
 }
@@ -165,51 +149,6 @@ func (s *Service) TellDue(ctx context.Context) (int, error) {
 		return 0, fmt.Errorf("app events: no time-driven change could be told: %w", last)
 	}
 	return len(users) - failed, nil
-}
-
-// requeue queues the push of users with pending events and no job: app_events.url set after
-// events were written, or a job lost (deleted by hand, discarded after its attempts).
-func (s *Service) requeue(ctx context.Context) (int, error) {
-	db := s.d.DB.WithContext(ctx)
-	if err := db.Exec(`UPDATE app_event_users u SET push_queued = false
-		WHERE u.livemode = $1 AND u.push_queued AND NOT EXISTS (
-		  SELECT 1 FROM river_job j WHERE j.kind = $2 AND j.args->>'user_id' = u.user_id
-		    AND CAST(j.args->>'livemode' AS boolean) = u.livemode
-		    AND j.state NOT IN ('completed', 'discarded', 'cancelled'))`, s.d.Livemode, PushJobKind).Error; err != nil {
-		return 0, fmt.Errorf("app events: stale pushes: %w", err)
-	}
-	var users []string
-	if err := db.Raw(`SELECT u.user_id FROM app_event_users u WHERE u.livemode = $1 AND NOT u.push_queued
-		AND EXISTS (SELECT 1 FROM app_events e WHERE e.user_id = u.user_id AND e.livemode = u.livemode AND e.status = 'pending')
-		LIMIT 1000`, s.d.Livemode).Scan(&users).Error; err != nil {
-		return 0, fmt.Errorf("app events: unqueued pushes: %w", err)
-	}
-	for _, u := range users {
-		if err := db.Transaction(func(tx *gorm.DB) error { return s.queuePush(ctx, tx, u) }); err != nil {
-			return 0, err
-		}
-	}
-	return len(users), nil
-}
-
-// queuePush queues the user's push job in tx unless one is queued.
-func (s *Service) queuePush(ctx context.Context, tx *gorm.DB, userID string) error {
-	if s.pusher == nil || s.d.Jobs == nil {
-		return nil
-	}
-	job, args, err := jobs.RowInsert(PushArgs{UserID: userID, Livemode: s.d.Livemode}, river.InsertOpts{Queue: Queue, MaxAttempts: pushJobAttempts}, 3)
-	if err != nil {
-		return err
-	}
-	// The wakes move whether a job is queued or not: a running job sees them and goes on.
-	if _, err := tx.Statement.ConnPool.ExecContext(ctx, `WITH old AS (SELECT push_queued AS was FROM app_event_users
-		  WHERE user_id = $1 AND livemode = $2 FOR UPDATE),
-		u AS (UPDATE app_event_users SET push_queued = true, wakes = wakes + 1 WHERE user_id = $1 AND livemode = $2 RETURNING 1)
-		`+job+` FROM old WHERE NOT old.was`,
-		append([]any{userID, s.d.Livemode}, args...)...); err != nil {
-		return fmt.Errorf("app events: queue push of user %s: %w", userID, err)
-	}
-	return nil
 }
 
 // Mount serves the feed on the app's group (/v1).
@@ -342,11 +281,14 @@ func (s *Service) Redeliver(ctx context.Context, id string) error {
 		if status == "pending" {
 			return ErrAlreadyPending
 		}
+		now := s.d.Now()
 		if err := tx.Exec(`UPDATE app_events SET status = 'pending', first_attempt_at = NULL, next_at = $2, failed_at = NULL
-			WHERE id = $1 AND livemode = $3`, id, s.d.Now(), s.d.Livemode).Error; err != nil {
+			WHERE id = $1 AND livemode = $3`, id, now, s.d.Livemode).Error; err != nil {
 			return err
 		}
-		if err := s.queuePush(ctx, tx, user); err != nil {
+		// Due now: the redelivered event is the user's head (the lowest sequence pending).
+		if err := tx.Exec(`UPDATE app_event_users SET push_due_at = $3, wakes = wakes + 1 WHERE user_id = $1 AND livemode = $2`,
+			user, s.d.Livemode, now).Error; err != nil {
 			return err
 		}
 		return audit.Record(ctx, tx, audit.ActionAppEventRedeliver, id, s.d.Livemode, "queued (was "+status+")")

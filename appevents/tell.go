@@ -19,13 +19,9 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
-	"strings"
 	"time"
 
-	"github.com/riverqueue/river"
 	"gorm.io/gorm"
-
-	"billing/internal/jobs"
 )
 
 // The types of app events.
@@ -57,19 +53,15 @@ type Body struct {
 
 // Teller writes app events in the callers' transactions.
 type Teller struct {
-	// push says app_events.url is set: an event queues its user's push job.
-	push bool
-	ins  jobs.Inserter
-	now  func() time.Time
+	now func() time.Time
 }
 
-// NewTeller returns the writer of app events; push says whether they are pushed (a job per user
-// is queued with the first pending one), ins inserts that job (River's client).
-func NewTeller(push bool, ins jobs.Inserter, now func() time.Time) *Teller {
+// NewTeller returns the writer of app events on the clock now (time.Now when nil).
+func NewTeller(now func() time.Time) *Teller {
 	if now == nil {
 		now = time.Now
 	}
-	return &Teller{push: push && ins != nil, ins: ins, now: now}
+	return &Teller{now: now}
 }
 
 // Locked is a user locked in a transaction for telling one subject.
@@ -82,7 +74,6 @@ type Locked struct {
 	// NextChangeAt is the user's planned time-driven change (entitlement only).
 	NextChangeAt *time.Time
 	lastSequence int64
-	pushQueued   bool
 }
 
 // Lock locks the user's row (creating it) in tx and reads what was last told about subject.
@@ -90,13 +81,13 @@ type Locked struct {
 func (t *Teller) Lock(ctx context.Context, tx *gorm.DB, userID string, livemode bool, subject string) (*Locked, error) {
 	l := &Locked{UserID: userID, Livemode: livemode, Subject: subject}
 	q := tx.Statement.ConnPool
-	const lock = `SELECT u.last_sequence, u.next_change_at, u.push_queued,
+	const lock = `SELECT u.last_sequence, u.next_change_at,
 		  (SELECT a.answer FROM app_event_answers a WHERE a.user_id = u.user_id AND a.livemode = u.livemode AND a.subject = $3)
 		FROM app_event_users u WHERE u.user_id = $1 AND u.livemode = $2 FOR UPDATE OF u`
 	for range 2 {
 		var told []byte
 		var next sql.NullTime
-		err := q.QueryRowContext(ctx, lock, userID, livemode, subject).Scan(&l.lastSequence, &next, &l.pushQueued, &told)
+		err := q.QueryRowContext(ctx, lock, userID, livemode, subject).Scan(&l.lastSequence, &next, &told)
 		if errors.Is(err, sql.ErrNoRows) {
 			// The user's first event: its row, then the lock (another transaction may insert it
 			// first; the INSERT then waits for it and skips).
@@ -179,30 +170,20 @@ func (t *Teller) Tell(ctx context.Context, tx *gorm.DB, l *Locked, c Change) (*B
 	b := &Body{ID: NewID(), Type: c.Type, Created: now.Unix(), Livemode: l.Livemode, UserID: l.UserID,
 		Sequence: l.lastSequence + 1, Data: data}
 
-	var q strings.Builder
-	queue := t.push && !l.pushQueued
-	args := []any{l.UserID, l.Livemode, l.Subject, string(answer), b.ID, c.Type, now, string(data), b.Sequence,
-		c.Plan, c.NextChangeAt, queue}
-	q.WriteString(`WITH u AS (UPDATE app_event_users SET last_sequence = $9, wakes = wakes + 1,
+	// The user is due to be pushed now unless a push is waiting already (its head first).
+	const write = `WITH u AS (UPDATE app_event_users SET last_sequence = $9, wakes = wakes + 1,
 		  next_change_at = CASE WHEN $10 THEN CAST($11 AS timestamptz) ELSE next_change_at END,
-		  push_queued = push_queued OR $12
+		  push_due_at = coalesce(push_due_at, CAST($7 AS timestamptz))
 		WHERE user_id = $1 AND livemode = $2 AND last_sequence = $9 - 1 RETURNING 1),
 		a AS (INSERT INTO app_event_answers (user_id, livemode, subject, answer) VALUES ($1, $2, $3, $4)
 		  ON CONFLICT (user_id, livemode, subject) DO UPDATE SET answer = EXCLUDED.answer),
 		e AS (INSERT INTO app_events (id, user_id, livemode, sequence, type, subject, created_at, data, next_at)
-		  SELECT $5, $1, $2, $9, $6, $3, $7, CAST($8 AS jsonb), $7 FROM u RETURNING id)`)
-	if queue {
-		job, jargs, err := jobs.RowInsert(PushArgs{UserID: l.UserID, Livemode: l.Livemode},
-			river.InsertOpts{Queue: Queue, MaxAttempts: pushJobAttempts}, len(args)+1)
-		if err != nil {
-			return nil, err
-		}
-		args = append(args, jargs...)
-		q.WriteString(`, j AS (` + job + ` FROM e)`)
-	}
-	q.WriteString(` SELECT count(*) FROM e`)
+		  SELECT $5, $1, $2, $9, $6, $3, $7, CAST($8 AS jsonb), $7 FROM u RETURNING id)
+		SELECT count(*) FROM e`
+	args := []any{l.UserID, l.Livemode, l.Subject, string(answer), b.ID, c.Type, now, string(data), b.Sequence,
+		c.Plan, c.NextChangeAt}
 	var n int
-	if err := tx.Statement.ConnPool.QueryRowContext(ctx, q.String(), args...).Scan(&n); err != nil {
+	if err := tx.Statement.ConnPool.QueryRowContext(ctx, write, args...).Scan(&n); err != nil {
 		return nil, fmt.Errorf("app events: write %s of user %s: %w", c.Type, l.UserID, err)
 	}
 	if n != 1 {
@@ -210,9 +191,6 @@ func (t *Teller) Tell(ctx context.Context, tx *gorm.DB, l *Locked, c Change) (*B
 		return nil, fmt.Errorf("app events: user %s is not locked at sequence %d", l.UserID, l.lastSequence)
 	}
 	l.lastSequence, l.Told = b.Sequence, answer
-	if queue {
-		l.pushQueued = true
-	}
 	if c.Plan {
 		l.NextChangeAt = c.NextChangeAt
 	}

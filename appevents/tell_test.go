@@ -69,7 +69,7 @@ func events(t *testing.T, db *gorm.DB, userID string) []stored {
 
 func TestTellWritesAnEventOnlyForAChange(t *testing.T) {
 	db := testenv.DB(t)
-	tl := NewTeller(false, nil, nil)
+	tl := NewTeller(nil)
 
 	if b := tell(t, db, tl, answer{UserID: "u1", Status: "none"}); b != nil {
 		t.Fatalf("the baseline answer was told as a change: %+v", b)
@@ -108,7 +108,7 @@ func TestTellWritesAnEventOnlyForAChange(t *testing.T) {
 
 func TestTellRolledBackLeavesNoEventAndNoGap(t *testing.T) {
 	db := testenv.DB(t)
-	tl := NewTeller(false, nil, nil)
+	tl := NewTeller(nil)
 	rollback := errors.New("roll back")
 	err := db.Transaction(func(tx *gorm.DB) error {
 		l, err := tl.Lock(context.Background(), tx, "u1", false, SubjectEntitlement)
@@ -133,7 +133,7 @@ func TestTellRolledBackLeavesNoEventAndNoGap(t *testing.T) {
 
 func TestSequenceHasNoGapUnderConcurrentChanges(t *testing.T) {
 	db := testenv.DB(t)
-	tl := NewTeller(false, nil, nil)
+	tl := NewTeller(nil)
 	const writers, each = 8, 25
 	var wg sync.WaitGroup
 	errs := make(chan error, writers)
@@ -177,7 +177,7 @@ func TestSequenceHasNoGapUnderConcurrentChanges(t *testing.T) {
 
 func TestTellNeedsTheLock(t *testing.T) {
 	db := testenv.DB(t)
-	tl := NewTeller(false, nil, nil)
+	tl := NewTeller(nil)
 	err := db.Transaction(func(tx *gorm.DB) error {
 		// A Locked that Lock did not give (its sequence is not the stored one).
 		l := &Locked{UserID: "u1", Subject: SubjectEntitlement, lastSequence: 5}
@@ -194,7 +194,7 @@ func TestTellNeedsTheLock(t *testing.T) {
 
 func TestTellPlansTheNextChange(t *testing.T) {
 	db := testenv.DB(t)
-	tl := NewTeller(false, nil, nil)
+	tl := NewTeller(nil)
 	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	plan := func(next *time.Time) {
 		t.Helper()

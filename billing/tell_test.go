@@ -13,7 +13,7 @@ import (
 )
 
 // withAppEvents gives the service a teller (no push) on the test's clock.
-func withAppEvents(d *Deps) { d.AppEvents = appevents.NewTeller(false, nil, d.Now) }
+func withAppEvents(d *Deps) { d.AppEvents = appevents.NewTeller(d.Now) }
 
 // appEvent is an entitlement.updated as stored.
 type appEvent struct {

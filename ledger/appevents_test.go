@@ -31,7 +31,7 @@ func newTellingEnv(t *testing.T) *env {
 		Stripe:    stripeclient.New(proxy.URL, "sk_test_ledger", logger),
 		Logger:    logger,
 		Now:       time.Now,
-		AppEvents: appevents.NewTeller(false, nil, nil),
+		AppEvents: appevents.NewTeller(nil),
 	})
 	return &env{t: t, db: db, proxy: proxy, e: apitest.Server(logger, svc.Mount), svc: svc}
 }

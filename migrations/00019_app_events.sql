@@ -11,19 +11,19 @@ CREATE TABLE app_event_users (
   -- When time alone changes the user's entitlement answer (a period or grace ends with no
   -- renewal, a trial ends): the sweeper tells it then. NULL: nothing pending.
   next_change_at timestamptz,
-  -- A push job of the user's is queued or running: the next event queues none. Cleared by the
-  -- job, under this row's lock, when it finds nothing left to push.
-  push_queued boolean NOT NULL DEFAULT false,
+  -- When the user's head is due to be pushed (NULL: nothing pending). Set by the writer of a
+  -- pending event, moved by each push to the next head's time or to the retry.
+  push_due_at timestamptz,
   -- Bumped by whatever makes an event pending (a new event, a redelivery), under this row's
-  -- lock: a push job ends only while the wakes it read with "nothing pending" are unchanged.
+  -- lock: a push clears push_due_at only while the wakes it read with "nothing pending" hold.
   wakes bigint NOT NULL DEFAULT 0,
-  -- Until when one push job holds the user's events (replicas never push one user at once).
+  -- Until when one process holds the user's push (replicas never push one user at once).
   push_lease_until timestamptz,
   push_lease_owner bigint,
   PRIMARY KEY (user_id, livemode)
 );
 CREATE INDEX app_event_users_next_change_idx ON app_event_users (next_change_at) WHERE next_change_at IS NOT NULL;
-CREATE INDEX app_event_users_push_queued_idx ON app_event_users (livemode) WHERE push_queued;
+CREATE INDEX app_event_users_push_due_idx ON app_event_users (livemode, push_due_at) WHERE push_due_at IS NOT NULL;
 
 -- The answer last told about each subject of a user: "entitlement", "charge:ORDER",
 -- "usage:USAGE". A change is an answer that differs from it.

@@ -24,7 +24,7 @@ func newTellingEnv(t *testing.T) *env {
 		DB: v.db, Stripe: stripeclient.New(v.proxy.URL, "sk_test_usage", logger),
 		Periods:    billing.New(billing.Deps{DB: v.db, Logger: logger, PastDueEntitled: true, Now: v.clock.Now}),
 		ReportRate: 1000, Logger: logger, Now: v.clock.Now,
-		AppEvents: appevents.NewTeller(false, nil, nil),
+		AppEvents: appevents.NewTeller(nil),
 	})
 	v.e = apitest.Server(logger, v.svc.Mount)
 	return v
