@@ -30,12 +30,15 @@ func eventsCommand(args []string) int {
 }
 
 var eventsHelp = commandHelp{
-	Usage: "billing events tail [--after ID] [--limit N] [--follow=false] [--json] [--config PATH]",
+	Usage: "billing events tail [--after ID] [--limit N] [--follow=true|false] [--json] [--config PATH]",
 	About: "Prints the app events of stripe.mode's world — what the app is told (pushed to\n" +
-		"app_events.url and listed by GET /v1/app-events) — one line per event, oldest first, then\n" +
-		"follows new ones until interrupted. It reads the feed from the database, as the API does:\n" +
-		"under make run it finds the running service's. --json prints each body as pushed.\n" +
-		"Exit 0 when stopped, 2 when it could not read the feed.",
+		"app_events.url and listed by GET /v1/app-events) — one line per event in feed order:\n" +
+		"  2026-12-07T11:00:00Z aevt_… entitlement.updated user=u_1 seq=3 entitled=true status=active changed=entitled,status\n" +
+		"then follows new ones (it looks every 500 ms) until interrupted. It reads the feed from the\n" +
+		"database, as the API does: under make run it finds the running service's, with no database.url\n" +
+		"the embedded cluster. --json prints each body as pushed, one JSON object a line.\n" +
+		"Exit 0 when done or stopped (SIGINT, SIGTERM), 2 when it could not read the feed or --after\n" +
+		"names no event of the mode.",
 	Env: configEnv("database.url holds the feed; stripe.mode is the world listed"),
 }
 
@@ -106,6 +109,10 @@ type tailOptions struct {
 // tailEvents prints the feed from o.After, following it until ctx ends when o.Follow.
 func tailEvents(ctx context.Context, db *gorm.DB, livemode bool, o tailOptions, w io.Writer) error {
 	after, printed := o.After, 0
+	// One timer for the whole tail, armed after each page that left nothing more to read: an
+	// idle tail wakes twice a second for one query, and never spins.
+	wait := time.NewTimer(eventsPoll)
+	defer wait.Stop()
 	for {
 		page, err := appevents.Feed(ctx, db, livemode, after, 500)
 		if err != nil {
@@ -132,10 +139,11 @@ func tailEvents(ctx context.Context, db *gorm.DB, livemode bool, o tailOptions, 
 		if !o.Follow {
 			return nil
 		}
+		wait.Reset(eventsPoll)
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-time.After(eventsPoll):
+		case <-wait.C:
 		}
 	}
 }
@@ -169,9 +177,9 @@ func eventLine(b appevents.Body) string {
 			parts = append(parts, "changed="+strings.Join(names, ","))
 		}
 	case appevents.TypeChargeUpdated:
-		parts = append(parts, "order="+field("order_id"), "status="+field("status"), "amount_refunded="+field("amount_refunded"))
+		parts = append(parts, "order_id="+field("order_id"), "status="+field("status"), "amount_refunded="+field("amount_refunded"))
 	case appevents.TypeUsageNeedsReview:
-		parts = append(parts, "usage="+field("usage_id"), "meter="+field("meter"), "status="+field("status"))
+		parts = append(parts, "usage_id="+field("usage_id"), "meter="+field("meter"), "status="+field("status"))
 	}
 	return fmt.Sprintf("%s %s %s user=%s seq=%d %s", time.Unix(b.Created, 0).UTC().Format(time.RFC3339), b.ID, b.Type,
 		b.UserID, b.Sequence, strings.Join(parts, " "))

@@ -3,121 +3,204 @@ package main
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"encoding/json"
-	"log/slog"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
-	"gorm.io/gorm"
-
-	"billing/appevents"
-	"billing/internal/apitest"
-	"billing/internal/database"
 	"billing/internal/testenv"
 )
 
-// tellTest writes an entitlement.updated of user with status in a transaction of its own.
-func tellTest(t *testing.T, db *gorm.DB, user, status string) *appevents.Body {
+// eventsEnv is a fresh migrated database that runEventsCommand finds through the environment,
+// as a deployment configures it, and the same database for inserting rows.
+func eventsEnv(t *testing.T) *sql.DB {
 	t.Helper()
-	tl := appevents.NewTeller(nil)
-	var b *appevents.Body
-	err := db.Transaction(func(tx *gorm.DB) error {
-		l, err := tl.Lock(context.Background(), tx, user, false, appevents.SubjectEntitlement)
-		if err != nil {
-			return err
-		}
-		b, err = tl.Tell(context.Background(), tx, l, appevents.Change{Type: appevents.TypeEntitlementUpdated, WithPrevious: true,
-			Baseline: json.RawMessage(`{"user_id":"` + user + `","entitled":false,"status":"none"}`),
-			Answer:   map[string]any{"user_id": user, "entitled": status == "active", "status": status}})
-		return err
-	})
-	if err != nil || b == nil {
-		t.Fatalf("tell %s %s: %v (%v)", user, status, b, err)
+	dbURL := testenv.DatabaseURL(t)
+	for k, v := range map[string]string{
+		"BILLING_CONFIG":       "",
+		"BILLING_DATABASE_URL": dbURL,
+		"BILLING_STRIPE_MODE":  "test",
+		"BILLING_LOG_LEVEL":    "error",
+	} {
+		t.Setenv(k, v)
 	}
-	return b
-}
-
-func TestEventsTailPrintsTheFeed(t *testing.T) {
-	url := testenv.DatabaseURL(t)
-	t.Setenv("BILLING_CONFIG", "")
-	t.Setenv("BILLING_DATABASE_URL", url)
-	t.Setenv("BILLING_LOG_LEVEL", "error")
-	db, err := database.Open(context.Background(), url, apitest.Logger(t, slog.LevelWarn))
+	db, err := sql.Open("pgx", dbURL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = database.SQL(db).Close() })
-	first := tellTest(t, db, "u1", "active")
-	second := tellTest(t, db, "u2", "trialing")
-	third := tellTest(t, db, "u1", "past_due")
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
 
-	run := func(args ...string) (int, string, string) {
-		var out, errOut bytes.Buffer
-		code := runEventsCommand(context.Background(), args, &out, &errOut)
-		return code, out.String(), errOut.String()
-	}
-	code, out, errOut := run("tail", "--follow=false")
-	lines := strings.Split(strings.TrimSpace(out), "\n")
-	if code != 0 || len(lines) != 3 {
-		t.Fatalf("tail: exit %d, %d lines:\n%s\nstderr: %s", code, len(lines), out, errOut)
-	}
-	for k, want := range []string{
-		first.ID + " entitlement.updated user=u1 seq=1 entitled=true status=active changed=entitled,status",
-		second.ID + " entitlement.updated user=u2 seq=1 entitled=false status=trialing changed=status",
-		third.ID + " entitlement.updated user=u1 seq=2 entitled=false status=past_due changed=entitled,status",
-	} {
-		if !strings.HasSuffix(lines[k], want) {
-			t.Errorf("line %d = %q, want it to end with %q", k, lines[k], want)
-		}
-	}
-	if code, out, _ := run("tail", "--follow=false", "--after", first.ID, "--limit", "1", "--json"); code != 0 ||
-		!strings.Contains(out, `"id":"`+second.ID+`"`) || strings.Count(out, "\n") != 1 {
-		t.Errorf("--after --limit --json: exit %d, %q", code, out)
-	}
-	if code, _, errOut := run("tail", "--follow=false", "--after", "aevt_nothing"); code != 2 || !strings.Contains(errOut, "names no app event") {
-		t.Errorf("an unknown --after: exit %d, stderr %q", code, errOut)
-	}
-	if code, _, _ := run("list"); code != 2 {
-		t.Errorf("an unknown subcommand: exit %d", code)
+// insertEvent writes an app_events row as the teller would (n by default, feed_pos left to the
+// feed), created at created.
+func insertEvent(t *testing.T, db *sql.DB, id, user string, livemode bool, seq int, typ, subject string, created time.Time, data string) {
+	t.Helper()
+	if _, err := db.Exec(`INSERT INTO app_events (id, user_id, livemode, sequence, type, subject, created_at, data)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, CAST($8 AS jsonb))`, id, user, livemode, seq, typ, subject, created, data); err != nil {
+		t.Fatalf("insert %s: %v", id, err)
 	}
 }
 
-// lineWriter signals each line written.
+func runEvents(ctx context.Context, t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code := runEventsCommand(ctx, args, &out, &errOut)
+	t.Logf("billing events %s: exit %d\nstdout: %sstderr: %s", strings.Join(args, " "), code, out.String(), errOut.String())
+	return code, out.String(), errOut.String()
+}
+
+// billing events tail: a line per event of stripe.mode in feed order (the other mode's never),
+// what the app reads of each type; --after, --limit and --json; an unknown --after is one line
+// and exit 2, as is a database that cannot be opened.
+func TestEventsTailPrintsTheFeed(t *testing.T) {
+	db := eventsEnv(t)
+	at := time.Date(2026, 12, 7, 11, 0, 0, 0, time.UTC)
+	insertEvent(t, db, "aevt_1", "u_1", false, 1, "entitlement.updated", "entitlement", at,
+		`{"user_id":"u_1","entitled":true,"status":"active","quantity":3,"previous":{"status":"none","entitled":false,"quantity":null}}`)
+	insertEvent(t, db, "aevt_live", "u_1", true, 1, "entitlement.updated", "entitlement", at,
+		`{"user_id":"u_1","entitled":true,"status":"active","previous":{"entitled":false}}`)
+	insertEvent(t, db, "aevt_2", "u_2", false, 1, "charge.updated", "charge:order_9", at.Add(time.Second),
+		`{"order_id":"order_9","status":"succeeded","amount":2500,"currency":"usd","amount_refunded":500,"livemode":false}`)
+	insertEvent(t, db, "aevt_3", "u_1", false, 2, "usage.needs_review", "usage:use_4", at.Add(2*time.Second),
+		`{"usage_id":"use_4","meter":"api_calls","value":12,"status":"needs_review","identifier":"use_4"}`)
+
+	code, out, errOut := runEvents(context.Background(), t, "tail", "--follow=false")
+	want := "2026-12-07T11:00:00Z aevt_1 entitlement.updated user=u_1 seq=1 entitled=true status=active changed=entitled,quantity,status\n" +
+		"2026-12-07T11:00:01Z aevt_2 charge.updated user=u_2 seq=1 order_id=order_9 status=succeeded amount_refunded=500\n" +
+		"2026-12-07T11:00:02Z aevt_3 usage.needs_review user=u_1 seq=2 usage_id=use_4 meter=api_calls status=needs_review\n"
+	if code != 0 || out != want || errOut != "" {
+		t.Fatalf("tail: exit %d\nstdout:\n%swant:\n%sstderr: %q", code, out, want, errOut)
+	}
+
+	code, out, _ = runEvents(context.Background(), t, "tail", "--follow=false", "--after", "aevt_1")
+	if lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n"); code != 0 || len(lines) != 2 ||
+		!strings.Contains(lines[0], " aevt_2 ") || !strings.Contains(lines[1], " aevt_3 ") {
+		t.Errorf("--after aevt_1: exit %d, %q", code, out)
+	}
+
+	code, out, _ = runEvents(context.Background(), t, "tail", "--follow=false", "--after", "aevt_1", "--limit", "1", "--json")
+	var body struct {
+		ID       string         `json:"id"`
+		Type     string         `json:"type"`
+		Created  int64          `json:"created"`
+		Livemode bool           `json:"livemode"`
+		UserID   string         `json:"user_id"`
+		Sequence int64          `json:"sequence"`
+		Data     map[string]any `json:"data"`
+	}
+	if code != 0 || strings.Count(out, "\n") != 1 {
+		t.Fatalf("--after --limit 1 --json: exit %d, %q", code, out)
+	}
+	if err := json.Unmarshal([]byte(out), &body); err != nil {
+		t.Fatalf("--json line %q: %v", out, err)
+	}
+	if body.ID != "aevt_2" || body.Type != "charge.updated" || body.Created != at.Unix()+1 || body.Livemode ||
+		body.UserID != "u_2" || body.Sequence != 1 || body.Data["order_id"] != "order_9" || body.Data["amount_refunded"] != float64(500) {
+		t.Errorf("--json body %+v", body)
+	}
+
+	// An id of no event, or of the other mode's: one line naming it, exit 2, nothing printed.
+	for _, id := range []string{"aevt_nothing", "aevt_live"} {
+		code, out, errOut = runEvents(context.Background(), t, "tail", "--follow=false", "--after", id)
+		if code != 2 || out != "" || errOut != "billing events tail: --after "+id+" names no app event of test mode\n" {
+			t.Errorf("--after %s: exit %d, stdout %q, stderr %q", id, code, out, errOut)
+		}
+	}
+
+	if code, out, _ := runEvents(context.Background(), t, "tail", "-h"); code != 0 || !strings.Contains(out, "usage: billing events tail") {
+		t.Errorf("tail -h: exit %d, %q", code, out)
+	}
+	if code, _, errOut := runEvents(context.Background(), t, "list"); code != 2 || !strings.Contains(errOut, "the one subcommand is tail") {
+		t.Errorf("an unknown subcommand: exit %d, %q", code, errOut)
+	}
+	if code, _, errOut := runEvents(context.Background(), t, "tail", "--limit", "-1"); code != 2 || strings.Count(errOut, "\n") != 1 {
+		t.Errorf("--limit -1: exit %d, %q", code, errOut)
+	}
+
+	t.Setenv("BILLING_STRIPE_MODE", "staging")
+	if code, _, errOut := runEvents(context.Background(), t, "tail", "--follow=false"); code != 2 ||
+		strings.Count(errOut, "\n") != 1 || !strings.Contains(errOut, "stripe.mode") {
+		t.Errorf("a bad stripe.mode: exit %d, stderr %q", code, errOut)
+	}
+	t.Setenv("BILLING_STRIPE_MODE", "test")
+	missing, err := url.Parse(testenv.AdminURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	missing.Path = "/no_such_database_here"
+	t.Setenv("BILLING_DATABASE_URL", missing.String())
+	if code, out, errOut := runEvents(context.Background(), t, "tail", "--follow=false"); code != 2 || out != "" ||
+		errOut != "billing events tail: cannot open the database (see the log line above)\n" {
+		t.Errorf("a database that does not exist: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+}
+
+// lineWriter hands each complete line written to lines.
 type lineWriter struct {
 	mu    sync.Mutex
-	b     bytes.Buffer
+	part  []byte
 	lines chan string
 }
 
 func (w *lineWriter) Write(p []byte) (int, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.b.Write(p)
-	for _, l := range strings.SplitAfter(string(p), "\n") {
-		if strings.HasSuffix(l, "\n") {
-			w.lines <- strings.TrimSuffix(l, "\n")
+	w.part = append(w.part, p...)
+	for {
+		i := bytes.IndexByte(w.part, '\n')
+		if i < 0 {
+			return len(p), nil
 		}
+		w.lines <- string(w.part[:i])
+		w.part = w.part[i+1:]
 	}
-	return len(p), nil
 }
 
+// Following: the first page, then an event written after it, then a stop (SIGINT's context)
+// that ends the tail with exit 0.
 func TestEventsTailFollowsNewEvents(t *testing.T) {
-	db := testenv.DB(t)
-	first := tellTest(t, db, "u1", "active")
+	db := eventsEnv(t)
+	at := time.Date(2026, 12, 7, 11, 0, 0, 0, time.UTC)
+	insertEvent(t, db, "aevt_first", "u_1", false, 1, "entitlement.updated", "entitlement", at,
+		`{"user_id":"u_1","entitled":true,"status":"active","previous":{"entitled":false,"status":"none"}}`)
+
 	ctx, cancel := context.WithCancel(context.Background())
-	w := &lineWriter{lines: make(chan string, 16)}
-	done := make(chan error, 1)
-	go func() { done <- tailEvents(ctx, db, false, tailOptions{Follow: true}, w) }()
-	if l := <-w.lines; !strings.Contains(l, first.ID) {
-		t.Fatalf("first line %q, want %s", l, first.ID)
+	defer cancel()
+	out := &lineWriter{lines: make(chan string, 16)}
+	var errOut bytes.Buffer
+	done := make(chan int, 1)
+	go func() { done <- runEventsCommand(ctx, []string{"tail"}, out, &errOut) }()
+	next := func(what string) string {
+		t.Helper()
+		select {
+		case l := <-out.lines:
+			return l
+		case code := <-done:
+			t.Fatalf("tail ended (exit %d, stderr %q) before %s", code, errOut.String(), what)
+		case <-time.After(30 * time.Second): // a guard against a hang, not a synchronisation
+			t.Fatalf("no line for %s in 30 s", what)
+		}
+		return ""
 	}
-	next := tellTest(t, db, "u1", "canceled")
-	if l := <-w.lines; !strings.Contains(l, next.ID) || !strings.Contains(l, "seq=2") {
-		t.Fatalf("followed line %q, want %s with seq=2", l, next.ID)
+	if l := next("the first page"); !strings.Contains(l, " aevt_first ") {
+		t.Fatalf("first line %q, want aevt_first", l)
+	}
+	insertEvent(t, db, "aevt_next", "u_1", false, 2, "entitlement.updated", "entitlement", at.Add(time.Minute),
+		`{"user_id":"u_1","entitled":false,"status":"canceled","previous":{"entitled":true,"status":"active"}}`)
+	if l := next("the event written after it"); l != "2026-12-07T11:01:00Z aevt_next entitlement.updated user=u_1 seq=2 entitled=false status=canceled changed=entitled,status" {
+		t.Fatalf("followed line %q", l)
 	}
 	cancel()
-	if err := <-done; err != nil {
-		t.Fatalf("tail stopped with %v", err)
+	if code := <-done; code != 0 {
+		t.Fatalf("tail stopped with exit %d, stderr %q", code, errOut.String())
+	}
+	select {
+	case l := <-out.lines:
+		t.Errorf("a line after the last event: %q", l)
+	default:
 	}
 }

@@ -149,8 +149,13 @@ func NewPusher(cfg PusherConfig) *Pusher {
 // leaseFor is how long a claim holds its user: an attempt and the statements around it.
 func (p *Pusher) leaseFor() time.Duration { return p.cfg.Timeout + 5*time.Second }
 
-// pushPoll is how long an idle loop waits before it looks for due users again.
-const pushPoll = 100 * time.Millisecond
+// pushPoll is how long an idle loop waits before it looks for due users again; pushGather how
+// long it lets freed slots gather before it claims for them (a claim a push would be a
+// statement a push; gathered, one claims for several).
+const (
+	pushPoll   = 100 * time.Millisecond
+	pushGather = 10 * time.Millisecond
+)
 
 // Run pushes until ctx ends, then lets the pushes in flight finish (each bounded by the timeout).
 func (p *Pusher) Run(ctx context.Context) {
@@ -187,15 +192,35 @@ func (p *Pusher) Run(ctx context.Context) {
 			})
 		}
 		if len(heads) > 0 && len(heads) == free {
+			// Every free slot found a user: more may be due. Claim again once slots gather.
+			p.gather(ctx, slots)
 			continue
 		}
 		t := time.NewTimer(pushPoll)
 		select {
 		case <-ctx.Done():
 		case <-p.wake:
+			t.Stop()
+			p.gather(ctx, slots)
+			continue
 		case <-t.C:
 		}
 		t.Stop()
+	}
+}
+
+// gather waits until half the slots are free, at most pushGather.
+func (p *Pusher) gather(ctx context.Context, slots chan struct{}) {
+	t := time.NewTimer(pushGather)
+	defer t.Stop()
+	for cap(slots)-len(slots) < max(1, cap(slots)/2) {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			return
+		case <-p.wake:
+		}
 	}
 }
 
