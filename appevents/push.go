@@ -21,6 +21,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"gorm.io/gorm"
+
+	"billing/internal/database"
 )
 
 // Retry is the schedule of a push that failed: the delay after the nth failed attempt (the
@@ -109,6 +111,7 @@ type PusherConfig struct {
 // passes; then another claims them and pushes the head again (the app dedups by id).
 type Pusher struct {
 	cfg   PusherConfig
+	db    *sql.DB
 	log   *slog.Logger
 	owner int64
 	wake  chan struct{}
@@ -142,7 +145,7 @@ func NewPusher(cfg PusherConfig) *Pusher {
 	}
 	var b [8]byte
 	_, _ = rand.Read(b[:])
-	return &Pusher{cfg: cfg, log: cfg.Logger.With("component", "appevents"),
+	return &Pusher{cfg: cfg, db: database.SQL(cfg.DB), log: cfg.Logger.With("component", "appevents"),
 		owner: int64(binary.BigEndian.Uint64(b[:]) >> 1), wake: make(chan struct{}, 1)}
 }
 
@@ -265,14 +268,16 @@ type claimed struct {
 	head  *pending
 }
 
-// headOf reads, for the users of the CTE named from (user_id, wakes), their first pending event.
-const headOf = `LEFT JOIN LATERAL (SELECT id, type, created_at, sequence, data, attempts, first_attempt_at, next_at FROM app_events e
-		  WHERE e.user_id = u.user_id AND e.livemode = $1 AND e.status = 'pending' ORDER BY e.sequence LIMIT 1) h ON true`
+// headOf reads, for the users of the CTE u, their first queued event.
+const headOf = `LEFT JOIN LATERAL (SELECT e.id, e.type, e.created_at, e.sequence, e.data, e.attempts, e.first_attempt_at, e.next_at
+		  FROM app_event_queue q JOIN app_events e ON e.id = q.id
+		  WHERE q.livemode = $1 AND q.user_id = u.user_id ORDER BY q.sequence LIMIT 1) h ON true`
 
 // claim takes the lease of up to n due users and reads their heads.
 func (p *Pusher) claim(ctx context.Context, n int) ([]claimed, error) {
 	now := p.cfg.Now()
-	rows, err := p.cfg.DB.WithContext(ctx).Raw(`WITH c AS (
+	// database/sql straight: the push's statements skip gorm's per-statement work.
+	rows, err := p.db.QueryContext(ctx, `WITH c AS (
 		  SELECT user_id FROM app_event_users
 		  WHERE livemode = $1 AND push_due_at <= $2 AND (push_lease_until IS NULL OR push_lease_until < $2)
 		  ORDER BY push_due_at LIMIT $3 FOR UPDATE SKIP LOCKED),
@@ -280,7 +285,7 @@ func (p *Pusher) claim(ctx context.Context, n int) ([]claimed, error) {
 		  WHERE a.user_id = c.user_id AND a.livemode = $1 RETURNING a.user_id)
 		SELECT u.user_id, (SELECT s.wakes FROM app_event_users s WHERE s.user_id = u.user_id AND s.livemode = $1),
 		  h.id, h.type, h.created_at, h.sequence, h.data, h.attempts, h.first_attempt_at, h.next_at
-		FROM u `+headOf, p.cfg.Livemode, now, n, now.Add(p.leaseFor()), p.owner).Rows()
+		FROM u `+headOf, p.cfg.Livemode, now, n, now.Add(p.leaseFor()), p.owner)
 	if err != nil {
 		return nil, fmt.Errorf("app events: claim due users: %w", err)
 	}
@@ -384,15 +389,17 @@ func (p *Pusher) settle(ctx context.Context, c claimed, id string, rec *record, 
 	}
 	now := p.cfg.Now()
 	var settled int
-	err := p.cfg.DB.WithContext(ctx).Raw(`WITH held AS (
+	err := p.db.QueryRowContext(ctx, `WITH held AS (
 		  SELECT 1 FROM app_event_users WHERE user_id = $2 AND livemode = $1 AND push_lease_owner = $3),
 		done AS (UPDATE app_events SET attempts = $5, first_attempt_at = $6, last_attempt_at = CAST($7 AS timestamptz),
 		  status = CAST($8 AS text), next_at = $9, last_error = nullif(CAST($10 AS text), ''),
 		  delivered_at = CASE WHEN CAST($8 AS text) = 'delivered' THEN CAST($7 AS timestamptz) END,
 		  failed_at = CASE WHEN CAST($8 AS text) = 'failed' THEN CAST($7 AS timestamptz) END
 		  WHERE id = $4 AND livemode = $1 AND status = 'pending' AND CAST($8 AS text) <> '' AND EXISTS (SELECT 1 FROM held) RETURNING 1),
-		nxt AS (SELECT next_at FROM app_events WHERE user_id = $2 AND livemode = $1 AND status = 'pending' AND id <> $4
-		  ORDER BY sequence LIMIT 1),
+		gone AS (DELETE FROM app_event_queue WHERE livemode = $1 AND user_id = $2 AND id = $4
+		  AND CAST($8 AS text) IN ('delivered', 'failed') AND EXISTS (SELECT 1 FROM held)),
+		nxt AS (SELECT e.next_at FROM app_event_queue q JOIN app_events e ON e.id = q.id
+		  WHERE q.livemode = $1 AND q.user_id = $2 AND q.id <> $4 ORDER BY q.sequence LIMIT 1),
 		s AS (SELECT wakes FROM app_event_users WHERE user_id = $2 AND livemode = $1),
 		u AS (UPDATE app_event_users SET push_lease_until = NULL, push_lease_owner = NULL,
 		  push_due_at = CASE WHEN CAST($11 AS timestamptz) IS NOT NULL THEN CAST($11 AS timestamptz)
@@ -401,7 +408,7 @@ func (p *Pusher) settle(ctx context.Context, c claimed, id string, rec *record, 
 		  WHERE user_id = $2 AND livemode = $1 AND push_lease_owner = $3 RETURNING 1)
 		SELECT (SELECT count(*) FROM u)`,
 		p.cfg.Livemode, c.user, p.owner, id, rec.attempts, rec.first, rec.at, rec.state, rec.nextAt, rec.errText, dueAt, now).
-		Row().Scan(&settled)
+		Scan(&settled)
 	if err != nil {
 		return fmt.Errorf("app events: record push of %s: %w", id, err)
 	}

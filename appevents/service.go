@@ -286,7 +286,12 @@ func (s *Service) Redeliver(ctx context.Context, id string) error {
 			WHERE id = $1 AND livemode = $3`, id, now, s.d.Livemode).Error; err != nil {
 			return err
 		}
-		// Due now: the redelivered event is the user's head (the lowest sequence pending).
+		if err := tx.Exec(`INSERT INTO app_event_queue (livemode, user_id, sequence, id, created_at)
+			SELECT livemode, user_id, sequence, id, created_at FROM app_events WHERE id = $1 AND livemode = $2 ON CONFLICT DO NOTHING`,
+			id, s.d.Livemode).Error; err != nil {
+			return err
+		}
+		// Due now: the redelivered event is the user's head (the lowest sequence queued).
 		if err := tx.Exec(`UPDATE app_event_users SET push_due_at = $3, wakes = wakes + 1 WHERE user_id = $1 AND livemode = $2`,
 			user, s.d.Livemode, now).Error; err != nil {
 			return err
@@ -324,13 +329,13 @@ func (s *Service) registerGauges(reg prometheus.Registerer) {
 			Name: "billing_app_events_pending",
 			Help: "App events of the deployment's mode not yet delivered nor failed (-1: the database did not answer).",
 		}, func() float64 {
-			return read(`SELECT count(*) FROM app_events WHERE livemode = $1 AND status = 'pending'`)
+			return read(`SELECT count(*) FROM app_event_queue WHERE livemode = $1`)
 		}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "billing_app_event_oldest_pending_seconds",
 			Help: "Age of the oldest pending app event (0: none pending; -1: the database did not answer).",
 		}, func() float64 {
-			return read(`SELECT coalesce(extract(epoch FROM now() - min(created_at)), 0) FROM app_events WHERE livemode = $1 AND status = 'pending'`)
+			return read(`SELECT coalesce(extract(epoch FROM now() - min(created_at)), 0) FROM app_event_queue WHERE livemode = $1`)
 		}),
 	)
 }

@@ -178,7 +178,8 @@ func (t *Teller) Tell(ctx context.Context, tx *gorm.DB, l *Locked, c Change) (*B
 		a AS (INSERT INTO app_event_answers (user_id, livemode, subject, answer) VALUES ($1, $2, $3, $4)
 		  ON CONFLICT (user_id, livemode, subject) DO UPDATE SET answer = EXCLUDED.answer),
 		e AS (INSERT INTO app_events (id, user_id, livemode, sequence, type, subject, created_at, data, next_at)
-		  SELECT $5, $1, $2, $9, $6, $3, $7, CAST($8 AS jsonb), $7 FROM u RETURNING id)
+		  SELECT $5, $1, $2, $9, $6, $3, $7, CAST($8 AS jsonb), $7 FROM u RETURNING id),
+		q AS (INSERT INTO app_event_queue (livemode, user_id, sequence, id, created_at) SELECT $2, $1, $9, $5, $7 FROM e)
 		SELECT count(*) FROM e`
 	args := []any{l.UserID, l.Livemode, l.Subject, string(answer), b.ID, c.Type, now, string(data), b.Sequence,
 		c.Plan, c.NextChangeAt}

@@ -60,9 +60,21 @@ CREATE TABLE app_events (
   UNIQUE (user_id, livemode, sequence),
   UNIQUE (livemode, feed_pos)
 );
-CREATE INDEX app_events_pending_idx ON app_events (user_id, livemode, sequence) WHERE status = 'pending';
+-- No index names a push column: recording an attempt is a HOT update of the row.
+ALTER TABLE app_events SET (fillfactor = 80);
 CREATE INDEX app_events_unplaced_idx ON app_events (livemode, n) WHERE feed_pos IS NULL;
-CREATE INDEX app_events_status_idx ON app_events (livemode, status, n);
+
+-- The events waiting for their push, per user in sequence order: a row from the event's write
+-- until it is delivered or given up (a redelivery adds it again). Narrow and with one index, so
+-- that the push's writes cost little beside the event's own.
+CREATE TABLE app_event_queue (
+  livemode boolean NOT NULL,
+  user_id text NOT NULL,
+  sequence bigint NOT NULL,
+  id text NOT NULL,
+  created_at timestamptz NOT NULL,
+  PRIMARY KEY (livemode, user_id, sequence)
+);
 
 -- The feed's last position given, per mode: its row lock serializes the placing.
 CREATE TABLE app_event_feed (
@@ -73,6 +85,7 @@ INSERT INTO app_event_feed (livemode) VALUES (false), (true);
 
 -- +goose Down
 DROP TABLE app_event_feed;
+DROP TABLE app_event_queue;
 DROP TABLE app_events;
 DROP TABLE app_event_answers;
 DROP TABLE app_event_users;
