@@ -19,6 +19,7 @@ import (
 
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"gorm.io/gorm"
 
@@ -276,8 +277,8 @@ const headOf = `LEFT JOIN LATERAL (SELECT e.id, e.type, e.created_at, e.sequence
 // claim takes the lease of up to n due users and reads their heads.
 func (p *Pusher) claim(ctx context.Context, n int) ([]claimed, error) {
 	now := p.cfg.Now()
-	// database/sql straight: the push's statements skip gorm's per-statement work.
-	rows, err := p.db.QueryContext(ctx, `WITH c AS (
+	var out []claimed
+	err := asyncQuery(ctx, p.db, `WITH c AS (
 		  SELECT user_id FROM app_event_users
 		  WHERE livemode = $1 AND push_due_at <= $2 AND (push_lease_until IS NULL OR push_lease_until < $2)
 		  ORDER BY push_due_at LIMIT $3 FOR UPDATE SKIP LOCKED),
@@ -285,39 +286,40 @@ func (p *Pusher) claim(ctx context.Context, n int) ([]claimed, error) {
 		  WHERE a.user_id = c.user_id AND a.livemode = $1 RETURNING a.user_id)
 		SELECT u.user_id, (SELECT s.wakes FROM app_event_users s WHERE s.user_id = u.user_id AND s.livemode = $1),
 		  h.id, h.type, h.created_at, h.sequence, h.data, h.attempts, h.first_attempt_at, h.next_at
-		FROM u `+headOf, p.cfg.Livemode, now, n, now.Add(p.leaseFor()), p.owner)
+		FROM u `+headOf, []any{p.cfg.Livemode, now, n, now.Add(p.leaseFor()), p.owner}, func(rows pgx.Rows) error {
+		for rows.Next() {
+			var c claimed
+			var id, typ sql.NullString
+			var created, first, next sql.NullTime
+			var seq, attempts sql.NullInt64
+			var data []byte
+			if err := rows.Scan(&c.user, &c.wakes, &id, &typ, &created, &seq, &data, &attempts, &first, &next); err != nil {
+				return err
+			}
+			if id.Valid {
+				h := &pending{id: id.String, attempts: int(attempts.Int64)}
+				b := Body{ID: id.String, Type: typ.String, Created: created.Time.Unix(), Livemode: p.cfg.Livemode, UserID: c.user,
+					Sequence: seq.Int64, Data: data}
+				var err error
+				if h.body, err = json.Marshal(b); err != nil {
+					return err
+				}
+				if first.Valid {
+					h.firstAttemptAt = &first.Time
+				}
+				if next.Valid {
+					h.nextAt = &next.Time
+				}
+				c.head = h
+			}
+			out = append(out, c)
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, fmt.Errorf("app events: claim due users: %w", err)
 	}
-	defer rows.Close()
-	var out []claimed
-	for rows.Next() {
-		var c claimed
-		var id, typ sql.NullString
-		var created, first, next sql.NullTime
-		var seq, attempts sql.NullInt64
-		var data []byte
-		if err := rows.Scan(&c.user, &c.wakes, &id, &typ, &created, &seq, &data, &attempts, &first, &next); err != nil {
-			return nil, fmt.Errorf("app events: claim due users: %w", err)
-		}
-		if id.Valid {
-			h := &pending{id: id.String, attempts: int(attempts.Int64)}
-			b := Body{ID: id.String, Type: typ.String, Created: created.Time.Unix(), Livemode: p.cfg.Livemode, UserID: c.user,
-				Sequence: seq.Int64, Data: data}
-			if h.body, err = json.Marshal(b); err != nil {
-				return nil, err
-			}
-			if first.Valid {
-				h.firstAttemptAt = &first.Time
-			}
-			if next.Valid {
-				h.nextAt = &next.Time
-			}
-			c.head = h
-		}
-		out = append(out, c)
-	}
-	return out, rows.Err()
+	return out, nil
 }
 
 // push pushes a claimed user's head and records the answer (or, with no head, ends the user's
@@ -389,7 +391,7 @@ func (p *Pusher) settle(ctx context.Context, c claimed, id string, rec *record, 
 	}
 	now := p.cfg.Now()
 	var settled int
-	err := p.db.QueryRowContext(ctx, `WITH held AS (
+	err := asyncQuery(ctx, p.db, `WITH held AS (
 		  SELECT 1 FROM app_event_users WHERE user_id = $2 AND livemode = $1 AND push_lease_owner = $3),
 		done AS (UPDATE app_events SET attempts = $5, first_attempt_at = $6, last_attempt_at = CAST($7 AS timestamptz),
 		  status = CAST($8 AS text), next_at = $9, last_error = nullif(CAST($10 AS text), ''),
@@ -407,8 +409,15 @@ func (p *Pusher) settle(ctx context.Context, c claimed, id string, rec *record, 
 		    WHEN wakes = (SELECT wakes FROM s) THEN NULL ELSE CAST($12 AS timestamptz) END
 		  WHERE user_id = $2 AND livemode = $1 AND push_lease_owner = $3 RETURNING 1)
 		SELECT (SELECT count(*) FROM u)`,
-		p.cfg.Livemode, c.user, p.owner, id, rec.attempts, rec.first, rec.at, rec.state, rec.nextAt, rec.errText, dueAt, now).
-		Scan(&settled)
+		[]any{p.cfg.Livemode, c.user, p.owner, id, rec.attempts, rec.first, rec.at, rec.state, rec.nextAt, rec.errText, dueAt, now},
+		func(rows pgx.Rows) error {
+			for rows.Next() {
+				if err := rows.Scan(&settled); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
 	if err != nil {
 		return fmt.Errorf("app events: record push of %s: %w", id, err)
 	}
