@@ -186,6 +186,8 @@ func BenchmarkAppEvents(b *testing.B) {
 		SELECT 'aevt_backlog_' || u || '_' || s, 'backlog_' || u, false, s, 'entitlement.updated', 'entitlement', now() - interval '1 hour',
 		  jsonb_build_object('user_id', 'backlog_' || u, 'entitled', s % 2 = 0, 'status', 'active', 'previous', jsonb_build_object('entitled', s % 2 = 1)), now()
 		FROM generate_series(1, `+strconv.Itoa(users)+`) u, generate_series(1, `+strconv.Itoa(per)+`) s`)
+	d.exec(b, `INSERT INTO app_event_queue (livemode, user_id, sequence, id, created_at)
+		SELECT livemode, user_id, sequence, id, created_at FROM app_events WHERE id LIKE 'aevt_backlog_%'`)
 	before := app.pushes.Load()
 	t1 := time.Now()
 	p = startBenchService(b, d, push)
@@ -244,5 +246,6 @@ func BenchmarkAppEvents(b *testing.B) {
 // benchAppEventsSettled marks every pending app event delivered: a round's pushes are its own.
 func benchAppEventsSettled(b *testing.B, d *benchDB) {
 	d.exec(b, `UPDATE app_events SET status = 'delivered', delivered_at = now() WHERE status = 'pending'`)
+	d.exec(b, `DELETE FROM app_event_queue`)
 	d.exec(b, `UPDATE app_event_users SET push_due_at = NULL WHERE push_due_at IS NOT NULL`)
 }
