@@ -14,6 +14,7 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverdatabasesql"
 
+	"billing/appevents"
 	"billing/internal/stripeclient"
 	"billing/internal/stripeevents"
 	"billing/internal/testenv"
@@ -44,7 +45,13 @@ func BenchmarkInlineEventStatements(b *testing.B) {
 	// A Stripe client (never called here) as the service has one: events that set a renewal queue
 	// its re-read, as in production.
 	unused := stripeclient.New("http://127.0.0.1:9", "sk_test_unused", logger).Subscriptions
-	New(Deps{DB: db, Jobs: rc, Logger: logger, PastDueEntitled: true, Reread: RereadDeps{Stripe: unused}}).Register(reg)
+	// The app is told, as in production: each round's customer is a linked user's.
+	New(Deps{DB: db, Jobs: rc, Logger: logger, PastDueEntitled: true, Reread: RereadDeps{Stripe: unused},
+		AppEvents: appevents.NewTeller(nil)}).Register(reg)
+	if err := db.Exec(`INSERT INTO customers (user_id, stripe_customer_id, email, livemode)
+		SELECT 'user_st' || g, 'cus_st' || g, 'st' || g || '@example.com', false FROM generate_series(0, `+fmt.Sprint(b.N)+`) g`).Error; err != nil {
+		b.Fatal(err)
+	}
 	e := echo.New()
 	inbox.MountWebhook(e)
 	types := []string{EventSubscriptionCreated, EventInvoicePaymentFailed, EventInvoicePaymentSucceeded,
