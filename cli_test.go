@@ -143,7 +143,7 @@ func TestEveryCommandPrintsItsUsageWithH(t *testing.T) {
 		}
 	}
 	// Commands with subcommands answer -h on each subcommand.
-	sub := map[string][]string{"stripe": {"stripe", "setup"}}
+	sub := map[string][]string{"stripe": {"stripe", "setup"}, "events": {"events", "tail"}}
 	for _, name := range names {
 		args := []string{name}
 		if s, ok := sub[name]; ok {

@@ -46,21 +46,22 @@ var eventsHelp = commandHelp{
 const eventsPoll = 500 * time.Millisecond
 
 func runEventsCommand(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] != "tail" {
-		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
-			eventsHelp.print(stdout, flag.NewFlagSet("events", flag.ContinueOnError))
-			return 0
-		}
-		fmt.Fprintln(stderr, "billing events: the one subcommand is tail")
-		eventsHelp.print(stderr, flag.NewFlagSet("events", flag.ContinueOnError))
-		return exitUsage
-	}
 	fs := flag.NewFlagSet("events tail", flag.ContinueOnError)
 	after := fs.String("after", "", "start after this event id (default: the first event)")
 	limit := fs.Int("limit", 0, "stop after this many events (default: no limit)")
 	follow := fs.Bool("follow", true, "keep printing new events as they come")
 	asJSON := fs.Bool("json", false, "print each event's body as pushed, one JSON object a line")
 	cfgPath := fs.String("config", "", "YAML configuration file (default $BILLING_CONFIG)")
+	if len(args) == 0 || args[0] != "tail" {
+		// tail is the one subcommand: -h on events shows its usage.
+		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
+			eventsHelp.print(stdout, fs)
+			return 0
+		}
+		fmt.Fprintln(stderr, "billing events: the one subcommand is tail")
+		eventsHelp.print(stderr, fs)
+		return exitUsage
+	}
 	if code, done := parseFlagsTo(fs, eventsHelp, args[1:], stdout, stderr, true); done {
 		return code
 	}
