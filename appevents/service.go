@@ -2,6 +2,7 @@ package appevents
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -273,7 +274,7 @@ func (s *Service) Redeliver(ctx context.Context, id string) error {
 		var user, status string
 		if err := tx.Raw(`SELECT user_id, status FROM app_events WHERE id = $1 AND livemode = $2 FOR UPDATE`, id, s.d.Livemode).
 			Row().Scan(&user, &status); err != nil {
-			if errors.Is(err, gorm.ErrRecordNotFound) || err.Error() == "sql: no rows in result set" {
+			if errors.Is(err, sql.ErrNoRows) {
 				return ErrNotFound
 			}
 			return err
