@@ -18,8 +18,6 @@ import (
 
 	"billing/appevents"
 	"billing/config"
-	"billing/internal/database"
-	"billing/migrations"
 )
 
 // eventsCommand is `billing events tail`.
@@ -76,20 +74,11 @@ func runEventsCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 	if err != nil {
 		return stopped("%s", err.Error())
 	}
-	useRunningService(cfg, stderr)
-	logger, flush := newLogger(cfg)
-	defer flush()
-	db, stop, _ := openDatabase(ctx, cfg, logger)
-	if db == nil {
-		flush()
-		return stopped("cannot open the database (see the log line above)")
+	db, _, release, problem := toolDatabase(ctx, cfg, stderr)
+	if problem != "" {
+		return stopped("%s", problem)
 	}
-	defer stop()
-	if pending, err := migrations.Pending(ctx, database.SQL(db)); err != nil {
-		return stopped("check the schema: %v", err)
-	} else if pending {
-		return stopped("the schema is not current: run billing migrate (or start serve) first")
-	}
+	defer release()
 	err = tailEvents(ctx, db, cfg.Stripe.Mode == "live", tailOptions{After: *after, Limit: *limit, Follow: *follow, JSON: *asJSON}, stdout)
 	switch {
 	case errors.Is(err, appevents.ErrUnknownCursor):

@@ -1,14 +1,20 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"strings"
 
+	"gorm.io/gorm"
+
 	"billing/config"
+	"billing/internal/database"
 	"billing/internal/runenv"
+	"billing/migrations"
 )
 
 // defaultStripeAPIURL is stripe.api_url when nothing configures it.
@@ -70,4 +76,30 @@ func triggerURL() string {
 		return strings.TrimRight(e.ServiceURL, "/") + "/webhooks/stripe"
 	}
 	return "http://localhost:8080/webhooks/stripe"
+}
+
+// toolDatabase is the preamble of the tools that read the service's database without changing
+// its schema (verify, events tail): the running service's database under make run, the log, the
+// database opened and its schema current. On failure it returns the one line to print (release
+// is then a no-op); release closes the database and writes the log out.
+func toolDatabase(ctx context.Context, cfg *config.Config, stderr io.Writer) (db *gorm.DB, logger *slog.Logger, release func(), problem string) {
+	useRunningService(cfg, stderr)
+	logger, flush := newLogger(cfg)
+	db, stop, _ := openDatabase(ctx, cfg, logger)
+	if db == nil {
+		// The log says why; written out first, so that the line printed after it is the reason.
+		flush()
+		return nil, nil, func() {}, "cannot open the database (see the log line above)"
+	}
+	release = func() { stop(); flush() }
+	pending, err := migrations.Pending(ctx, database.SQL(db))
+	switch {
+	case err != nil:
+		release()
+		return nil, nil, func() {}, "check the schema: " + err.Error()
+	case pending:
+		release()
+		return nil, nil, func() {}, "the schema is not current: run billing migrate (or start serve) first"
+	}
+	return db, logger, release, ""
 }

@@ -13,10 +13,8 @@ import (
 	"billing/billing"
 	"billing/checkout"
 	"billing/config"
-	"billing/internal/database"
 	"billing/internal/jobs"
 	"billing/ledger"
-	"billing/migrations"
 	"billing/verify"
 	"billing/webhooks"
 )
@@ -67,21 +65,11 @@ func runVerifyCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 	if *mode == "" {
 		*mode = cfg.Stripe.Mode
 	}
-	useRunningService(cfg, stderr)
-	logger, flush := newLogger(cfg)
-	defer flush()
-	db, stop, _ := openDatabase(ctx, cfg, logger)
-	if db == nil {
-		// The log says why; written out first, so that the line above is the reason.
-		flush()
-		return stopped("cannot open the database (see the log line above)")
+	db, logger, release, problem := toolDatabase(ctx, cfg, stderr)
+	if problem != "" {
+		return stopped("%s", problem)
 	}
-	defer stop()
-	if pending, err := migrations.Pending(ctx, database.SQL(db)); err != nil {
-		return stopped("check the schema: %v", err)
-	} else if pending {
-		return stopped("the schema is not current: run billing migrate (or start serve) first")
-	}
+	defer release()
 	livemode := *mode == "live"
 	// The handlers as serve builds them, minus everything that reaches out: jobs are discarded
 	// (the transaction is rolled back anyway) and no Stripe client is given.

@@ -49,7 +49,7 @@ func BenchmarkInlineEventStatements(b *testing.B) {
 	New(Deps{DB: db, Jobs: rc, Logger: logger, PastDueEntitled: true, Reread: RereadDeps{Stripe: unused},
 		AppEvents: appevents.NewTeller(nil)}).Register(reg)
 	if err := db.Exec(`INSERT INTO customers (user_id, stripe_customer_id, email, livemode)
-		SELECT 'user_st' || g, 'cus_st' || g, 'st' || g || '@example.com', false FROM generate_series(0, `+fmt.Sprint(b.N)+`) g`).Error; err != nil {
+		SELECT 'user_st' || g, 'cus_st' || g, 'st' || g || '@example.com', false FROM generate_series(0, ` + fmt.Sprint(b.N) + `) g`).Error; err != nil {
 		b.Fatal(err)
 	}
 	e := echo.New()
