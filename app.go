@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -317,15 +316,8 @@ func newAppEvents(cfg *config.Config, db *gorm.DB, livemode bool, logger *slog.L
 		}
 		push = &appevents.PusherConfig{URL: cfg.AppEvents.URL, Signer: signer, Timeout: cfg.AppEvents.Timeout,
 			Concurrency: cfg.AppEvents.Concurrency}
-		logger.Info("app events are pushed", "url", redactQuery(cfg.AppEvents.URL), "secrets", len(cfg.AppEvents.Secrets))
+		// The url itself is in the configuration's line at start, redacted there.
+		logger.Info("app events are pushed", "secrets", len(cfg.AppEvents.Secrets), "concurrency", cfg.AppEvents.Concurrency)
 	}
 	return appevents.New(appevents.Deps{DB: db, Livemode: livemode, Push: push, Logger: logger, Now: now, Registerer: reg}), nil
-}
-
-// redactQuery drops a url's query (it may carry a token) for the log.
-func redactQuery(u string) string {
-	if i := strings.IndexAny(u, "?#"); i >= 0 {
-		return u[:i] + "?…"
-	}
-	return u
 }
