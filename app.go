@@ -22,6 +22,7 @@ import (
 	"billing/admin"
 	"billing/appevents"
 	"billing/billing"
+	"billing/catalog"
 	"billing/checkout"
 	"billing/config"
 	"billing/customers"
@@ -209,13 +210,18 @@ func newApp(opts appOptions) (*App, error) {
 	rec.SetBilling(subs)
 	links := customers.NewHandlers(customers.Deps{DB: db, Accounts: subs, Stripe: stripe, Livemode: livemode, Logger: logger, Now: now})
 	links.Mount(v1)
+	// What the app sells: products, prices and their features, from events, reads and reconcile.
+	sold := catalog.New(catalog.Deps{DB: db, Livemode: livemode, Features: stripe.ProductFeatures, Jobs: riverClient,
+		Logger: logger, Now: now, Registerer: reg})
+	sold.AddWorkers(workers)
+	sold.Mount(v1)
 	sessions := checkout.New(checkout.Deps{
 		DB: db, Stripe: stripe, Customers: links, Billing: subs, Jobs: riverClient, Livemode: livemode,
 		SuccessURL: cfg.Checkout.SuccessURL, CancelURL: cfg.Checkout.CancelURL, Logger: logger, Now: now,
 	})
 	sessions.Mount(v1)
 	checkoutSync.Bind(sessions)
-	registerEventHandlers(registry, subs, sessions, charges)
+	registerEventHandlers(registry, subs, sessions, charges, sold)
 	charges.Mount(v1)
 	portal.New(portal.Deps{DB: db, Stripe: stripe, Subscriptions: subs, Livemode: livemode, DefaultReturnURL: cfg.Portal.ReturnURL, Logger: logger}).Mount(v1)
 	subs.MountAPI(v1)

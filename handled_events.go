@@ -4,6 +4,7 @@ import (
 	"gorm.io/gorm"
 
 	"billing/billing"
+	"billing/catalog"
 	"billing/checkout"
 	"billing/customers"
 	"billing/ledger"
@@ -14,8 +15,9 @@ import (
 // newApp calls it with the running services; handledEventTypes reads the same registrations, so
 // the types `billing stripe setup` subscribes the endpoint to and `billing doctor` checks are the
 // types the inbox handles.
-func registerEventHandlers(reg *webhooks.Registry, subs *billing.Service, sessions *checkout.Service, charges *ledger.Service) {
+func registerEventHandlers(reg *webhooks.Registry, subs *billing.Service, sessions *checkout.Service, charges *ledger.Service, sold *catalog.Service) {
 	subs.Register(reg)
+	sold.Register(reg)
 	sessions.Register(reg)
 	customers.Register(reg)
 	charges.Register(reg)
@@ -25,6 +27,7 @@ func registerEventHandlers(reg *webhooks.Registry, subs *billing.Service, sessio
 // only to be registered: their handlers never run here, so no database connection is opened.
 func handledEventTypes() []string {
 	reg := webhooks.NewRegistry()
-	registerEventHandlers(reg, billing.New(billing.Deps{DB: &gorm.DB{Config: &gorm.Config{}}}), checkout.New(checkout.Deps{}), ledger.New(ledger.Deps{}))
+	registerEventHandlers(reg, billing.New(billing.Deps{DB: &gorm.DB{Config: &gorm.Config{}}}), checkout.New(checkout.Deps{}), ledger.New(ledger.Deps{}),
+		catalog.New(catalog.Deps{DB: &gorm.DB{Config: &gorm.Config{}}}))
 	return reg.Types()
 }

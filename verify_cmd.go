@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"billing/billing"
+	"billing/catalog"
 	"billing/checkout"
 	"billing/config"
 	"billing/internal/jobs"
@@ -81,7 +82,8 @@ func runVerifyCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 	reg := webhooks.NewRegistry()
 	registerEventHandlers(reg, subs,
 		checkout.New(checkout.Deps{DB: db, Billing: subs, Jobs: jobs.Discard{}, Livemode: livemode, Logger: logger}),
-		ledger.New(ledger.Deps{DB: db, Livemode: livemode, Logger: logger}))
+		ledger.New(ledger.Deps{DB: db, Livemode: livemode, Logger: logger}),
+		catalog.New(catalog.Deps{DB: db, Livemode: livemode, Logger: logger}))
 	rep, err := verify.Run(ctx, verify.Deps{DB: db, Registry: reg, Snapshots: subs, Livemode: livemode, Strict: *strict, Logger: logger}, stdout)
 	if err != nil {
 		return stopped("%v", err)

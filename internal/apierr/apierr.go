@@ -107,6 +107,13 @@ const (
 
 	// The app events feed's after names no event of the deployment's mode.
 	CodeUnknownAppEvent Code = "unknown_app_event"
+
+	// The catalog: a lookup key or price that names no price the app may sell now, a promotion
+	// code that Stripe would refuse, a plan change that cannot be previewed.
+	CodeUnknownPrice         Code = "unknown_price"
+	CodeInactivePrice        Code = "inactive_price"
+	CodeInvalidPromotionCode Code = "invalid_promotion_code"
+	CodeInvalidActive        Code = "invalid_active"
 )
 
 var statuses = map[Code]int{
@@ -175,6 +182,11 @@ var statuses = map[Code]int{
 	CodeInvalidValue:     http.StatusBadRequest,
 	CodeInvalidTimestamp: http.StatusUnprocessableEntity,
 	CodeUnknownAppEvent:  http.StatusBadRequest,
+
+	CodeUnknownPrice:         http.StatusUnprocessableEntity,
+	CodeInactivePrice:        http.StatusUnprocessableEntity,
+	CodeInvalidPromotionCode: http.StatusUnprocessableEntity,
+	CodeInvalidActive:        http.StatusBadRequest,
 }
 
 // Status is the HTTP status of a code; an unknown code is a 500 so that a forgotten entry is loud.
