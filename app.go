@@ -218,12 +218,14 @@ func newApp(opts appOptions) (*App, error) {
 	sessions := checkout.New(checkout.Deps{
 		DB: db, Stripe: stripe, Customers: links, Billing: subs, Jobs: riverClient, Livemode: livemode,
 		SuccessURL: cfg.Checkout.SuccessURL, CancelURL: cfg.Checkout.CancelURL, Logger: logger, Now: now,
+		Prices: sold, AutomaticTax: cfg.Checkout.AutomaticTax,
 	})
 	sessions.Mount(v1)
 	checkoutSync.Bind(sessions)
 	registerEventHandlers(registry, subs, sessions, charges, sold)
 	charges.Mount(v1)
-	portal.New(portal.Deps{DB: db, Stripe: stripe, Subscriptions: subs, Livemode: livemode, DefaultReturnURL: cfg.Portal.ReturnURL, Logger: logger}).Mount(v1)
+	portal.New(portal.Deps{DB: db, Stripe: stripe, Subscriptions: subs, Livemode: livemode, DefaultReturnURL: cfg.Portal.ReturnURL,
+		Prices: sold, Now: now, Logger: logger}).Mount(v1)
 	subs.MountAPI(v1)
 	// Usage records are stored by the request and sent to Stripe by the reporter (Start).
 	meters := meterusage.New(meterusage.Deps{DB: db, Stripe: stripe, Livemode: livemode, Periods: subs,
@@ -242,7 +244,7 @@ func newApp(opts appOptions) (*App, error) {
 	admin.New(admin.Deps{
 		Holds: subs, DeadLetters: inbox, Events: inbox, Subscriptions: subs, Charges: charges,
 		Reconcile: admin.NewReconcileReader(db), People: customers.NewDirectory(db), Accounts: subs, Runs: rec, Usage: meters,
-		AppEvents: told, Audit: audit.NewLog(db), Livemode: livemode, Logger: logger, Now: now,
+		AppEvents: told, Audit: audit.NewLog(db), Catalog: sold, Livemode: livemode, Logger: logger, Now: now,
 	}).Mount(adminAPI)
 	inbox.MountAdmin(adminAPI)
 	rec.Mount(adminAPI)

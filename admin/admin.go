@@ -1,6 +1,6 @@
 // Package admin is the operator console under /admin: server-rendered pages that work without
 // JavaScript (overview, holds, event log, event detail, subscription, customer, charges,
-// reconciliation, audit log, dead letters), GET /admin/holds and GET /admin/audit. It owns no state: it reads the domain packages through the small interfaces it
+// catalog, reconciliation, audit log, dead letters), GET /admin/holds and GET /admin/audit. It owns no state: it reads the domain packages through the small interfaces it
 // declares below, and imports them only for their types.
 //
 // Each page is a handler here, registered in Mount, with its template in templates/admin/ (one
@@ -19,6 +19,7 @@ import (
 
 	"billing/appevents"
 	"billing/billing"
+	"billing/catalog"
 	"billing/customers"
 	"billing/internal/audit"
 	"billing/ledger"
@@ -107,6 +108,14 @@ type AuditSource interface {
 	List(ctx context.Context, q audit.Query) (*audit.Page, error)
 }
 
+// CatalogSource is the catalog as the console reads it: catalog.Service. PriceNames names the
+// prices that the subscription and customer pages show.
+type CatalogSource interface {
+	Products(ctx context.Context, livemode bool) ([]catalog.ProductView, error)
+	AllPrices(ctx context.Context, livemode bool) ([]catalog.PriceView, error)
+	PriceNames(ctx context.Context, livemode bool, priceIDs []string) (map[string]string, error)
+}
+
 // ReconcileSource reads the last reconciliation run: NewReconcileReader.
 type ReconcileSource interface {
 	LastRun(ctx context.Context, livemode bool) (*ReconcileRun, error)
@@ -128,6 +137,8 @@ type Deps struct {
 	Audit         AuditSource
 	Usage         UsageSource
 	AppEvents     AppEventSource
+	// Catalog feeds the catalog page and the price names; without it prices show as their ids.
+	Catalog CatalogSource
 	// Livemode is stripe.mode: the mode the console says it runs in.
 	Livemode bool
 	Logger   *slog.Logger
@@ -167,6 +178,7 @@ const (
 	pathSubs        = "/admin/ui/subscriptions"
 	pathCustomers   = "/admin/ui/customers"
 	pathCharges     = "/admin/ui/charges"
+	pathCatalog     = "/admin/ui/catalog"
 	pathReconcile   = "/admin/ui/reconcile"
 	pathAudit       = "/admin/ui/audit"
 )
@@ -181,6 +193,7 @@ const (
 //	GET  /ui/subscriptions/{id}              → one subscription: state, reason, timeline, …
 //	GET  /ui/customers/{user_id}             → one user: both modes' links, subscriptions, money, notices
 //	GET  /ui/charges, /ui/charges/{order_id} → the charges (filters, search, paging) and one charge
+//	GET  /ui/catalog                         → the mode's products, their prices and features
 //	GET  /ui/reconcile, /ui/reconcile/{id}   → reconcile runs, one run's drift by field
 //	POST /ui/reconcile                       → start a run
 //	GET  /ui/audit                           → the audit log
@@ -203,6 +216,7 @@ func (c *Console) Mount(admin *echo.Group) {
 	admin.GET("/ui/customers/:id", c.getCustomer)
 	admin.GET("/ui/charges", c.getCharges)
 	admin.GET("/ui/charges/:id", c.getCharge)
+	admin.GET("/ui/catalog", c.getCatalog)
 	admin.GET("/ui/reconcile", c.getRuns)
 	admin.GET("/ui/reconcile/:id", c.getRun)
 	admin.POST("/ui/reconcile", c.postReconcile)

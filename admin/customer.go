@@ -41,6 +41,8 @@ type world struct {
 	Person   *customers.Person
 	Account  *billing.Account
 	Problems []string
+	// PriceNames are the catalog's names of the subscriptions' prices (by id; unknown ones absent).
+	PriceNames map[string]string
 
 	Invoices []billing.InvoiceRow
 	Charges  []chargeWithRefunds
@@ -119,6 +121,13 @@ func (c *Console) fillWorld(ctx context.Context, w *world, q url.Values) {
 		var err error
 		if w.Account, err = c.d.Accounts.CustomerAccount(ctx, w.Person.UserID, cus, w.Livemode); err != nil {
 			fail("subscriptions", err)
+		}
+		if w.Account != nil {
+			prices := make([]*string, len(w.Account.Subscriptions))
+			for i, s := range w.Account.Subscriptions {
+				prices[i] = s.PriceID
+			}
+			w.PriceNames = c.priceNames(ctx, w.Livemode, prices)
 		}
 		invBefore := pageCursor(q.Get(mode + "_invoices"))
 		inv, err := c.d.Accounts.CustomerInvoices(ctx, cus, w.Livemode, invBefore, customerInvoices+1)

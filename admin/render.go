@@ -23,7 +23,7 @@ type pageTemplate = htmltemplate.Template
 
 // pageNames are the page files under templates/admin/, each defining "content" (and "title").
 var pageNames = []string{"overview", "holds", "events", "event", "subscription", "find", "deadletters", "confirm", "message",
-	"customer", "charges", "charge", "runs", "run", "audit"}
+	"customer", "charges", "charge", "runs", "run", "audit", "catalog"}
 
 func parsePages() map[string]*pageTemplate {
 	base, err := htmltemplate.New("").Funcs(funcs).ParseFS(templates.FS, "admin/layout.html")

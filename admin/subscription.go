@@ -24,6 +24,8 @@ const (
 
 type subscriptionPage struct {
 	S *billing.SubscriptionState
+	// PriceName is the catalog's name of the subscription's price; "" when it is not known.
+	PriceName string
 	// SubSource and InvSource name what set a column group when no event of the log did: a read
 	// from Stripe (reconcile, re-read) or an event no longer kept.
 	SubSource, InvSource string
@@ -57,6 +59,9 @@ func (c *Console) getSubscription(ec echo.Context) error {
 			"No subscription "+id+" is known here. Its events, if any arrived, are in the event log.")
 	}
 	v := &subscriptionPage{S: st}
+	if st.PriceID != nil {
+		v.PriceName = c.priceNames(ctx, st.Livemode, []*string{st.PriceID})[*st.PriceID]
+	}
 	if c.d.Events != nil {
 		events, err := c.d.Events.EventsNaming(ctx, id, timelineEvents)
 		if err != nil {

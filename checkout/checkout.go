@@ -60,6 +60,12 @@ type Billing interface {
 	TellUser(ctx context.Context, tx *gorm.DB, userID string) error
 }
 
+// Prices checks the price a request names against the catalog; catalog.Service implements it.
+type Prices interface {
+	// PriceOf is the price id named by id or lookup key; errors are *apierr.Error values.
+	PriceOf(ctx context.Context, priceID, lookupKey *string) (string, error)
+}
+
 // Deps are what the package needs from main.
 type Deps struct {
 	DB        *gorm.DB
@@ -73,8 +79,13 @@ type Deps struct {
 	// SuccessURL and CancelURL are checkout.success_url and checkout.cancel_url, the defaults of
 	// a request that gives none.
 	SuccessURL, CancelURL string
-	Logger                *slog.Logger
-	Now                   func() time.Time
+	// Prices resolves lookup keys and refuses inactive prices; nil passes price_id on as given
+	// and refuses every lookup key.
+	Prices Prices
+	// AutomaticTax is checkout.automatic_tax: every session asks Stripe Tax.
+	AutomaticTax bool
+	Logger       *slog.Logger
+	Now          func() time.Time
 }
 
 // Service serves the checkout endpoints, handles the checkout events and runs the reads.
@@ -87,8 +98,11 @@ type Service struct {
 	livemode   bool
 	successURL string
 	cancelURL  string
-	log        *slog.Logger
-	now        func() time.Time
+	prices     Prices
+	// automaticTax is recorded with each new request, so that its retries ask as it did.
+	automaticTax bool
+	log          *slog.Logger
+	now          func() time.Time
 }
 
 // New returns the checkout service. Logger and Now default to a discarding logger and time.Now.
@@ -96,6 +110,7 @@ func New(d Deps) *Service {
 	s := &Service{
 		db: d.DB, stripe: d.Stripe, customers: d.Customers, billing: d.Billing, jobs: d.Jobs,
 		livemode: d.Livemode, successURL: d.SuccessURL, cancelURL: d.CancelURL, log: d.Logger, now: d.Now,
+		prices: d.Prices, automaticTax: d.AutomaticTax,
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)

@@ -32,7 +32,8 @@ const (
 
 // Limits of the request's numbers, Stripe's own.
 const (
-	maxQuantity        = 999_999
+	// maxQuantity is the most seats one request may buy: above it is a typo, not a sale.
+	maxQuantity        = 10_000
 	maxTrialPeriodDays = 730
 	maxURLLength       = 2048
 )
@@ -47,6 +48,12 @@ type createRequestJSON struct {
 	TrialPeriodDays *int64  `json:"trial_period_days"`
 	SuccessURL      *string `json:"success_url"`
 	CancelURL       *string `json:"cancel_url"`
+	// The price by its lookup key instead of price_id.
+	PriceLookupKey *string `json:"price_lookup_key"`
+	// PromotionCode is the code the customer typed; AllowPromotionCodes lets them type it at
+	// Stripe instead. One or the other: Stripe takes not both.
+	PromotionCode       *string `json:"promotion_code"`
+	AllowPromotionCodes *bool   `json:"allow_promotion_codes"`
 }
 
 // createRequest is a validated request; its JSON encoding (fixed field order, the URLs as the
@@ -58,6 +65,11 @@ type createRequest struct {
 	TrialPeriodDays *int64  `json:"trial_period_days"`
 	SuccessURL      *string `json:"success_url"`
 	CancelURL       *string `json:"cancel_url"`
+	// The fields of the fourth round come last and are left out when not given, so that a
+	// request of the earlier shape hashes as it always did.
+	PriceLookupKey      *string `json:"price_lookup_key,omitempty"`
+	PromotionCode       *string `json:"promotion_code,omitempty"`
+	AllowPromotionCodes bool    `json:"allow_promotion_codes,omitempty"`
 }
 
 func (r createRequest) hash() string {
@@ -100,6 +112,11 @@ type sessionRow struct {
 	PaymentStatus    *string
 	SubscriptionID   *string
 	CreatedAt        time.Time
+	// PromotionCodeID is Stripe's promotion code that the typed PromotionCode resolved to.
+	PromotionCode       *string
+	PromotionCodeID     *string
+	AllowPromotionCodes bool
+	AutomaticTax        bool
 }
 
 func parseCreateRequest(c echo.Context) (createRequest, error) {
@@ -115,13 +132,29 @@ func parseCreateRequest(c echo.Context) (createRequest, error) {
 		return req, err
 	}
 	req.RequestID = *raw.RequestID
-	if raw.PriceID == nil {
-		return req, apierr.New(apierr.CodeInvalidPriceID, "price_id is required")
+	switch {
+	case raw.PriceID == nil && raw.PriceLookupKey == nil:
+		return req, apierr.New(apierr.CodeInvalidPriceID, "price_id or price_lookup_key is required")
+	case raw.PriceID != nil && raw.PriceLookupKey != nil:
+		return req, apierr.New(apierr.CodeInvalidRequest, "give price_id or price_lookup_key, not both")
+	case raw.PriceID != nil:
+		if err := ids.Check(*raw.PriceID, "price_id", apierr.CodeInvalidPriceID); err != nil {
+			return req, err
+		}
+		req.PriceID = *raw.PriceID
+	default:
+		req.PriceLookupKey = raw.PriceLookupKey
 	}
-	if err := ids.Check(*raw.PriceID, "price_id", apierr.CodeInvalidPriceID); err != nil {
-		return req, err
+	if raw.PromotionCode != nil {
+		if err := checkPromotionCode(*raw.PromotionCode); err != nil {
+			return req, err
+		}
+		req.PromotionCode = raw.PromotionCode
 	}
-	req.PriceID = *raw.PriceID
+	req.AllowPromotionCodes = raw.AllowPromotionCodes != nil && *raw.AllowPromotionCodes
+	if req.PromotionCode != nil && req.AllowPromotionCodes {
+		return req, apierr.New(apierr.CodeInvalidRequest, "give promotion_code or allow_promotion_codes, not both: Stripe applies one code per session")
+	}
 	req.Quantity = 1
 	if raw.Quantity != nil {
 		if *raw.Quantity < 1 || *raw.Quantity > maxQuantity {
@@ -216,7 +249,19 @@ func (s *Service) create(ctx context.Context, userID string, req createRequest) 
 		if err != nil {
 			return reply{err: err}
 		}
-		if err := s.insertRequest(ctx, userID, req, hash, cust.StripeID(), success, cancel); err != nil {
+		// What Stripe would refuse is refused here, before anything is recorded: a price the
+		// catalog knows to be inactive, a lookup key it does not know, a code Stripe will not take.
+		priceID, err := s.priceOf(ctx, req)
+		if err != nil {
+			return reply{err: err}
+		}
+		var promo *string
+		if req.PromotionCode != nil {
+			if promo, err = s.promotionCode(ctx, *req.PromotionCode, cust.StripeID()); err != nil {
+				return reply{err: err}
+			}
+		}
+		if err := s.insertRequest(ctx, userID, req, hash, cust.StripeID(), success, cancel, priceID, promo); err != nil {
 			return reply{err: err}
 		}
 		if row, found, err = s.loadRequest(ctx, userID, req.RequestID); err != nil {
@@ -271,15 +316,17 @@ func (s *Service) loadRequest(ctx context.Context, userID, requestID string) (*s
 // insertRequest writes the pending row, committed before any call to Stripe. A row already there
 // (a concurrent identical request, a conflicting one, or another request with the same key) is
 // left alone: the conflict target is open because either unique key may collide.
-func (s *Service) insertRequest(ctx context.Context, userID string, req createRequest, hash, stripeCustomerID, success, cancel string) error {
+func (s *Service) insertRequest(ctx context.Context, userID string, req createRequest, hash, stripeCustomerID, success, cancel, priceID string, promo *string) error {
 	now := s.now().UTC()
 	err := s.db.WithContext(ctx).Exec(`
 		INSERT INTO checkout_sessions (livemode, user_id, stripe_customer_id, request_id, request_hash, idempotency_key,
-			price_id, quantity, trial_period_days, success_url, cancel_url, state, created_at, updated_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13)
+			price_id, quantity, trial_period_days, success_url, cancel_url, state, created_at, updated_at,
+			promotion_code, promotion_code_id, allow_promotion_codes, automatic_tax)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13, $14, $15, $16, $17)
 		ON CONFLICT DO NOTHING`,
 		s.livemode, userID, stripeCustomerID, req.RequestID, hash, SessionKey(userID, req.RequestID),
-		req.PriceID, req.Quantity, req.TrialPeriodDays, success, cancel, statePending, now).Error
+		priceID, req.Quantity, req.TrialPeriodDays, success, cancel, statePending, now,
+		req.PromotionCode, promo, req.AllowPromotionCodes, s.automaticTax).Error
 	return database.APIError(err, "insert checkout request")
 }
 
@@ -352,6 +399,19 @@ func sessionParams(p stripe.Params, row *sessionRow) *stripe.CheckoutSessionPara
 			Metadata:        map[string]string{"user_id": deref(row.UserID)},
 			TrialPeriodDays: row.TrialPeriodDays,
 		},
+	}
+	switch {
+	case row.PromotionCodeID != nil:
+		params.Discounts = []*stripe.CheckoutSessionDiscountParams{{PromotionCode: row.PromotionCodeID}}
+	case row.AllowPromotionCodes:
+		params.AllowPromotionCodes = stripe.Bool(true)
+	}
+	if row.AutomaticTax {
+		params.AutomaticTax = &stripe.CheckoutSessionAutomaticTaxParams{Enabled: stripe.Bool(true)}
+		// Stripe Tax needs the customer's address: Checkout asks for it and keeps it on the
+		// customer, so the renewals are taxed by it too.
+		params.CustomerUpdate = &stripe.CheckoutSessionCustomerUpdateParams{Address: stripe.String("auto")}
+		params.BillingAddressCollection = stripe.String("required")
 	}
 	return params
 }

@@ -17,6 +17,7 @@ import (
 	"gorm.io/gorm"
 
 	"billing/billing"
+	"billing/catalog"
 	"billing/customers"
 	"billing/internal/apitest"
 	"billing/internal/jobs"
@@ -75,6 +76,8 @@ type envOpts struct {
 	livemode              bool
 	// stripeMock leaves /v1/checkout/sessions to stripe-mock (its schema checks the parameters).
 	stripeMock bool
+	// automaticTax is checkout.automatic_tax.
+	automaticTax bool
 }
 
 func newEnv(t *testing.T, o envOpts) *env {
@@ -117,6 +120,7 @@ func newEnv(t *testing.T, o envOpts) *env {
 	v.svc = New(Deps{
 		DB: v.db, Stripe: sc, Customers: cust, Billing: v.billing, Jobs: rc, Livemode: o.livemode,
 		SuccessURL: o.successURL, CancelURL: o.cancelURL, Logger: logger, Now: v.clock.Now,
+		Prices: catalog.New(catalog.Deps{DB: v.db, Livemode: o.livemode}), AutomaticTax: o.automaticTax,
 	})
 	v.svc.Register(registry)
 	sync.Bind(v.svc)

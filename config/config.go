@@ -89,6 +89,8 @@ type Config struct {
 	}
 	Checkout struct {
 		SuccessURL, CancelURL string
+		// AutomaticTax: every Checkout session asks Stripe Tax to compute the tax.
+		AutomaticTax bool
 	}
 	Worker struct {
 		MaxAttempts int
@@ -251,6 +253,7 @@ var defaults = map[string]string{
 	"auth.admin_tokens":           "",
 	"portal.return_url":           "",
 	"checkout.success_url":        "",
+	"checkout.automatic_tax":      "false",
 	"checkout.cancel_url":         "",
 	"worker.max_attempts":         "3",
 	"worker.retry_delay":          "30s",
@@ -325,6 +328,7 @@ func Load(path string) (*Config, error) {
 	c.Portal.ReturnURL = l.str("portal.return_url")
 	c.Checkout.SuccessURL = l.str("checkout.success_url")
 	c.Checkout.CancelURL = l.str("checkout.cancel_url")
+	c.Checkout.AutomaticTax = l.boolean("checkout.automatic_tax")
 	c.Worker.MaxAttempts = l.integer("worker.max_attempts")
 	c.Worker.RetryDelay = l.duration("worker.retry_delay")
 	c.Worker.RescueAfter = l.duration("worker.rescue_after")

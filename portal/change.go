@@ -15,12 +15,72 @@ import (
 	"billing/internal/stripeclient"
 )
 
-// maxQuantity is Stripe's limit of a subscription item's quantity.
-const maxQuantity = 999_999
+// maxQuantity is the most seats a change may ask for: above it is a typo, not a plan.
+const maxQuantity = 10_000
 
+// changeRequest is the body of change and of its preview.
 type changeRequest struct {
-	PriceID  *string `json:"price_id"`
-	Quantity *int64  `json:"quantity"`
+	PriceID        *string `json:"price_id"`
+	PriceLookupKey *string `json:"price_lookup_key"`
+	Quantity       *int64  `json:"quantity"`
+}
+
+// change is a validated change of a user's live subscription: the price resolved by the catalog
+// (nil: keep it), the quantity (nil: keep it).
+type change struct {
+	userID, subID string
+	cust          *customers.Customer
+	price         *string
+	quantity      *int64
+}
+
+// parseChange validates the path and body of change and preview, as one: the same refusals,
+// before anything is sent to Stripe.
+func (s *Service) parseChange(c echo.Context) (*change, error) {
+	userID, subID := c.Param("user_id"), c.Param("subscription_id")
+	if err := ids.CheckUser(userID); err != nil {
+		return nil, err
+	}
+	if err := ids.CheckSubscription(subID); err != nil {
+		return nil, err
+	}
+	var req changeRequest
+	if err := httpserver.DecodeJSON(c, &req, true); err != nil {
+		return nil, err
+	}
+	if req.PriceID != nil && req.PriceLookupKey != nil {
+		return nil, apierr.New(apierr.CodeInvalidRequest, "give price_id or price_lookup_key, not both")
+	}
+	if req.PriceID != nil {
+		if err := ids.Check(*req.PriceID, "price_id", apierr.CodeInvalidPriceID); err != nil {
+			return nil, err
+		}
+	}
+	if req.Quantity != nil && (*req.Quantity < 1 || *req.Quantity > maxQuantity) {
+		return nil, apierr.New(apierr.CodeInvalidQuantity, "quantity must be an integer from 1 to %d", maxQuantity)
+	}
+	ctx := c.Request().Context()
+	ch := &change{userID: userID, subID: subID, quantity: req.Quantity}
+	if req.PriceID != nil || req.PriceLookupKey != nil {
+		if s.prices == nil {
+			ch.price = req.PriceID
+			if req.PriceLookupKey != nil {
+				return nil, apierr.New(apierr.CodeUnknownPrice, "price lookup keys need the catalog, which this service was built without")
+			}
+		} else {
+			id, err := s.prices.PriceOf(ctx, req.PriceID, req.PriceLookupKey)
+			if err != nil {
+				return nil, err
+			}
+			ch.price = &id
+		}
+	}
+	cust, err := s.liveSubscription(ctx, userID, subID, "is %s and cannot change")
+	if err != nil {
+		return nil, err
+	}
+	ch.cust = cust
+	return ch, nil
 }
 
 // postChange redirects to the portal's plan change, as postCancel does to its cancellation: the
@@ -30,33 +90,15 @@ type changeRequest struct {
 // without a price keeps the item's price, a price without a quantity its seats; the new seats
 // reach the entitlement by the customer.subscription.updated that Stripe sends once confirmed.
 func (s *Service) postChange(c echo.Context) error {
-	userID, subID := c.Param("user_id"), c.Param("subscription_id")
-	if err := ids.CheckUser(userID); err != nil {
-		return err
-	}
-	if err := ids.CheckSubscription(subID); err != nil {
-		return err
-	}
-	var req changeRequest
-	if err := httpserver.DecodeJSON(c, &req, true); err != nil {
-		return err
-	}
-	if req.PriceID != nil {
-		if err := ids.Check(*req.PriceID, "price_id", apierr.CodeInvalidPriceID); err != nil {
-			return err
-		}
-	}
-	if req.Quantity != nil && (*req.Quantity < 1 || *req.Quantity > maxQuantity) {
-		return apierr.New(apierr.CodeInvalidQuantity, "quantity must be an integer from 1 to %d", maxQuantity)
-	}
-	ctx := c.Request().Context()
-	cust, err := s.liveSubscription(ctx, userID, subID, "is %s and cannot change")
+	ch, err := s.parseChange(c)
 	if err != nil {
 		return err
 	}
+	ctx := c.Request().Context()
+	userID, subID, cust := ch.userID, ch.subID, ch.cust
 
 	flow := &stripe.BillingPortalSessionFlowDataParams{}
-	if req.PriceID == nil && req.Quantity == nil {
+	if ch.price == nil && ch.quantity == nil {
 		flow.Type = stripe.String("subscription_update")
 		flow.SubscriptionUpdate = &stripe.BillingPortalSessionFlowDataSubscriptionUpdateParams{Subscription: stripe.String(subID)}
 	} else {
@@ -64,7 +106,7 @@ func (s *Service) postChange(c echo.Context) error {
 		if err != nil {
 			return err
 		}
-		price, quantity := req.PriceID, req.Quantity
+		price, quantity := ch.price, ch.quantity
 		if price == nil {
 			// A new quantity of the current plan.
 			price = stripe.String(item.Price.ID)

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"time"
 
 	"github.com/labstack/echo/v4"
 	"github.com/stripe/stripe-go/v79"
@@ -33,6 +34,12 @@ type SubscriptionLookup interface {
 	CustomerSubscriptionStatus(ctx context.Context, stripeCustomerID string, livemode bool, subscriptionID string) (status string, found bool, err error)
 }
 
+// Prices checks the price a change names against the catalog; catalog.Service implements it.
+type Prices interface {
+	// PriceOf is the price id named by id or lookup key; errors are *apierr.Error values.
+	PriceOf(ctx context.Context, priceID, lookupKey *string) (string, error)
+}
+
 // Deps are what the portal endpoints need from main.
 type Deps struct {
 	DB            *gorm.DB
@@ -42,7 +49,11 @@ type Deps struct {
 	Livemode bool
 	// DefaultReturnURL is config portal.return_url: where Stripe sends the customer back.
 	DefaultReturnURL string
-	Logger           *slog.Logger
+	// Prices resolves lookup keys and refuses inactive prices; nil passes price_id on as given.
+	Prices Prices
+	// Now is the proration date of previews; time.Now when nil.
+	Now    func() time.Time
+	Logger *slog.Logger
 }
 
 // Service serves the portal endpoints.
@@ -52,12 +63,18 @@ type Service struct {
 	subs      SubscriptionLookup
 	livemode  bool
 	returnURL string
+	prices    Prices
+	now       func() time.Time
 	log       *slog.Logger
 }
 
 // New returns the portal service. Logger defaults to a discarding logger.
 func New(d Deps) *Service {
-	s := &Service{db: d.DB, stripe: d.Stripe, subs: d.Subscriptions, livemode: d.Livemode, returnURL: d.DefaultReturnURL, log: d.Logger}
+	s := &Service{db: d.DB, stripe: d.Stripe, subs: d.Subscriptions, livemode: d.Livemode, returnURL: d.DefaultReturnURL,
+		prices: d.Prices, now: d.Now, log: d.Logger}
+	if s.now == nil {
+		s.now = time.Now
+	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -70,6 +87,7 @@ func (s *Service) Mount(v1 *echo.Group) {
 	v1.POST("/customers/:user_id/portal-sessions", s.postSession)
 	v1.POST("/customers/:user_id/subscriptions/:subscription_id/cancel", s.postCancel)
 	v1.POST("/customers/:user_id/subscriptions/:subscription_id/change", s.postChange)
+	v1.POST("/customers/:user_id/subscriptions/:subscription_id/change/preview", s.postPreview)
 }
 
 type sessionRequest struct {

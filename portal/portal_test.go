@@ -9,10 +9,12 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/labstack/echo/v4"
 	"gorm.io/gorm"
 
+	"billing/catalog"
 	"billing/internal/apitest"
 	"billing/internal/stripeclient"
 	"billing/internal/stripetest"
@@ -94,6 +96,8 @@ func newEnvOn(t *testing.T, db *gorm.DB, returnURL string, subs SubscriptionLook
 		Stripe:           stripeclient.New(proxy.URL, "sk_test_portal", logger),
 		Subscriptions:    subs,
 		DefaultReturnURL: returnURL,
+		Prices:           catalog.New(catalog.Deps{DB: db}),
+		Now:              func() time.Time { return previewNow },
 		Logger:           logger,
 	})
 	return &env{t: t, db: db, proxy: proxy, e: apitest.Server(logger, svc.Mount)}
