@@ -57,6 +57,12 @@ func (d *devService) webhook(typ string, o stripeevents.SampleOptions) (string, 
 	if err != nil {
 		d.t.Fatal(err)
 	}
+	return o.EventID, d.deliver(typ, payload)
+}
+
+// deliver posts a built event, signed, checks the answer against the document and returns its body.
+func (d *devService) deliver(typ string, payload []byte) string {
+	d.t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, d.server.URL+"/webhooks/stripe", bytes.NewReader(payload))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Stripe-Signature", stripeevents.SignatureHeader(payload, devSecret, time.Now()))
@@ -72,7 +78,7 @@ func (d *devService) webhook(typ string, o stripeevents.SampleOptions) (string, 
 	if resp.StatusCode != http.StatusOK {
 		d.t.Fatalf("webhook %s: %d %s", typ, resp.StatusCode, b)
 	}
-	return o.EventID, string(b)
+	return string(b)
 }
 
 // The answers of every JSON endpoint, in success and in error, fit the document's schemas (each
@@ -174,5 +180,30 @@ func TestOpenAPIAnswersFitTheDocument(t *testing.T) {
 	expect(404)(d.do(app, http.MethodPost, "/v1/customers/u_oa/subscriptions/sub_other/cancel", nil))
 	// Checkout: whatever it answers must be described.
 	d.do(app, http.MethodPost, "/v1/customers/u_oa/checkout-sessions", map[string]any{"request_id": "r1", "price_id": "price_monthly"})
+
+	// The catalog, a preview, and the refusals of lookup keys and codes.
+	now := time.Now()
+	d.deliver("product.created", stripeevents.ProductEvent("evt_oa_prod", "product.created", now, false,
+		stripeevents.Product{ID: "prod_oa", Name: "OA", Description: "described"}))
+	for _, p := range []stripeevents.Price{
+		{ID: "price_oa_m", Product: "prod_oa", LookupKey: "oa_monthly", UnitAmount: 900, Interval: "month"},
+		{ID: "price_oa_t", Product: "prod_oa", Interval: "month", UsageType: "metered", Meter: "mtr_oa",
+			Tiers: []stripeevents.Tier{{UpTo: 10, UnitAmount: 0}, {UnitAmount: 5}}},
+		{ID: "price_oa_once", Product: "prod_oa", UnitAmount: 100},
+	} {
+		d.deliver("price.created", stripeevents.PriceEvent("evt_oa_"+p.ID, "price.created", now, false, p))
+		wait.processed(t, "evt_oa_"+p.ID)
+	}
+	_, prices := d.do(app, http.MethodGet, "/v1/prices?active=true", nil)
+	if ps, _ := prices["prices"].([]any); len(ps) < 3 {
+		t.Errorf("prices %v, want the three of prod_oa", prices)
+	}
+	expect(400)(d.do(app, http.MethodGet, "/v1/prices?active=maybe", nil))
+	expect(200)(d.do(app, http.MethodPost, "/v1/customers/u_oa/subscriptions/sub_oa/change/preview", map[string]any{}))
+	expect(422)(d.do(app, http.MethodPost, "/v1/customers/u_oa/subscriptions/sub_oa/change/preview", map[string]any{"price_lookup_key": "nobody_sells"}))
+	expect(422)(d.do(app, http.MethodPost, "/v1/customers/u_oa_new/checkout-sessions", map[string]any{"request_id": "r2", "price_lookup_key": "oa_monthly", "promotion_code": "NOSUCHCODE",
+		"success_url": "https://app.example.com/ok", "cancel_url": "https://app.example.com/no"}))
+	expect(422)(d.do(app, http.MethodPost, "/v1/customers/u_oa_new/checkout-sessions", map[string]any{"request_id": "r3", "price_lookup_key": "nobody_sells",
+		"success_url": "https://app.example.com/ok", "cancel_url": "https://app.example.com/no"}))
 	d.do(app, http.MethodGet, "/v1/checkout-sessions/cs_test_unknown", nil)
 }
