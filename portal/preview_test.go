@@ -70,8 +70,8 @@ func TestPreviewAsksStripeForTheProratedInvoiceAndChangesNothing(t *testing.T) {
 		t.Fatalf("%d previews asked", len(sent))
 	}
 	expectForm(t, sent[0], map[string]string{
-		"customer":     "cus_u1",
-		"subscription": "sub_active",
+		"customer":                                 "cus_u1",
+		"subscription":                             "sub_active",
 		"subscription_details[items][0][id]":       "si_sub_active_a",
 		"subscription_details[items][0][price]":    "price_team",
 		"subscription_details[proration_behavior]": "create_prorations",
