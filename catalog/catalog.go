@@ -66,7 +66,9 @@ type Service struct {
 	log      *slog.Logger
 	now      func() time.Time
 
-	events *prometheus.CounterVec
+	// answers are GET /v1/prices's encoded answers at the catalog's version.
+	answers answerCache
+	events  *prometheus.CounterVec
 }
 
 // New builds the service. It panics on a wiring bug (no database).

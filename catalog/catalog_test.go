@@ -1,12 +1,15 @@
 package catalog
 
 import (
+	"compress/gzip"
 	"context"
 	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"sync"
 	"testing"
 	"time"
@@ -372,4 +375,75 @@ func mustJSON(t *testing.T, v any) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// Each replica keeps its own copy of the answer; a write through another replica makes it stale.
+func TestAnotherReplicasWriteRefreshesTheCopy(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.deliver(t, stripeevents.PriceEvent(evID(), EventPriceCreated, t0, false, proMonthly(2000)))
+	if got := e.prices(t, ""); *got[0].UnitAmount != 2000 {
+		t.Fatalf("prices %+v", got)
+	}
+	other := New(Deps{DB: e.db, Now: func() time.Time { return t0 }})
+	p, err := DecodePrice(mustJSON(t, proMonthly(2500).Object(false)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.db.Transaction(func(tx *gorm.DB) error {
+		_, err := other.PutPrice(context.Background(), tx, p, Write{Source: "evt_other", Created: t0.Add(time.Minute), Rank: 1})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.prices(t, ""); *got[0].UnitAmount != 2500 {
+		t.Fatalf("prices %+v after another replica's write, want 2500", got)
+	}
+	// A write that changes nothing (an older event) leaves the version, and the copy, as they are.
+	var before, after int64
+	e.db.Raw(`SELECT version FROM catalog_versions WHERE livemode = false`).Scan(&before)
+	e.deliver(t, stripeevents.PriceEvent(evID(), EventPriceCreated, t0, false, proMonthly(1)))
+	e.db.Raw(`SELECT version FROM catalog_versions WHERE livemode = false`).Scan(&after)
+	if before == 0 || after != before {
+		t.Fatalf("version %d then %d: a stale event moved it", before, after)
+	}
+}
+
+func TestALargeAnswerIsSentGzippedToWhoAsks(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	for i := range 20 {
+		p := proMonthly(int64(1000 + i))
+		p.ID, p.LookupKey = fmt.Sprintf("price_g%02d", i), fmt.Sprintf("plan_%02d", i)
+		e.deliver(t, stripeevents.PriceEvent(evID(), EventPriceCreated, t0, false, p))
+	}
+	plain := apitest.Do(t, e.http, apitest.AppToken, http.MethodGet, "/v1/prices", nil)
+	if plain.Header().Get("Content-Encoding") != "" || plain.Body.Len() < minGzip {
+		t.Fatalf("plain answer: encoding %q, %d bytes", plain.Header().Get("Content-Encoding"), plain.Body.Len())
+	}
+	for _, accept := range []string{"gzip", "br, gzip;q=0.8", "gzip;q=0"} {
+		req := httptest.NewRequest(http.MethodGet, "/v1/prices", nil)
+		req.Header.Set("Authorization", "Bearer "+apitest.AppToken)
+		req.Header.Set("Accept-Encoding", accept)
+		rec := httptest.NewRecorder()
+		e.http.ServeHTTP(rec, req)
+		apitest.ExpectStatus(t, rec, http.StatusOK)
+		if accept == "gzip;q=0" {
+			if rec.Header().Get("Content-Encoding") != "" || rec.Body.String() != plain.Body.String() {
+				t.Fatalf("gzip refused with q=0, answered %q", rec.Header().Get("Content-Encoding"))
+			}
+			continue
+		}
+		if rec.Header().Get("Content-Encoding") != "gzip" {
+			t.Fatalf("Accept-Encoding %q: Content-Encoding %q", accept, rec.Header().Get("Content-Encoding"))
+		}
+		zr, err := gzip.NewReader(rec.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, err := io.ReadAll(zr)
+		if err != nil || string(body) != plain.Body.String() {
+			t.Fatalf("gzipped answer differs from the plain one (%v)", err)
+		}
+	}
 }

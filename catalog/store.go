@@ -215,7 +215,7 @@ func (s *Service) PutProduct(ctx context.Context, tx *gorm.DB, p Product, w Writ
 	if err != nil {
 		return false, fmt.Errorf("store product %s: %w", p.ID, err)
 	}
-	return n == 1, nil
+	return n == 1, bumpVersion(ctx, tx, w.Livemode, n)
 }
 
 // PutPrice writes p when its key is above the stored one, and reports whether it did.
@@ -253,7 +253,7 @@ func (s *Service) PutPrice(ctx context.Context, tx *gorm.DB, p Price, w Write) (
 	if err != nil {
 		return false, fmt.Errorf("store price %s: %w", p.ID, err)
 	}
-	return n == 1, nil
+	return n == 1, bumpVersion(ctx, tx, w.Livemode, n)
 }
 
 // PutFeatures replaces a product's features with a list read from Stripe at readAt, when no
@@ -278,5 +278,19 @@ func (s *Service) PutFeatures(ctx context.Context, tx *gorm.DB, livemode bool, p
 	if err != nil {
 		return false, fmt.Errorf("store the features of product %s: %w", productID, err)
 	}
-	return n == 1, nil
+	return n == 1, bumpVersion(ctx, tx, livemode, n)
+}
+
+// bumpVersion moves the mode's catalog version on when a write changed a row (changed > 0), in
+// the write's transaction: the copies of the answer made before it are then stale everywhere.
+func bumpVersion(ctx context.Context, tx *gorm.DB, livemode bool, changed int64) error {
+	if changed == 0 {
+		return nil
+	}
+	if _, err := database.Exec(ctx, tx, `
+		INSERT INTO catalog_versions AS v (livemode, version) VALUES ($1, 1)
+		ON CONFLICT (livemode) DO UPDATE SET version = v.version + 1`, livemode); err != nil {
+		return fmt.Errorf("move the catalog version on: %w", err)
+	}
+	return nil
 }

@@ -56,6 +56,14 @@ CREATE TABLE catalog_prices (
 CREATE INDEX catalog_prices_product_idx ON catalog_prices (livemode, product_id);
 CREATE INDEX catalog_prices_lookup_key_idx ON catalog_prices (livemode, lookup_key) WHERE lookup_key IS NOT NULL;
 
+-- A mode's catalog version, bumped in the transaction of every write that changed the catalog:
+-- GET /v1/prices answers from a copy in memory while the version it was made at is current, so a
+-- pricing page on every request costs one primary-key read.
+CREATE TABLE catalog_versions (
+  livemode boolean PRIMARY KEY,
+  version bigint NOT NULL
+);
+
 -- Checkout's promotion codes and tax, kept with the session's request so that a repeat of the
 -- request is compared with what was asked (the idempotency fingerprint).
 ALTER TABLE checkout_sessions ADD COLUMN promotion_code text;
@@ -68,5 +76,6 @@ ALTER TABLE checkout_sessions DROP COLUMN automatic_tax;
 ALTER TABLE checkout_sessions DROP COLUMN allow_promotion_codes;
 ALTER TABLE checkout_sessions DROP COLUMN promotion_code_id;
 ALTER TABLE checkout_sessions DROP COLUMN promotion_code;
+DROP TABLE catalog_versions;
 DROP TABLE catalog_prices;
 DROP TABLE catalog_products;

@@ -9,6 +9,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -88,15 +89,27 @@ func run(args []string, stdout, stderr io.Writer) int {
 		stripetest.DefaultCard, strings.Join([]string{"pm_card_chargeDeclined", "pm_card_chargeDeclinedInsufficientFunds", "pm_card_chargeDeclinedExpiredCard"}, ", "))
 	fmt.Fprintf(stdout, "devstripe: portal sessions open %s/dev-portal/bps_…\n", p.PortalBase())
 	fmt.Fprintln(stdout, "devstripe: complete a Checkout session with `billing dev checkout complete cs_…`; move time on with `billing dev advance --days N`")
+	fmt.Fprintf(stdout, "devstripe: plans %s (pro_monthly, $20/month), %s (pro_yearly), %s (team_monthly, $50/month), %s (team_yearly); promotion codes WELCOME20 (20%% off), TENOFF ($10 off)\n",
+		stripetest.DevPricePro, stripetest.DevPriceProYearly, stripetest.DevPriceTeam, stripetest.DevPriceTeamYearly)
+	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer cancel()
 	if *webhookURL != "" {
 		fmt.Fprintf(stdout, "devstripe: events go to %s\n", *webhookURL)
+		// The service learns the catalog from its events (it also lists it: billing reconcile).
+		// It is starting meanwhile: each event is tried for up to two minutes.
+		go func() {
+			ds, err := dev.SendCatalog(ctx, 2*time.Minute)
+			if err != nil {
+				fmt.Fprintf(stderr, "devstripe: the catalog's events: %v\n", err)
+				return
+			}
+			fmt.Fprintf(stdout, "devstripe: sent the catalog: %d product and price events\n", len(ds))
+		}()
 	} else {
 		fmt.Fprintln(stdout, "devstripe: no --webhook-url: events are not sent")
 	}
 
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
-	<-sig
+	<-ctx.Done()
 	return 0
 }
 

@@ -27,7 +27,10 @@ import (
 //   - retrieve, create, update (a few fields) and DELETE (cancel) of subscriptions; retrieve,
 //     create, update and search by metadata of customers; retrieve of invoices;
 //   - the pages of a customer's active entitlements (SetActiveEntitlements; none by default),
-//     which stripe-mock answers with one fixture whatever the customer.
+//     which stripe-mock answers with one fixture whatever the customer;
+//   - with a Catalog on the same proxy, the catalog's price objects in subscription items, and
+//     POST /v1/invoices/create_preview of a change to one of its subscriptions (preview.go; any
+//     other preview is stripe-mock's).
 //
 // Throttle makes it answer 429s, SetPageDelay makes list pages slow; the proxy's own faults,
 // gates and canned answers come first, as for any request.
@@ -36,6 +39,7 @@ import (
 // restarts), a new customer that names no payment method gets DefaultCard, and its clock is the
 // wall clock moved on by Advance (a test clock), instead of a counter from a fixed date.
 type Account struct {
+	p        *Proxy
 	livemode bool
 	dev      bool
 	idTag    string
@@ -62,12 +66,26 @@ type Account struct {
 	pages       int
 	entPages    int
 	requests    int
+
+	// subFields and invFields are fields of subscriptions and invoices beyond what a spec holds
+	// (a discount, computed lines and totals), kept across puts.
+	subFields map[string]map[string]any
+	invFields map[string]map[string]any
+	// pendingItems are each subscription's pending invoice items (prorations), which its next
+	// invoice bills; balances are the customers' balances (negative: credit, Stripe's sign).
+	pendingItems map[string][]invoiceLine
+	balances     map[string]int64
 }
 
 // NewAccount serves an account of the given mode from p.
 func NewAccount(p *Proxy, livemode bool) *Account {
 	a := &Account{
+		p:            p,
 		livemode:     livemode,
+		subFields:    map[string]map[string]any{},
+		invFields:    map[string]map[string]any{},
+		pendingItems: map[string][]invoiceLine{},
+		balances:     map[string]int64{},
 		subs:         map[string][]byte{},
 		customers:    map[string][]byte{},
 		invoices:     map[string][]byte{},
@@ -86,6 +104,8 @@ func NewAccount(p *Proxy, livemode bool) *Account {
 	p.Handle("/v1/customers", a.serve)
 	p.Handle("/v1/invoices", a.serve)
 	p.Handle("/v1/entitlements/active_entitlements", a.serveEntitlements)
+	// The preview of a change to a subscription of the account, priced from the catalog.
+	p.Handle("/v1/invoices/create_preview", a.servePreview)
 	return a
 }
 
@@ -213,11 +233,13 @@ func (a *Account) put(s SubscriptionSpec) string {
 		if !inv.PeriodStart.IsZero() {
 			obj["period_start"], obj["period_end"] = inv.PeriodStart.Unix(), unixOrNull(inv.PeriodEnd)
 		}
+		for k, v := range a.invFields[inv.ID] {
+			obj[k] = v
+		}
 		a.invoices[inv.ID] = mustJSON(obj)
 		latest = inv.ID
 	}
-	price := map[string]any{"id": s.PriceID, "object": "price", "active": true, "currency": "usd",
-		"livemode": a.livemode, "type": "recurring"}
+	price := a.p.priceObject(s.PriceID, a.livemode)
 	obj := map[string]any{
 		"id": s.ID, "object": "subscription", "customer": s.Customer, "status": s.Status,
 		"livemode": a.livemode, "created": created, "metadata": md, "quantity": s.Quantity,
@@ -232,15 +254,99 @@ func (a *Account) put(s SubscriptionSpec) string {
 		"latest_invoice":       latest,
 		"items": map[string]any{"object": "list", "has_more": false, "url": "/v1/subscription_items?subscription=" + s.ID,
 			"data": []any{map[string]any{
-				"id": "si_" + strings.TrimPrefix(s.ID, "sub_"), "object": "subscription_item", "price": price,
+				"id": itemID(s.ID), "object": "subscription_item", "price": price,
 				"quantity": s.Quantity, "subscription": s.ID, "created": created,
 			}}},
+	}
+	for k, v := range a.subFields[s.ID] {
+		obj[k] = v
 	}
 	if _, ok := a.subs[s.ID]; !ok {
 		a.subOrder = append([]string{s.ID}, a.subOrder...)
 	}
 	a.subs[s.ID] = mustJSON(obj)
 	return s.ID
+}
+
+// SetSubscriptionFields sets fields of a subscription's object that a spec does not hold (its
+// discount, automatic_tax), now and on every later put.
+func (a *Account) SetSubscriptionFields(id string, fields map[string]any) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.subFields[id] = mergeFields(a.subFields[id], fields)
+	if raw, ok := a.subs[id]; ok {
+		a.subs[id] = mustJSON(mergeFields(decode(raw), fields))
+	}
+}
+
+// SetInvoiceFields sets fields of an invoice's object that a spec does not hold (lines, totals,
+// discount), now and on every later put.
+func (a *Account) SetInvoiceFields(id string, fields map[string]any) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.invFields[id] = mergeFields(a.invFields[id], fields)
+	if raw, ok := a.invoices[id]; ok {
+		a.invoices[id] = mustJSON(mergeFields(decode(raw), fields))
+	}
+}
+
+// subscriptionFields are the fields set by SetSubscriptionFields, as JSON decodes them.
+func (a *Account) subscriptionFields(id string) map[string]any {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return decode(mustJSON(a.subFields[id]))
+}
+
+func mergeFields(dst, src map[string]any) map[string]any {
+	if dst == nil {
+		dst = map[string]any{}
+	}
+	for k, v := range src {
+		dst[k] = v
+	}
+	return dst
+}
+
+// PendingItems returns a subscription's pending invoice items (prorations not yet invoiced).
+func (a *Account) PendingItems(subscriptionID string) []invoiceLine {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.Clone(a.pendingItems[subscriptionID])
+}
+
+func (a *Account) addPendingItems(subscriptionID string, lines ...invoiceLine) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.pendingItems[subscriptionID] = append(a.pendingItems[subscriptionID], lines...)
+}
+
+// takePendingItems returns a subscription's pending items and clears them (an invoice bills them).
+func (a *Account) takePendingItems(subscriptionID string) []invoiceLine {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	lines := a.pendingItems[subscriptionID]
+	delete(a.pendingItems, subscriptionID)
+	return lines
+}
+
+// Balance is a customer's balance in cents (negative: a credit that the next invoice uses).
+func (a *Account) Balance(customerID string) int64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.balances[customerID]
+}
+
+func (a *Account) setBalance(customerID string, b int64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.balances[customerID] = b
+}
+
+// ActiveEntitlements returns the lookup keys of a customer's active entitlements.
+func (a *Account) ActiveEntitlements(customerID string) []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.Clone(a.entitlements[customerID])
 }
 
 // PutSubscriptionJSON stores a subscription object as given (an event's data.object), replacing
@@ -357,6 +463,13 @@ func (a *Account) NewInvoiceID() string {
 	return a.nextID("in_")
 }
 
+// NewSubscriptionID makes an id for a subscription to put (to set its fields first).
+func (a *Account) NewSubscriptionID() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.nextID("sub_")
+}
+
 // SetDefaultPaymentMethod sets a customer's invoice_settings.default_payment_method, as an update
 // does.
 func (a *Account) SetDefaultPaymentMethod(customerID, pm string) bool {
@@ -438,6 +551,9 @@ func (a *Account) Stats() Stats {
 }
 
 func (a *Account) serve(r Request) Answer {
+	if r.Path == "/v1/invoices/create_preview" {
+		return pass() // servePreview's, when it knows the subscription; else stripe-mock's
+	}
 	if ans, throttled := a.admit(); throttled {
 		return ans
 	}

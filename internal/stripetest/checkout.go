@@ -32,11 +32,12 @@ type CheckoutSessions struct {
 	// pageBase, in the dev loop: a session's url is the dev Stripe's page of it (pageBase+id)
 	// instead of Stripe's, which knows no session of ours.
 	pageBase string
+	p        *Proxy
 }
 
 // NewCheckoutSessions serves the sessions of one mode on p.
 func NewCheckoutSessions(p *Proxy, livemode bool) *CheckoutSessions {
-	c := &CheckoutSessions{byID: map[string]map[string]any{}, livemode: livemode, now: time.Now, forms: map[string]url.Values{}}
+	c := &CheckoutSessions{byID: map[string]map[string]any{}, livemode: livemode, now: time.Now, forms: map[string]url.Values{}, p: p}
 	p.mu.Lock()
 	c.idTag = p.idTag
 	p.mu.Unlock()
@@ -131,6 +132,33 @@ func (c *CheckoutSessions) create(r Request) Answer {
 		return checkoutError(http.StatusBadRequest, "parameter_missing", "mode and line_items are required")
 	}
 	md := metadataOf(f)
+	promo := f.Get("discounts[0][promotion_code]")
+	if promo != "" && f.Get("allow_promotion_codes") == "true" {
+		return checkoutError(http.StatusBadRequest, "", "You may only specify one of these parameters: allow_promotion_codes, discounts.")
+	}
+	// A promotion code is checked against the catalog when there is one (else, as before, taken
+	// as given).
+	c.p.mu.Lock()
+	catalog := c.p.catalog
+	c.p.mu.Unlock()
+	if promo != "" && catalog != nil {
+		if _, refusal, ok := catalog.redeemable(promo, f.Get("customer")); !ok {
+			return refusal
+		}
+	}
+	discounts := []any{}
+	if promo != "" {
+		discounts = append(discounts, map[string]any{"coupon": nil, "promotion_code": promo})
+	}
+	autoTax := map[string]any{"enabled": false, "liability": nil, "status": nil}
+	if f.Get("automatic_tax[enabled]") == "true" {
+		// Tax is 0 everywhere at the test double; the calculation is complete.
+		autoTax = map[string]any{"enabled": true, "liability": map[string]any{"type": "self"}, "status": "complete"}
+	}
+	var allowCodes any // null unless asked, as Stripe answers it
+	if f.Has("allow_promotion_codes") {
+		allowCodes = f.Get("allow_promotion_codes") == "true"
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	id := c.nextID()
@@ -143,6 +171,8 @@ func (c *CheckoutSessions) create(r Request) Answer {
 		"url":          c.pageURL(id),
 		"metadata":     md,
 		"subscription": nil,
+		"discounts":    discounts, "automatic_tax": autoTax,
+		"allow_promotion_codes": allowCodes,
 	}
 	c.byID[id] = s
 	c.order = append(c.order, id)

@@ -17,8 +17,9 @@ import (
 // that periods renew, trials end and cancellations take effect. Each changes the Account and then
 // sends the service the events Stripe would send, in Stripe's order.
 
-// DevUnitAmount is what every price costs a seat a period at the dev Stripe (stripe-mock keeps no
-// prices), in cents of usd.
+// DevUnitAmount is what a price costs a seat a month at the dev Stripe when its catalog does not
+// know the price, in cents of usd; the seeded price_pro costs the same. A price of the catalog
+// costs its unit_amount per its interval.
 const DevUnitAmount = 2000
 
 // DevUsageUnitAmount is what a unit of usage (a meter event's value, any meter) costs at the dev
@@ -111,10 +112,25 @@ func (d *DevStripe) CompleteCheckout(ctx context.Context, sessionID, card string
 	if retry {
 		spec, _ = d.Account.Spec(subID)
 	} else {
+		form := d.Sessions.Request(sessionID)
+		var lines []invoiceLine
 		var err error
-		if spec, err = d.checkoutSpec(d.Sessions.Request(sessionID), customer, now); err != nil {
+		if spec, lines, err = d.checkoutSpec(form, customer, now); err != nil {
 			return DevResult{}, err
 		}
+		// The session's promotion code and automatic tax are the subscription's, for every invoice.
+		spec.ID = d.Account.NewSubscriptionID()
+		fields := map[string]any{"discount": nil, "discounts": []any{},
+			"automatic_tax": map[string]any{"enabled": false, "liability": nil}}
+		if disc := d.devDiscount(form, sessionID, spec.ID, customer, now); disc != nil {
+			fields["discount"], fields["discounts"] = disc, []any{disc["id"]}
+			d.Catalog.redeem(disc["promotion_code"].(string))
+		}
+		if v := form["automatic_tax[enabled]"]; len(v) > 0 && v[0] == "true" {
+			fields["automatic_tax"] = map[string]any{"enabled": true, "liability": map[string]any{"type": "self"}}
+		}
+		d.Account.SetSubscriptionFields(spec.ID, fields)
+		d.bill(spec.ID, customer, spec.LatestInvoice, lines)
 	}
 	inv := spec.LatestInvoice
 	inv.AttemptCount++
@@ -124,7 +140,11 @@ func (d *DevStripe) CompleteCheckout(ctx context.Context, sessionID, card string
 		inv.Status = "open"
 		change.What = "payment_failed"
 	case inv.AmountDue == 0:
+		// Nothing to charge (a trial, a discount of it all): paid at once.
 		inv.Status = "paid"
+		if spec.Status == "incomplete" {
+			spec.Status = "active"
+		}
 	default:
 		inv.Status, inv.AmountPaid = "paid", inv.AmountDue
 		spec.Status = "active"
@@ -148,14 +168,16 @@ func (d *DevStripe) CompleteCheckout(ctx context.Context, sessionID, card string
 		}
 		delete(d.pending, sessionID)
 		events = append(events, d.event("checkout.session.completed", d.Sessions.Complete(sessionID, subID), now))
+		events = append(events, d.syncEntitlements(customer, now)...)
 	}
 	change.Subscription, change.Status, change.Invoice, change.InvoiceStatus, change.At = subID, spec.Status, inv.ID, inv.Status, now
 	res := DevResult{Now: now, Session: sessionID, Changes: []DevChange{change}}
 	return d.send(ctx, res, events)
 }
 
-// checkoutSpec is the subscription a session's create asked for, starting at now.
-func (d *DevStripe) checkoutSpec(f map[string][]string, customer string, now time.Time) (SubscriptionSpec, error) {
+// checkoutSpec is the subscription a session's create asked for, starting at now, and the lines
+// of its first invoice.
+func (d *DevStripe) checkoutSpec(f map[string][]string, customer string, now time.Time) (SubscriptionSpec, []invoiceLine, error) {
 	get := func(k string) string {
 		if v := f[k]; len(v) > 0 {
 			return v[0]
@@ -164,13 +186,13 @@ func (d *DevStripe) checkoutSpec(f map[string][]string, customer string, now tim
 	}
 	price := get("line_items[0][price]")
 	if price == "" {
-		return SubscriptionSpec{}, devErrorf(http.StatusBadRequest, "the session was not created through this dev Stripe's API: its line items are unknown")
+		return SubscriptionSpec{}, nil, devErrorf(http.StatusBadRequest, "the session was not created through this dev Stripe's API: its line items are unknown")
 	}
 	qty := int64(1)
 	if q := get("line_items[0][quantity]"); q != "" {
 		n, err := strconv.ParseInt(q, 10, 64)
 		if err != nil || n < 1 {
-			return SubscriptionSpec{}, devErrorf(http.StatusBadRequest, "line_items[0][quantity] %q", q)
+			return SubscriptionSpec{}, nil, devErrorf(http.StatusBadRequest, "line_items[0][quantity] %q", q)
 		}
 		qty = n
 	}
@@ -180,20 +202,24 @@ func (d *DevStripe) checkoutSpec(f map[string][]string, customer string, now tim
 			md[strings.TrimSuffix(name, "]")] = v[0]
 		}
 	}
+	terms, _ := d.Proxy.priceTerms(price) // Dev mode: every price has terms
 	spec := SubscriptionSpec{
 		Customer: customer, Status: "incomplete", PriceID: price, Quantity: qty, Metadata: md, Created: now,
-		CurrentPeriodStart: now, CurrentPeriodEnd: now.AddDate(0, 1, 0),
+		CurrentPeriodStart: now, CurrentPeriodEnd: terms.next(now),
 	}
-	inv := &InvoiceSpec{ID: d.Account.NewInvoiceID(), Currency: "usd", AmountDue: DevUnitAmount * qty, Created: now,
+	inv := &InvoiceSpec{ID: d.Account.NewInvoiceID(), Currency: terms.Currency, AmountDue: terms.UnitAmount * qty, Created: now,
 		BillingReason: "subscription_create", PeriodStart: now, PeriodEnd: spec.CurrentPeriodEnd}
+	lines := []invoiceLine{periodLine(terms, qty, now, spec.CurrentPeriodEnd)}
 	if days, _ := strconv.Atoi(get("subscription_data[trial_period_days]")); days > 0 {
 		// A trial's period is the trial; its first invoice is of nothing, paid at once.
 		spec.Status, spec.TrialStart, spec.TrialEnd = "trialing", now, now.AddDate(0, 0, days)
 		spec.CurrentPeriodEnd = spec.TrialEnd
 		inv.AmountDue, inv.PeriodEnd = 0, spec.TrialEnd
+		lines = []invoiceLine{{Description: "Trial period for " + terms.Name, Currency: terms.Currency,
+			Start: now, End: spec.TrialEnd, Price: price, Quantity: qty}}
 	}
 	spec.LatestInvoice = inv
-	return spec, nil
+	return spec, lines, nil
 }
 
 // AdvanceClock moves the account's clock on by by and plays what falls due meanwhile, period by
@@ -224,6 +250,10 @@ func (d *DevStripe) AdvanceClock(ctx context.Context, by time.Duration) (DevResu
 			}
 			res.Changes = append(res.Changes, ch)
 			events = append(events, evs...)
+			if spec, ok := d.Account.Spec(id); ok {
+				// A subscription that ends takes its features with it.
+				events = append(events, d.syncEntitlements(spec.Customer, ch.At)...)
+			}
 		}
 	}
 	return d.send(ctx, res, events)
@@ -271,16 +301,31 @@ func (d *DevStripe) nextDue(id string, to time.Time) (DevChange, [][]byte, bool)
 		ch.What, ch.Status = "canceled", spec.Status
 		return ch, [][]byte{d.event("customer.subscription.deleted", d.subscriptionObject(id), due)}, true
 	}
-	spec.CurrentPeriodStart, spec.CurrentPeriodEnd = due, due.AddDate(0, 1, 0)
+	return d.renew(spec, due, "subscription_cycle", ch)
+}
+
+// renew starts a subscription's next period at due, with its invoice: the pending items
+// (prorations of changes), the seats of the new period in advance, the usage of the past one in
+// arrears; the discount and the customer's balance applied. Charged to the customer's card: paid,
+// the subscription is active; declined, past_due and Stripe retries (retryDue).
+func (d *DevStripe) renew(spec SubscriptionSpec, due time.Time, reason string, ch DevChange) (DevChange, [][]byte, bool) {
+	id := spec.ID
+	terms, _ := d.Proxy.priceTerms(spec.PriceID)
+	prevStart := spec.CurrentPeriodStart
+	spec.CurrentPeriodStart, spec.CurrentPeriodEnd = due, terms.next(due)
 	qty := max(spec.Quantity, 1)
-	// The seats of the new period in advance, the usage of the past one in arrears.
 	ch.Usage = d.unbilledUsage(spec.Customer)
-	inv := &InvoiceSpec{ID: d.Account.NewInvoiceID(), Currency: "usd", AmountDue: DevUnitAmount*qty + DevUsageUnitAmount*ch.Usage,
-		AttemptCount: 1, Created: due, BillingReason: "subscription_cycle", PeriodStart: due, PeriodEnd: spec.CurrentPeriodEnd}
+	lines := append(d.Account.takePendingItems(id), periodLine(terms, qty, due, spec.CurrentPeriodEnd))
+	if ch.Usage > 0 {
+		lines = append(lines, usageLine(ch.Usage, prevStart, due))
+	}
+	inv := &InvoiceSpec{ID: d.Account.NewInvoiceID(), Currency: terms.Currency,
+		AttemptCount: 1, Created: due, BillingReason: reason, PeriodStart: due, PeriodEnd: spec.CurrentPeriodEnd}
+	d.bill(id, spec.Customer, inv, lines)
 	spec.LatestInvoice = inv
 	pm := d.renewalCard(spec.Customer)
 	ch.Invoice = inv.ID
-	if cardDeclines(pm, true) {
+	if inv.AmountDue > 0 && cardDeclines(pm, true) {
 		// Stripe retries a failed renewal (retryDue).
 		inv.Status, inv.NextPaymentAttempt = "open", due.AddDate(0, 0, devRetryGaps[0])
 		spec.Status = "past_due"

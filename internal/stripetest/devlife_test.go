@@ -219,7 +219,8 @@ func TestDevPortalChangeAndExhaustedRetries(t *testing.T) {
 	if _, res := devPost(t, d, "/dev/portal/sessions/"+strings.TrimPrefix(str(ps, "url"), d.Proxy.PortalBase()+devPortalPath)+"/apply", nil); len(res.Changes) != 1 || res.Changes[0].What != "changed" {
 		t.Errorf("portal change: %+v", res)
 	}
-	if got := rec.types(); got != "customer.subscription.updated" {
+	// price_team is the catalog's Team: its features become the customer's.
+	if got := rec.types(); got != "customer.subscription.updated entitlements.active_entitlement_summary.updated" {
 		t.Errorf("events of a portal change: %s", got)
 	}
 	_, s := call(t, d.Proxy, http.MethodGet, "/v1/subscriptions/"+sub, nil)
@@ -238,7 +239,7 @@ func TestDevPortalChangeAndExhaustedRetries(t *testing.T) {
 	if got := strings.Join(what, " "); got != "renewal_failed retry_failed retry_failed retries_exhausted" {
 		t.Errorf("a month and 16 days on a declining card: %s", got)
 	}
-	if got := rec.types(); got != "invoice.payment_failed customer.subscription.updated invoice.payment_failed invoice.payment_failed invoice.payment_failed customer.subscription.deleted" {
+	if got := rec.types(); got != "invoice.payment_failed customer.subscription.updated invoice.payment_failed invoice.payment_failed invoice.payment_failed customer.subscription.deleted entitlements.active_entitlement_summary.updated" {
 		t.Errorf("events of exhausted retries: %s", got)
 	}
 	if _, s := call(t, d.Proxy, http.MethodGet, "/v1/subscriptions/"+sub, nil); s["status"] != "canceled" {

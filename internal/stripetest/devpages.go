@@ -27,7 +27,8 @@ does at Stripe: the subscription starts and the service receives the events.</p>
 <dl>
 <dt>session</dt><dd><code>{{.ID}}</code></dd>
 <dt>customer</dt><dd><code>{{.Customer}}</code></dd>
-<dt>plan</dt><dd><code>{{.Price}}</code> × {{.Quantity}}</dd>
+<dt>plan</dt><dd><code>{{.Price}}</code> × {{.Quantity}}{{with .Terms}} — {{.}}{{end}}</dd>
+{{with .Promo}}<dt>promotion code</dt><dd><code>{{.}}</code></dd>{{end}}
 <dt>status</dt><dd>{{.Status}}</dd>
 </dl>
 {{if eq .Status "open"}}
@@ -53,9 +54,13 @@ func (d *DevStripe) checkoutPage(w http.ResponseWriter, r *http.Request) {
 	}
 	f := d.Sessions.Request(id)
 	data := struct {
-		ID, Customer, Price, Quantity, Status, CancelURL string
-		Cards                                            any
-	}{ID: id, Price: f.Get("line_items[0][price]"), Quantity: f.Get("line_items[0][quantity]"), Cards: devCards}
+		ID, Customer, Price, Quantity, Status, CancelURL, Terms, Promo string
+		Cards                                                          any
+	}{ID: id, Price: f.Get("line_items[0][price]"), Quantity: f.Get("line_items[0][quantity]"), Cards: devCards,
+		Promo: f.Get("discounts[0][promotion_code]")}
+	if t, ok := d.Proxy.priceTerms(data.Price); ok {
+		data.Terms = t.Name + ", " + money(t.UnitAmount, t.Currency) + " a seat per " + t.Interval
+	}
 	data.Customer, _ = s["customer"].(string)
 	data.Status, _ = s["status"].(string)
 	data.CancelURL = webURL(str(s, "cancel_url"))

@@ -22,7 +22,11 @@ type PortalChoice struct {
 // ApplyPortal applies a portal session's choice. A cancellation is at the period's end (the
 // portal's default mode): cancel_at_period_end, cancel_at the period's end, canceled_at now; the
 // subscription stays entitled until AdvanceClock reaches that end. A plan or seat change takes
-// effect at once, without proration (the dev Stripe keeps no invoice items).
+// effect at once, prorated as Stripe's portal does (create_prorations): within the same billing
+// interval, the credit for the unused time and the charge for the remaining time become pending
+// items that the next renewal's invoice bills; a change of interval (monthly to yearly) restarts
+// the billing cycle now, with an invoice of the new period charged at once and the unused time
+// credited on it. A trial is not prorated. The customer's entitlements follow the new plan.
 func (d *DevStripe) ApplyPortal(ctx context.Context, sessionID string, choice PortalChoice) (DevResult, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -99,6 +103,8 @@ func (d *DevStripe) ApplyPortal(ctx context.Context, sessionID string, choice Po
 		spec.CancelAtPeriodEnd, spec.CancelAt, spec.CanceledAt = true, spec.CurrentPeriodEnd, now
 		ch.What = "cancel_at_period_end"
 	} else {
+		old, _ := d.Proxy.priceTerms(spec.PriceID)
+		oldQty := max(spec.Quantity, 1)
 		if choice.Price != "" {
 			spec.PriceID = choice.Price
 		}
@@ -106,11 +112,25 @@ func (d *DevStripe) ApplyPortal(ctx context.Context, sessionID string, choice Po
 			spec.Quantity = choice.Quantity
 		}
 		ch.What = "changed"
+		nt, _ := d.Proxy.priceTerms(spec.PriceID)
+		inPeriod := spec.Status != "trialing" && !now.Before(spec.CurrentPeriodStart) && now.Before(spec.CurrentPeriodEnd)
+		switch {
+		case !inPeriod:
+		case old.sameInterval(nt) || spec.CancelAtPeriodEnd:
+			d.Account.addPendingItems(sub, prorate(old, oldQty, nt, max(spec.Quantity, 1), spec.CurrentPeriodStart, spec.CurrentPeriodEnd, now)...)
+		default:
+			d.Account.addPendingItems(sub, unusedTime(old, oldQty, spec.CurrentPeriodStart, spec.CurrentPeriodEnd, now)...)
+			ch, events, _ := d.renew(spec, now, "subscription_update", ch)
+			ch.What = "changed"
+			events = append(events, d.syncEntitlements(customer, now)...)
+			return d.send(ctx, DevResult{Now: now, Session: sessionID, Changes: []DevChange{ch}}, events)
+		}
 	}
 	d.Account.PutSubscription(spec)
 	ch.Status = spec.Status
 	res := DevResult{Now: now, Session: sessionID, Changes: []DevChange{ch}}
-	return d.send(ctx, res, [][]byte{d.event("customer.subscription.updated", d.subscriptionObject(sub), now)})
+	events := [][]byte{d.event("customer.subscription.updated", d.subscriptionObject(sub), now)}
+	return d.send(ctx, res, append(events, d.syncEntitlements(customer, now)...))
 }
 
 // liveStatus reports whether the portal may change a subscription of status.

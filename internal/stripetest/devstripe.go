@@ -10,13 +10,16 @@ import (
 // DevStripe is the Stripe of the dev loop (`make run`, internal/devstripe): the proxy in Dev mode
 // with state, so that what the service creates is what it reads back — customers, subscriptions
 // and invoices in an Account, Checkout sessions, meter events — instead of stripe-mock's fixture
-// of another customer. Charges, refunds and portal sessions still go through stripe-mock and Dev
-// mode's test cards.
+// of another customer — and a seeded Catalog (devcatalog.go) whose prices its invoices bill, with
+// prorations of plan changes, promotion codes and the entitlements of the products' features.
+// Charges, refunds and portal sessions still go through stripe-mock and Dev mode's test cards.
 type DevStripe struct {
 	Proxy    *Proxy
 	Account  *Account
 	Sessions *CheckoutSessions
 	Meter    *MeterEvents
+	// Catalog is the products, prices and promotion codes (seeded: seedDevCatalog).
+	Catalog *Catalog
 	// Webhooks delivers the events of what happens here to the service; nil: none are sent.
 	Webhooks *WebhookSender
 
@@ -39,6 +42,10 @@ func NewDevStripe(p *Proxy) *DevStripe {
 
 		billedUsage: map[string]bool{},
 	}
+	d.Catalog = NewCatalog(p, false)
+	seedDevCatalog(d.Catalog, d.Account.Now())
+	// Promotion codes expire by the test clock.
+	d.Catalog.SetClock(d.Account.Now)
 	d.Sessions.pageBase = p.PortalBase() + "/dev/checkout/sessions/"
 	p.mu.Lock()
 	p.devPages = d.serveDev()

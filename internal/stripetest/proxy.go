@@ -18,7 +18,8 @@
 //   - a slow Stripe: requests of a method and path executed only after a delay (Delay).
 //
 // Stateful resources are served by the types that Handle a path: Account (subscriptions,
-// customers, invoices), CheckoutSessions and MeterEvents (meter events by identifier).
+// customers, invoices, invoice previews priced from the catalog), CheckoutSessions, MeterEvents
+// (meter events by identifier) and Catalog (products, prices, features, promotion codes).
 //
 // Dev adds what a person at the dev loop needs (dev.go): remembered customers whose default
 // payment method picks the outcome of their charges, and local Customer Portal pages.
@@ -165,9 +166,13 @@ type Proxy struct {
 	customerSource func(customerID string) string
 	// devPages serves /dev/… (DevStripe's endpoints), in Dev mode.
 	devPages http.Handler
+	// catalog is the products, prices and promotion codes served here (NewCatalog); nil: none,
+	// and stripe-mock answers them.
+	catalog *Catalog
 }
 
-// route serves the requests under a path prefix from the test's own state.
+// route serves the requests under a path prefix from the test's own state. An Answer with
+// Status 0 passes the request on: to the route of the next shorter prefix, else to stripe-mock.
 type route struct {
 	prefix string
 	serve  func(Request) Answer
@@ -398,7 +403,8 @@ func (p *Proxy) Executed(method, path string) int {
 // serve, instead of forwarding it to stripe-mock: the way to give a test stateful Stripe
 // resources (lists that page, retrieves of what was created, updates). Faults, gates, canned
 // answers and the idempotency layer still apply first, as for any request. The longest matching
-// prefix wins.
+// prefix wins; an Answer with Status 0 passes the request to the next matching prefix, then to
+// stripe-mock.
 func (p *Proxy) Handle(prefix string, serve func(Request) Answer) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -406,16 +412,21 @@ func (p *Proxy) Handle(prefix string, serve func(Request) Answer) {
 	sort.SliceStable(p.routes, func(i, j int) bool { return len(p.routes[i].prefix) > len(p.routes[j].prefix) })
 }
 
-func (p *Proxy) routeFor(path string) func(Request) Answer {
+// routesFor returns the routes of a path, longest prefix first.
+func (p *Proxy) routesFor(path string) []func(Request) Answer {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	var out []func(Request) Answer
 	for _, r := range p.routes {
 		if path == r.prefix || strings.HasPrefix(path, r.prefix+"/") {
-			return r.serve
+			out = append(out, r.serve)
 		}
 	}
-	return nil
+	return out
 }
+
+// pass is a route's answer that leaves the request to the next route or stripe-mock.
+func pass() Answer { return Answer{} }
 
 // setCustomerSource makes fn the lookup of a customer's default_source (an Account's).
 func (p *Proxy) setCustomerSource(fn func(customerID string) string) {
@@ -602,8 +613,11 @@ func (p *Proxy) execute(w http.ResponseWriter, req Request, hr *http.Request, bo
 		b, _ := json.Marshal(a.Body)
 		return a.Status, b
 	}
-	if serve := p.routeFor(req.Path); serve != nil {
+	for _, serve := range p.routesFor(req.Path) {
 		a := serve(req)
+		if a.Status == 0 {
+			continue
+		}
 		setHeader(w, a.Header)
 		b, _ := json.Marshal(a.Body)
 		return a.Status, b

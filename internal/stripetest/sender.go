@@ -43,9 +43,27 @@ type Delivery struct {
 func (s *WebhookSender) Send(ctx context.Context, events ...[]byte) ([]Delivery, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.sendAll(ctx, 0, events)
+}
+
+// SendWithin is Send with each event tried until it is answered 200 or within has passed since
+// its first attempt, however many attempts that takes (the waits between them double up to 2 s):
+// for events sent at start-up, before the service listens.
+func (s *WebhookSender) SendWithin(ctx context.Context, within time.Duration, events ...[]byte) ([]Delivery, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.sendAll(ctx, max(within, time.Nanosecond), events)
+}
+
+// sendAll sends events in order; within > 0 gives each that long instead of Attempts.
+func (s *WebhookSender) sendAll(ctx context.Context, within time.Duration, events [][]byte) ([]Delivery, error) {
 	var out []Delivery
 	for _, ev := range events {
-		d := s.deliver(ctx, ev)
+		var deadline time.Time
+		if within > 0 {
+			deadline = time.Now().Add(within)
+		}
+		d := s.deliver(ctx, ev, deadline)
 		out = append(out, d)
 		if d.Status != http.StatusOK {
 			return out, fmt.Errorf("event %s (%s) not delivered to %s after %d attempts: %s", d.EventID, d.Type, s.URL, d.Attempts, d.Error)
@@ -54,7 +72,8 @@ func (s *WebhookSender) Send(ctx context.Context, events ...[]byte) ([]Delivery,
 	return out, nil
 }
 
-func (s *WebhookSender) deliver(ctx context.Context, payload []byte) Delivery {
+// deliver tries one event: Attempts times, or until deadline when it is set.
+func (s *WebhookSender) deliver(ctx context.Context, payload []byte, deadline time.Time) Delivery {
 	var head struct {
 		ID   string `json:"id"`
 		Type string `json:"type"`
@@ -72,10 +91,11 @@ func (s *WebhookSender) deliver(ctx context.Context, payload []byte) Delivery {
 	if client == nil {
 		client = &http.Client{Timeout: 30 * time.Second}
 	}
-	for d.Attempts < attempts {
+	for d.Attempts < attempts || !deadline.IsZero() {
 		d.Attempts++
 		d.Status, d.Error = s.post(ctx, client, payload)
-		if d.Status == http.StatusOK || d.Attempts == attempts {
+		if d.Status == http.StatusOK || (deadline.IsZero() && d.Attempts == attempts) ||
+			(!deadline.IsZero() && time.Now().Add(wait).After(deadline)) {
 			break
 		}
 		select {
@@ -85,6 +105,9 @@ func (s *WebhookSender) deliver(ctx context.Context, payload []byte) Delivery {
 		case <-time.After(wait): // backoff before a retry, as Stripe spaces its retries
 		}
 		wait *= 2
+		if !deadline.IsZero() {
+			wait = min(wait, 2*time.Second)
+		}
 	}
 	return d
 }
