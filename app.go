@@ -215,6 +215,7 @@ func newApp(opts appOptions) (*App, error) {
 		Logger: logger, Now: now, Registerer: reg})
 	sold.AddWorkers(workers)
 	sold.Mount(v1)
+	rec.SetCatalog(sold)
 	sessions := checkout.New(checkout.Deps{
 		DB: db, Stripe: stripe, Customers: links, Billing: subs, Jobs: riverClient, Livemode: livemode,
 		SuccessURL: cfg.Checkout.SuccessURL, CancelURL: cfg.Checkout.CancelURL, Logger: logger, Now: now,

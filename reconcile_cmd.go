@@ -15,6 +15,7 @@ import (
 
 	"billing/appevents"
 	"billing/billing"
+	"billing/catalog"
 	"billing/config"
 	"billing/internal/database"
 	"billing/internal/stripeclient"
@@ -43,7 +44,9 @@ func runReconcileCommand(ctx context.Context, args []string, stdout, stderr io.W
 		Usage: "billing reconcile [--dry-run] [--mode test|live] [--config PATH]",
 		About: "Lists every subscription of the Stripe account (the mode of stripe.secret_key), compares each with\n" +
 			"the local state and repairs what differs through the code that applies events; links customers\n" +
-			"to users by metadata.user_id. On an empty database this is the backfill of an existing account.\n" +
+			"to users by metadata.user_id. Then does the same with the catalog: every product and price\n" +
+			"(archived ones too) and each product's features. On an empty database this is the backfill of\n" +
+			"an existing account.\n" +
 			"stderr: a line per page; stdout: one summary line. Exit 0 when nothing differs or all was\n" +
 			"repaired, 1 when something still differs (a dry run's drift), 2 when the run stopped.",
 		Env: configEnv("stripe.secret_key decides the account and mode; database.url holds the local state"),
@@ -53,7 +56,8 @@ func runReconcileCommand(ctx context.Context, args []string, stdout, stderr io.W
 	}
 	stopped := func(format string, args ...any) int {
 		fmt.Fprintf(stderr, "billing reconcile: "+format+"\n", args...)
-		fmt.Fprintln(stdout, reconcile.Summary{Errors: 1}.Line())
+		// The catalog's counts too: every summary line of the command has the same fields.
+		fmt.Fprintln(stdout, reconcile.Summary{Errors: 1, Catalog: true}.Line())
 		return reconcile.ExitStopped
 	}
 	if *mode != "" && *mode != "test" && *mode != "live" {
@@ -99,10 +103,13 @@ func runReconcileCommand(ctx context.Context, args []string, stdout, stderr io.W
 		PastDueEntitled: cfg.Policy.PastDueEntitled, PausedCollectionEntitled: cfg.Policy.PausedCollectionEntitled,
 		PeriodGrace: cfg.Policy.PeriodGrace, Reread: billing.RereadDeps{Stripe: sc.Subscriptions, Livemode: livemode},
 	})
+	// The catalog's writes only: the run reads products, prices and features with its own client.
+	sold := catalog.New(catalog.Deps{DB: db, Livemode: livemode, Logger: logger})
 	rec := reconcile.New(reconcile.Deps{
 		DB:       db,
 		Stripe:   sc,
 		Billing:  subs,
+		Catalog:  sold,
 		Livemode: livemode,
 		Logger:   logger,
 	})

@@ -49,7 +49,6 @@ func (s *Service) postPreview(c echo.Context) error {
 	}
 	ctx := c.Request().Context()
 	params := &stripe.InvoiceCreatePreviewParams{Customer: stripe.String(ch.cust.StripeID()), Subscription: stripe.String(ch.subID)}
-	at := s.now().UTC().Truncate(time.Second)
 	if ch.price != nil || ch.quantity != nil {
 		item, err := s.subscriptionItem(ctx, ch.cust, ch.subID)
 		if err != nil {
@@ -57,14 +56,19 @@ func (s *Service) postPreview(c echo.Context) error {
 		}
 		params.SubscriptionDetails = &stripe.InvoiceCreatePreviewSubscriptionDetailsParams{
 			Items:             []*stripe.InvoiceCreatePreviewSubscriptionDetailsItemParams{{ID: stripe.String(item.ID), Price: ch.price, Quantity: ch.quantity}},
+			// Prorated as of Stripe's now, which is the test clock's for a customer on one: the
+			// service's clock would put the proration outside a period the clock has moved on.
 			ProrationBehavior: stripe.String(string(stripe.SubscriptionSchedulePhaseProrationBehaviorCreateProrations)),
-			ProrationDate:     stripe.Int64(at.Unix()),
 		}
 	}
 	params.Context = ctx
 	inv, err := s.stripe.Invoices.CreatePreview(params)
 	if err != nil {
 		return stripeclient.APIError(err, "preview the change")
+	}
+	at := s.now().UTC().Truncate(time.Second)
+	if inv.SubscriptionProrationDate > 0 {
+		at = time.Unix(inv.SubscriptionProrationDate, 0).UTC()
 	}
 	return c.JSON(http.StatusOK, previewOf(inv, at))
 }

@@ -3,10 +3,12 @@ package reconcile
 import "github.com/prometheus/client_golang/prometheus"
 
 type metrics struct {
-	drift       *prometheus.CounterVec
-	objects     prometheus.Counter
-	retries     prometheus.Counter
-	lastSuccess prometheus.Gauge
+	drift   *prometheus.CounterVec
+	objects prometheus.Counter
+	// catalogObjects: products and prices compared.
+	catalogObjects prometheus.Counter
+	retries        prometheus.Counter
+	lastSuccess    prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -19,6 +21,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "billing_reconcile_objects_total",
 			Help: "Subscriptions listed from Stripe and compared by reconcile runs.",
 		}),
+		catalogObjects: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "billing_reconcile_catalog_objects_total",
+			Help: "Products and prices read from Stripe and compared by reconcile runs.",
+		}),
 		retries: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "billing_reconcile_stripe_retries_total",
 			Help: "Reads from Stripe that reconcile runs tried again (429, 5xx, no answer).",
@@ -29,7 +35,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.drift, m.objects, m.retries, m.lastSuccess)
+		reg.MustRegister(m.drift, m.objects, m.catalogObjects, m.retries, m.lastSuccess)
 	}
 	return m
 }

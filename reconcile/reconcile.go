@@ -54,7 +54,10 @@ type Deps struct {
 	Stripe *client.API
 	// Billing may be set later with SetBilling (it is built after the River client, which needs
 	// this package's worker).
-	Billing  Subscriptions
+	Billing Subscriptions
+	// Catalog is the local catalog the runs also compare and repair (products, prices, product
+	// features); nil: the runs leave the catalog alone. May be set later with SetCatalog.
+	Catalog  Catalog
 	Livemode bool
 	Logger   *slog.Logger
 	// Registerer receives the metrics; optional.
@@ -75,6 +78,7 @@ type Service struct {
 	db       *gorm.DB
 	stripe   *client.API
 	billing  Subscriptions
+	catalog  Catalog
 	livemode bool
 	log      *slog.Logger
 	interval time.Duration
@@ -110,6 +114,7 @@ func New(d Deps) *Service {
 		db:       d.DB,
 		stripe:   d.Stripe,
 		billing:  d.Billing,
+		catalog:  d.Catalog,
 		livemode: d.Livemode,
 		log:      d.Logger.With("component", "reconcile"),
 		interval: d.Interval,
@@ -157,14 +162,25 @@ type Summary struct {
 	Repaired        int
 	MissingAtStripe int
 	Errors          int
+	// Catalog: the run compared the catalog too (a catalog was set); Line then adds its counts.
+	// Its drift counts in Drifted and Repaired as well, so that the exit code covers it.
+	Catalog         bool
+	CatalogObjects  int
+	CatalogDrifted  int
+	CatalogRepaired int
 	// Err stopped the run before the end; nil when it went through.
 	Err error
 }
 
-// Line is the command's summary line.
+// Line is the command's summary line. Its fields only ever grow at the end: scripts parse it.
 func (s Summary) Line() string {
-	return fmt.Sprintf("reconcile: objects=%d drifted=%d repaired=%d missing_at_stripe=%d errors=%d",
+	line := fmt.Sprintf("reconcile: objects=%d drifted=%d repaired=%d missing_at_stripe=%d errors=%d",
 		s.Objects, s.Drifted, s.Repaired, s.MissingAtStripe, s.Errors)
+	if s.Catalog {
+		line += fmt.Sprintf(" catalog_objects=%d catalog_drifted=%d catalog_repaired=%d",
+			s.CatalogObjects, s.CatalogDrifted, s.CatalogRepaired)
+	}
+	return line
 }
 
 // Exit codes of `billing reconcile`.

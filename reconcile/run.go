@@ -57,7 +57,7 @@ func (s *Service) begin(ctx context.Context, lk *runLock, opts RunOptions) (*run
 		opts.Trigger = TriggerCommand
 	}
 	now := s.now().UTC()
-	r := &run{s: s, lk: lk, opts: opts, started: now, sum: Summary{RunID: newRunID(now), DryRun: opts.DryRun}}
+	r := &run{s: s, lk: lk, opts: opts, started: now, sum: Summary{RunID: newRunID(now), DryRun: opts.DryRun, Catalog: s.catalog != nil}}
 	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		if err := tx.Exec(`
 			UPDATE reconcile_runs SET finished_at = $1, errors = errors + 1,
@@ -100,6 +100,9 @@ func (r *run) execute(ctx context.Context) Summary {
 	err := r.list(ctx)
 	if err == nil {
 		err = r.missingAtStripe(ctx)
+	}
+	if err == nil {
+		err = r.catalogPass(ctx)
 	}
 	if err != nil && ctx.Err() != nil {
 		err = fmt.Errorf("interrupted: %w", context.Cause(ctx))
@@ -858,6 +861,10 @@ func (r *run) finish(ctx context.Context, cause error) {
 	attrs := []any{"run_id", r.sum.RunID, "dry_run", r.opts.DryRun, "objects", r.sum.Objects, "drifted", r.sum.Drifted,
 		"repaired", r.sum.Repaired, "missing_at_stripe", r.sum.MissingAtStripe, "errors", r.sum.Errors,
 		"duration", finished.Sub(r.started)}
+	if r.sum.Catalog {
+		attrs = append(attrs, "catalog_objects", r.sum.CatalogObjects, "catalog_drifted", r.sum.CatalogDrifted,
+			"catalog_repaired", r.sum.CatalogRepaired)
+	}
 	if cause != nil {
 		r.s.log.ErrorContext(ctx, "reconcile run stopped before the end", append(attrs, "error", cause)...)
 		return

@@ -138,7 +138,7 @@ func truthOf(t *testing.T, sub *relSub) json.RawMessage {
 	return b
 }
 
-var summaryLine = regexp.MustCompile(`(?m)^reconcile: objects=(\d+) drifted=(\d+) repaired=(\d+) missing_at_stripe=(\d+) errors=(\d+)$`)
+var summaryLine = regexp.MustCompile(`(?m)^reconcile: objects=(\d+) drifted=(\d+) repaired=(\d+) missing_at_stripe=(\d+) errors=(\d+)(?: catalog_objects=\d+ catalog_drifted=\d+ catalog_repaired=\d+)?$`)
 
 // summaryOf finds the one summary line in a command's output.
 func summaryOf(t *testing.T, out string) (map[string]int, string) {

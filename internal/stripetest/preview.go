@@ -318,6 +318,7 @@ func (a *Account) servePreview(r Request) Answer {
 		"created": at.Unix(), "livemode": a.livemode, "next_payment_attempt": nextAttempt.Unix(),
 		"period_start": spec.CurrentPeriodStart.Unix(), "period_end": spec.CurrentPeriodEnd.Unix(),
 		"hosted_invoice_url": nil, "paid": false, "metadata": map[string]any{},
+		"subscription_proration_date": at.Unix(),
 	}
 	var discount map[string]any
 	if d, ok := sub["discount"].(map[string]any); ok {
