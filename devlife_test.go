@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -60,6 +61,36 @@ func TestDevLoopPlaysTheWholeLifeOffline(t *testing.T) {
 	}
 
 	noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+
+	// The pricing page: the dev Stripe's plans, told by its product and price events, with the
+	// features each product grants (read from Stripe after the product's event).
+	if _, err := d.stripe.SendCatalog(ctx, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	catalog := poll("the dev catalog", "/v1/prices?active=true", func(p map[string]any) bool {
+		l, _ := p["prices"].([]any)
+		if len(l) != 4 {
+			return false
+		}
+		for _, x := range l {
+			if f, _ := x.(map[string]any)["features"].([]any); len(f) == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	byKey := map[string]map[string]any{}
+	for _, x := range catalog["prices"].([]any) {
+		p := x.(map[string]any)
+		byKey[p["lookup_key"].(string)] = p
+	}
+	if p := byKey["pro_monthly"]; p == nil || p["unit_amount"] != float64(2000) || p["product_name"] != "Pro" || fmt.Sprint(p["features"]) != "[api]" {
+		t.Fatalf("pro_monthly on the pricing page: %v", p)
+	}
+	if p := byKey["team_monthly"]; p == nil || fmt.Sprint(p["features"]) != "[api sso]" {
+		t.Fatalf("team_monthly on the pricing page: %v", p)
+	}
+
 	const user = "u_whole_life"
 	status, cust := d.do(apitest.AppToken, http.MethodPut, "/v1/customers/"+user, map[string]any{"email": "life@example.com", "name": "Life"})
 	if status != http.StatusCreated {
@@ -67,7 +98,7 @@ func TestDevLoopPlaysTheWholeLifeOffline(t *testing.T) {
 	}
 	cus, _ := cust["stripe_customer_id"].(string)
 	status, cs := d.do(apitest.AppToken, http.MethodPost, "/v1/customers/"+user+"/checkout-sessions", map[string]any{
-		"request_id": "life-1", "price_id": "price_dev_monthly", "quantity": 3,
+		"request_id": "life-1", "price_lookup_key": "pro_monthly", "quantity": 3, "promotion_code": "welcome20",
 		"success_url": "http://localhost:8080/welcome", "cancel_url": "http://localhost:8080/pricing"})
 	session, _ := cs["id"].(string)
 	if status != http.StatusCreated || session == "" {
@@ -90,7 +121,11 @@ func TestDevLoopPlaysTheWholeLifeOffline(t *testing.T) {
 	invoices := func(n int) func(map[string]any) bool {
 		return func(p map[string]any) bool { l, _ := p["invoices"].([]any); return len(l) == n }
 	}
-	poll("the first invoice", "/v1/customers/"+user+"/invoices", invoices(1))
+	firstInvoice := poll("the first invoice", "/v1/customers/"+user+"/invoices", invoices(1))
+	// Three seats of pro_monthly, 20 % off with WELCOME20.
+	if inv := firstInvoice["invoices"].([]any)[0].(map[string]any); inv["amount_due"] != float64(3*2000*80/100) {
+		t.Errorf("the first invoice: %v, want 3 × 2000 less 20 %%", inv)
+	}
 
 	// A month on: the renewal's invoice, paid; still entitled.
 	if out := dev("advance", "--days", "31"); !strings.Contains(out, "renewed: active") || !strings.Contains(out, "invoice.payment_succeeded") {
@@ -138,12 +173,33 @@ func TestDevLoopPlaysTheWholeLifeOffline(t *testing.T) {
 		}
 		return resp.Header.Get("Location")
 	}
-	if out := dev("portal", "apply", portal("change", map[string]any{"quantity": 5})); !strings.Contains(out, "changed: active") {
-		t.Errorf("dev portal apply (seats) printed:\n%s", out)
+	// Five seats of Team: first what it would cost, prorated; then the change, in the portal.
+	change := map[string]any{"price_lookup_key": "team_monthly", "quantity": 5}
+	status, preview := d.do(apitest.AppToken, http.MethodPost, "/v1/customers/"+user+"/subscriptions/"+sub+"/change/preview", change)
+	lines, _ := preview["lines"].([]any)
+	prorations := 0
+	for _, l := range lines {
+		if l.(map[string]any)["proration"] == true {
+			prorations++
+		}
 	}
-	poll("five seats", "/v1/customers/"+user+"/entitlement", func(e map[string]any) bool {
-		return e["entitled"] == true && e["quantity"] == float64(5)
+	if status != http.StatusOK || prorations < 2 || preview["tax"] != float64(0) {
+		t.Fatalf("preview: %d %v, want a credit and a charge prorated, tax 0", status, preview)
+	}
+	if out := dev("portal", "apply", portal("change", change)); !strings.Contains(out, "changed: active") {
+		t.Errorf("dev portal apply (plan and seats) printed:\n%s", out)
+	}
+	poll("five seats of Team, with its features", "/v1/customers/"+user+"/entitlement", func(e map[string]any) bool {
+		return e["entitled"] == true && e["quantity"] == float64(5) && e["price_id"] == "price_team" && fmt.Sprint(e["features"]) == "[api sso]"
 	})
+	// The renewal bills what the preview said: the prorations and Team's next month, 20 % off.
+	if out := dev("advance", "--days", "31"); !strings.Contains(out, "renewed: active") {
+		t.Errorf("dev advance to the renewal after the change printed:\n%s", out)
+	}
+	renewed := poll("the renewal with the prorations", "/v1/customers/"+user+"/invoices", invoices(4))
+	if inv := renewed["invoices"].([]any)[0].(map[string]any); inv["amount_due"] != preview["amount_due"] {
+		t.Errorf("the renewal after the change: %v, want the preview's amount_due %v", inv, preview["amount_due"])
+	}
 
 	// Canceled in the portal: entitled to the period's end, then not.
 	if out := dev("portal", "apply", portal("cancel", nil)); !strings.Contains(out, "cancel_at_period_end: active") {
