@@ -59,6 +59,7 @@ func TestToolsUseTheRunningDevService(t *testing.T) {
 	proxy.Dev()
 	proxy.PortalConfigurations().Add(true, true, true)
 	stripetest.NewAccount(proxy, false)
+	stripetest.NewCatalog(proxy, false) // an empty catalog: nothing for reconcile to backfill
 	var got struct {
 		sync.Mutex
 		sig, body string

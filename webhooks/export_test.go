@@ -16,3 +16,6 @@ func (i *Inbox) QueuedApplies() int {
 	defer i.commit.mu.Unlock()
 	return len(i.commit.queue)
 }
+
+// InlineSlotsInUse is how many inline slots are taken.
+func (i *Inbox) InlineSlotsInUse() int { return len(i.inlineSlots) }

@@ -17,6 +17,10 @@ import (
 )
 
 // Config is what the inbox needs from main.
+// DefaultInlineSlotWait is how long a delivery waits for a free inline slot before its event is
+// stored and queued: far above a free slot's wait (microseconds), far below Stripe's patience.
+const DefaultInlineSlotWait = 100 * time.Millisecond
+
 type Config struct {
 	DB       *gorm.DB
 	Logger   *slog.Logger
@@ -43,9 +47,13 @@ type Config struct {
 	InlineTimeout time.Duration
 	// InlineConcurrency bounds the inline attempts in flight (16 if zero). Each holds a pooled
 	// connection for its transaction: a burst of deliveries must leave connections to the
-	// entitlement reads and the workers. A delivery waits for a slot within InlineTimeout, then
+	// entitlement reads and the workers. A delivery waits for a slot within InlineSlotWait, then
 	// goes to the queue.
 	InlineConcurrency int
+	// InlineSlotWait bounds the wait for a free inline slot (100 ms if zero): when every slot is
+	// held by slow transactions, an unrelated delivery is stored and queued for the workers
+	// instead of waiting behind them for the whole InlineTimeout.
+	InlineSlotWait time.Duration
 	// GroupCommit is how many inline applies that arrive together may share a transaction and
 	// its COMMIT (0 or 1: each has its own). See groupcommit.go for the promise it keeps.
 	GroupCommit int
@@ -89,6 +97,9 @@ func New(cfg Config) *Inbox {
 	}
 	if cfg.InlineConcurrency <= 0 {
 		cfg.InlineConcurrency = 16
+	}
+	if cfg.InlineSlotWait <= 0 {
+		cfg.InlineSlotWait = DefaultInlineSlotWait
 	}
 	if cfg.BodyBudget <= 0 {
 		cfg.BodyBudget = DefaultBodyBudget

@@ -2,6 +2,7 @@ package webhooks_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -187,6 +188,67 @@ func TestInlineAttemptsAreBounded(t *testing.T) {
 	h.start()
 	h.waitStatus("evt_slot_waiter", "processed")
 	if n := h.applied("evt_slot_waiter"); n != 1 {
+		t.Errorf("queued event applied %d times, want 1", n)
+	}
+}
+
+// A delivery does not wait behind stuck work: while all 16 inline slots are held by transactions
+// that do not finish, an unrelated delivery waits for a slot no longer than the slot wait, far
+// below the inline budget (a minute here), and is stored and queued for the workers instead.
+func TestADeliveryDoesNotWaitBehindStuckSlots(t *testing.T) {
+	t.Parallel()
+	h := newInlineHarness(t, func(c *webhooks.Config) {
+		c.InlineTimeout = time.Minute
+	})
+	g := &holdGate{arrived: make(chan struct{}), release: make(chan struct{})}
+	h.hold = g
+	go func() {
+		for range g.arrived {
+		}
+	}()
+	stuck := make(chan answer, 16)
+	for k := range 16 {
+		go func() {
+			stuck <- h.deliver(stripeevents.Event(fmt.Sprintf("evt_stuck_%02d", k), blockingType, time.Now(), false,
+				map[string]any{"id": "ch_1", "object": "charge"}, nil))
+		}()
+	}
+	// Every slot taken by a transaction that waits: the condition, not a delay.
+	deadline := time.Now().Add(30 * time.Second)
+	for h.inbox.InlineSlotsInUse() < 16 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of 16 slots taken", h.inbox.InlineSlotsInUse())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	answered := make(chan answer, 1)
+	go func() { answered <- h.deliver(subEvent("evt_unrelated", time.Now())) }()
+	var got answer
+	select {
+	case got = <-answered:
+	case <-time.After(30 * time.Second):
+		// Only a failing test gets here: the delivery waited for a slot as long as the slots were held.
+		close(g.release)
+		t.Fatal("the unrelated delivery waited behind the stuck slots")
+	}
+	if h.inbox.InlineSlotsInUse() != 16 {
+		t.Fatalf("%d slots taken when the unrelated delivery was answered: it did not meet the stuck work", h.inbox.InlineSlotsInUse())
+	}
+	if got.Status != 200 || got.Body["status"] != "received" {
+		t.Fatalf("unrelated delivery: %d %v", got.Status, got.Body)
+	}
+	if row, _ := h.event("evt_unrelated"); row.Status != "received" || row.Attempts != 0 {
+		t.Errorf("unrelated event %+v, want stored and queued (received, no attempt)", row)
+	}
+	close(g.release)
+	for range 16 {
+		if a := <-stuck; a.Status != 200 {
+			t.Errorf("a stuck delivery, released: %d %v", a.Status, a.Body)
+		}
+	}
+	h.start()
+	h.waitStatus("evt_unrelated", "processed")
+	if n := h.applied("evt_unrelated"); n != 1 {
 		t.Errorf("queued event applied %d times, want 1", n)
 	}
 }

@@ -20,6 +20,8 @@ type Metrics struct {
 	// events applied again alone after their batch was rolled back.
 	batches      prometheus.Histogram
 	batchRetries prometheus.Counter
+	// slotWaits counts deliveries queued because no inline slot came free within the slot wait.
+	slotWaits prometheus.Counter
 	// backlog is exported by RegisterGauges; it lives here so that the counting job reaches it.
 	backlog *backlog
 }
@@ -61,10 +63,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "billing_webhook_group_commit_retries_total",
 			Help: "Events applied again in a transaction of their own after their shared transaction was rolled back (one of its events failed).",
 		}),
+		slotWaits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "billing_webhook_inline_slot_waits_total",
+			Help: "Handled events stored and queued for the workers because every inline slot stayed taken for the slot wait (100 ms).",
+		}),
 		backlog: &backlog{},
 	}
 	if reg != nil {
-		reg.MustRegister(m.received, m.rejected, m.processed, m.failures, m.dead, m.lag, m.batches, m.batchRetries)
+		reg.MustRegister(m.received, m.rejected, m.processed, m.failures, m.dead, m.lag, m.batches, m.batchRetries, m.slotWaits)
 	}
 	return m
 }

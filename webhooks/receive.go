@@ -427,8 +427,14 @@ func (i *Inbox) store(ctx context.Context, env envelope, body []byte) (storeResu
 		timedOut = true
 		// Too slow to apply now (a lock held elsewhere, or no free slot): acknowledge it through
 		// the queue instead, as a fresh event; the timeout was no fault of the event's.
-		i.log.Warn("webhook event not applied within the inline budget; queued", "event_id", env.ID, "type", env.Type,
-			"budget", i.cfg.InlineTimeout)
+		if errors.Is(err, errNoInlineSlot) {
+			i.metrics.slotWaits.Inc()
+			i.log.Warn("webhook event queued: every inline slot is taken", "event_id", env.ID, "type", env.Type,
+				"slots", i.cfg.InlineConcurrency, "waited", i.cfg.InlineSlotWait)
+		} else {
+			i.log.Warn("webhook event not applied within the inline budget; queued", "event_id", env.ID, "type", env.Type,
+				"budget", i.cfg.InlineTimeout)
+		}
 	}
 	// The job's placeholders come last, after the event's ($1 to $9) and the dead letter's ($10).
 	jobSQL, jobArgs, err := processJobInsert(env.key().args(), 11)
@@ -506,11 +512,21 @@ func (i *Inbox) storeAndApply(ctx context.Context, env envelope, body []byte, cr
 	select {
 	case i.inlineSlots <- struct{}{}:
 		defer func() { <-i.inlineSlots }()
-	case <-ctx.Done():
-		if outer.Err() != nil {
-			return storeResult{}, outer.Err()
+	default:
+		// Every slot taken: wait a little, not the whole budget, behind work that may be stuck.
+		wait := time.NewTimer(i.cfg.InlineSlotWait)
+		defer wait.Stop()
+		select {
+		case i.inlineSlots <- struct{}{}:
+			defer func() { <-i.inlineSlots }()
+		case <-wait.C:
+			return storeResult{}, errNoInlineSlot
+		case <-ctx.Done():
+			if outer.Err() != nil {
+				return storeResult{}, outer.Err()
+			}
+			return storeResult{}, errInlineTimeout
 		}
-		return storeResult{}, errInlineTimeout
 	}
 	var err error
 	alone := true
@@ -610,6 +626,10 @@ var errDuplicate = errors.New("inline apply: event stored already")
 
 // errInlineTimeout: the inline attempt ran out of its budget and was rolled back.
 var errInlineTimeout = errors.New("inline apply: budget exceeded")
+
+// errNoInlineSlot: no inline slot came free within InlineSlotWait; the event goes to the queue as
+// on a timeout.
+var errNoInlineSlot = fmt.Errorf("%w: no free slot", errInlineTimeout)
 
 // storeFailed stores an event whose first attempt, in the receive transaction, failed: with that
 // attempt counted and its reason, and either a job scheduled after the retry delay or, for an

@@ -111,3 +111,15 @@ func ProductEvent(id, typ string, created time.Time, livemode bool, p Product) [
 func PriceEvent(id, typ string, created time.Time, livemode bool, p Price) []byte {
 	return Event(id, typ, created, livemode, p.Object(livemode), nil)
 }
+
+// product is the sample product of `billing trigger product.*`: prod_<suffix>.
+func (s *sample) product() map[string]any {
+	return Product{ID: "prod_" + s.o.Suffix, Name: "Sample " + s.o.Suffix, Created: s.now, Updated: s.now}.Object(s.o.Livemode)
+}
+
+// price is the sample price of `billing trigger price.*`: price_<suffix> of prod_<suffix>, 20.00
+// a month, with the lookup key sample_<suffix>.
+func (s *sample) price() map[string]any {
+	return Price{ID: "price_" + s.o.Suffix, Product: "prod_" + s.o.Suffix, LookupKey: "sample_" + s.o.Suffix,
+		UnitAmount: 2000, Interval: "month", Created: s.now}.Object(s.o.Livemode)
+}

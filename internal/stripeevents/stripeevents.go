@@ -577,6 +577,12 @@ var samples = map[string]func(s *sample) map[string]any{
 	"refund.created":                           func(s *sample) map[string]any { return s.refundObject("succeeded") },
 	"refund.updated":                           func(s *sample) map[string]any { return s.refundObject("succeeded") },
 	"charge.refund.updated":                    func(s *sample) map[string]any { return s.refundObject("succeeded") },
+	"product.created":                          (*sample).product,
+	"product.updated":                          (*sample).product,
+	"product.deleted":                          (*sample).product,
+	"price.created":                            (*sample).price,
+	"price.updated":                            (*sample).price,
+	"price.deleted":                            (*sample).price,
 }
 
 func paidInvoice(s *sample) map[string]any {
