@@ -50,7 +50,8 @@ const priceViewColumns = `SELECT p.price_id, p.product_id, pr.name, pr.descripti
 	p.recurring_interval_count, p.recurring_usage_type, p.recurring_meter, coalesce(pr.features, '{}'),
 	` + sellable + `, p.deleted
 	FROM catalog_prices p
-	LEFT JOIN catalog_products pr ON pr.product_id = p.product_id AND pr.livemode = p.livemode`
+	LEFT JOIN catalog_products pr ON pr.product_id = p.product_id AND pr.livemode = p.livemode
+	WHERE p.livemode = $1`
 
 // Prices lists the deployment's prices that f selects, by product, then amount. Local state only.
 func (s *Service) Prices(ctx context.Context, f Filter) ([]PriceView, error) {
@@ -59,7 +60,6 @@ func (s *Service) Prices(ctx context.Context, f Filter) ([]PriceView, error) {
 
 func listPrices(ctx context.Context, db *gorm.DB, livemode bool, f Filter) ([]PriceView, error) {
 	q := priceViewColumns + `
-	WHERE p.livemode = $1
 	  AND (CAST($2 AS boolean) IS NULL OR ` + sellable + ` = $2)
 	  AND (CAST($3 AS text) IS NULL OR p.product_id = $3)
 	  AND (CAST($4 AS text) IS NULL OR p.lookup_key = $4)
@@ -125,7 +125,7 @@ func (s *Service) Price(ctx context.Context, priceID string) (PriceView, error) 
 
 func (s *Service) one(ctx context.Context, where string, arg string) (PriceView, error) {
 	rows, err := s.db.WithContext(ctx).Statement.ConnPool.QueryContext(ctx, priceViewColumns+`
-		WHERE p.livemode = $1 AND `+where+`
+		AND `+where+`
 		ORDER BY `+sellable+` DESC, p.stripe_created DESC NULLS LAST, p.price_id DESC LIMIT 1`, s.livemode, arg)
 	if err != nil {
 		return PriceView{}, fmt.Errorf("resolve price: %w", err)
@@ -191,7 +191,7 @@ func (s *Service) PriceNames(ctx context.Context, livemode bool, priceIDs []stri
 		return out, nil
 	}
 	rows, err := s.db.WithContext(ctx).Statement.ConnPool.QueryContext(ctx, priceViewColumns+`
-		WHERE p.livemode = $1 AND p.price_id = ANY($2)`, livemode, priceIDs)
+		AND p.price_id = ANY($2)`, livemode, priceIDs)
 	if err != nil {
 		return nil, fmt.Errorf("price names: %w", err)
 	}
