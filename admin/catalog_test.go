@@ -325,3 +325,16 @@ func TestSubscriptionPagesNameThePrice(t *testing.T) {
 		t.Errorf("no catalog: price %q", got)
 	}
 }
+
+// A reconcile drift row links to its object's page: a subscription's, or the catalog's.
+func TestDriftRowsLinkToTheirObjectsPage(t *testing.T) {
+	for id, want := range map[string]string{
+		"sub_1":       pathSubs + "/sub_1",
+		"prod_pro":    pathCatalog + "#product-prod_pro",
+		"price_pro_m": pathCatalog,
+	} {
+		if got := driftURL(id); got != want {
+			t.Errorf("driftURL(%s) = %q, want %q", id, got, want)
+		}
+	}
+}

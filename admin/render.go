@@ -97,6 +97,7 @@ var funcs = htmltemplate.FuncMap{
 	"amount":      func(a *int64, cur *string) string { return display.Amount(a, deref(cur)) },
 	"money":       func(a int64, cur string) string { return display.Amount(&a, cur) },
 	"subURL":      subURL,
+	"driftURL":    driftURL,
 	"eventURL":    eventURL,
 	"findURL":     findURL,
 	"customerURL": customerURL,
@@ -163,6 +164,18 @@ func seconds(s *float64) string {
 }
 
 func subURL(id string) string   { return pathSubs + "/" + url.PathEscape(id) }
+
+// driftURL is the page of a reconcile drift row's object: a subscription's page, or the catalog
+// at the product (a price's row shows the catalog, where its product lists it).
+func driftURL(id string) string {
+	switch {
+	case strings.HasPrefix(id, "prod_"):
+		return pathCatalog + "#product-" + url.PathEscape(id)
+	case strings.HasPrefix(id, "price_"), strings.HasPrefix(id, "plan_"):
+		return pathCatalog
+	}
+	return subURL(id)
+}
 func eventURL(id string) string { return pathEvents + "/" + url.PathEscape(id) }
 func findURL(id string) string  { return pathFind + "?q=" + url.QueryEscape(id) }
 
