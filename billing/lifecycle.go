@@ -221,15 +221,16 @@ func (s *Service) applySubscriptionEvent(ctx context.Context, tx *gorm.DB, ev we
 		statusBeganWith(ev, status), obj.pauseBehavior(), obj.pauseResumesAt(), obj.Quantity()} // $19–$22
 	due := s.rereadsOf(ev, prior, obj, status)
 	var n int64
+	var user *string
 	queued := make([]int64, len(due))
 	if len(due) == 0 {
-		n, err = database.Exec(ctx, tx, update, args...)
+		n, user, err = updateReturningUser(ctx, tx, update+linkedUserReturning, args...)
 	} else {
 		var query string
 		if query, args, err = s.withRereads(update, args, due); err != nil {
 			return false, err
 		}
-		dest := []any{&n}
+		dest := []any{&n, &user}
 		for k := range queued {
 			dest = append(dest, &queued[k])
 		}
@@ -261,8 +262,14 @@ func (s *Service) applySubscriptionEvent(ctx context.Context, tx *gorm.DB, ev we
 		}
 	}
 
-	// A stale event may still move status_since, which breaks ties between subscriptions.
-	if err := s.tellCustomer(ctx, tx, customerID, ev.Livemode); err != nil {
+	// The applied UPDATE named the customer's user; a stale event may still move status_since,
+	// which breaks ties between subscriptions, and looks the user up.
+	if applied {
+		err = s.tellLinkedUser(ctx, tx, user, ev.Livemode)
+	} else {
+		err = s.tellCustomer(ctx, tx, customerID, ev.Livemode)
+	}
+	if err != nil {
 		return false, err
 	}
 	if ev.Type != EventSubscriptionTrialWillEnd {
@@ -374,7 +381,7 @@ func (s *Service) applyInvoiceEvent(ctx context.Context, tx *gorm.DB, ev webhook
 		inv.Created.Ptr(), inv.BillingReason, holdKindOf(ev.Type)} // $16–$18
 	// The invoice's row is written by the same statement (the customer is known, so there is one).
 	kept, keptArgs := s.keptInvoice(ctx, ev, inv, len(args)+1)
-	n, err := database.Exec(ctx, tx, `
+	n, user, err := updateReturningUser(ctx, tx, `
 		WITH kept AS (`+kept+`)
 		UPDATE subscriptions SET
 		  payment_hold = $3,
@@ -402,7 +409,7 @@ func (s *Service) applyInvoiceEvent(ctx context.Context, tx *gorm.DB, ev webhook
 		        THEN CAST($16 AS timestamptz) > inv_invoice_created
 		        ELSE `+newerThanStored("inv", 13, 14, 11)+` END
 		  AND ($3 OR NOT payment_hold OR payment_hold_invoice_created IS NULL OR CAST($16 AS timestamptz) IS NULL
-		       OR CAST($16 AS timestamptz) >= payment_hold_invoice_created)`, append(args, keptArgs...)...)
+		       OR CAST($16 AS timestamptz) >= payment_hold_invoice_created)`+linkedUserReturning, append(args, keptArgs...)...)
 	if err != nil {
 		return false, fmt.Errorf("apply %s %s to invoice %s and subscription %s: %w", ev.Type, ev.ID, inv.ID, subscriptionID, err)
 	}
@@ -417,7 +424,7 @@ func (s *Service) applyInvoiceEvent(ctx context.Context, tx *gorm.DB, ev webhook
 		slog.String("subscription_id", subscriptionID), slog.String("invoice_id", inv.ID),
 		slog.String("outcome", outcome))
 	if applied {
-		if err := s.tellCustomer(ctx, tx, customerID, ev.Livemode); err != nil {
+		if err := s.tellLinkedUser(ctx, tx, user, ev.Livemode); err != nil {
 			return false, err
 		}
 	}

@@ -170,8 +170,8 @@ func (s *Service) rereadsOf(ev webhooks.Event, prior *Subscription, obj *subscri
 // queued (not a duplicate).
 func (s *Service) withRereads(update string, params []any, due []dueReread) (string, []any, error) {
 	var q strings.Builder
-	q.WriteString("WITH updated AS (" + update + " RETURNING 1)")
-	selects := "(SELECT count(*) FROM updated)"
+	q.WriteString("WITH updated AS (" + update + linkedUserReturning + " AS user_id)")
+	selects := "(SELECT count(*) FROM updated), (SELECT max(user_id) FROM updated)"
 	for k, r := range due {
 		from := ""
 		if r.ifApplied {

@@ -52,6 +52,41 @@ func (s *Service) tellCustomer(ctx context.Context, tx *gorm.DB, customerID stri
 	return nil
 }
 
+// linkedUserReturning ends a subscription's UPDATE (whose $2 is the mode) with the user linked
+// to the row's customer: the tell after an applied event needs no lookup of its own, one
+// statement less on the path of every event. It is read under the row's lock, after the
+// change, as the lookup after it would be.
+const linkedUserReturning = `
+		RETURNING (SELECT c.user_id FROM customers c WHERE c.stripe_customer_id = subscriptions.stripe_customer_id AND c.livemode = $2)`
+
+// updateReturningUser runs an UPDATE of one subscription that ends with linkedUserReturning and
+// returns the rows it changed and the linked user (nil: none, or nothing changed).
+func updateReturningUser(ctx context.Context, tx *gorm.DB, query string, args ...any) (int64, *string, error) {
+	rows, err := tx.Statement.ConnPool.QueryContext(ctx, query, args...)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer rows.Close()
+	var n int64
+	var user *string
+	for rows.Next() {
+		n++
+		if err := rows.Scan(&user); err != nil {
+			return 0, nil, err
+		}
+	}
+	return n, user, rows.Err()
+}
+
+// tellLinkedUser tells the entitlement of user (nil: no user is linked) when the change is of the
+// deployment's world.
+func (s *Service) tellLinkedUser(ctx context.Context, tx *gorm.DB, user *string, livemode bool) error {
+	if s.teller == nil || livemode != s.livemode || user == nil {
+		return nil
+	}
+	return s.TellUser(ctx, tx, *user)
+}
+
 // TellUser tells, in tx, the user's entitlement answer as GET …/entitlement would give it right
 // after tx commits, if it differs from the last one told, and plans the next moment at which
 // time alone changes it. Callers that change what the answer is made of (a link of the user to
