@@ -108,7 +108,7 @@ var serveHelp = commandHelp{
 	About: "Runs the HTTP API, the webhook endpoint and the background workers; applies pending\n" +
 		"migrations first. Without database.url it runs its own PostgreSQL under " + embeddedDir + ".\n" +
 		"Stops gracefully on SIGTERM or SIGINT.",
-	Env: configEnv("see README.md for every key"),
+	Env: configEnv("see docs/operations.md, Configuration, for every key"),
 }
 
 var migrateHelp = commandHelp{

@@ -400,16 +400,17 @@ func TestSetupReportsStripeErrors(t *testing.T) {
 	}
 }
 
-// The README's list of handled event types is the code's.
-func TestReadmeListsTheHandledEventTypes(t *testing.T) {
-	b, err := os.ReadFile("README.md")
+// The operations guide's list of handled event types is the code's.
+func TestDocsListTheHandledEventTypes(t *testing.T) {
+	const doc = "docs/operations.md"
+	b, err := os.ReadFile(doc)
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, rest, ok := strings.Cut(string(b), "<!-- handled event types:")
 	list, _, ok2 := strings.Cut(rest, "<!-- end of handled event types -->")
 	if !ok || !ok2 {
-		t.Fatal("README.md has no marked list of handled event types")
+		t.Fatalf("%s has no marked list of handled event types", doc)
 	}
 	var listed []string
 	for _, line := range strings.Split(list, "\n") {
@@ -419,6 +420,6 @@ func TestReadmeListsTheHandledEventTypes(t *testing.T) {
 	}
 	slices.Sort(listed)
 	if want := handledEventTypes(); !slices.Equal(listed, want) {
-		t.Errorf("README.md lists %v, the code handles %v", listed, want)
+		t.Errorf("%s lists %v, the code handles %v", doc, listed, want)
 	}
 }
