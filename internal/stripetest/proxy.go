@@ -41,7 +41,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"testing"
 	"time"
 )
 
@@ -178,8 +177,16 @@ type route struct {
 	serve  func(Request) Answer
 }
 
+// TB is the part of testing.TB that New uses: declared here so that the dev Stripe, which is
+// built from this package, links no testing package into its binary.
+type TB interface {
+	Helper()
+	Fatal(args ...any)
+	Cleanup(func())
+}
+
 // New starts a proxy in front of upstreamURL (stripe-mock) and stops it when the test ends.
-func New(t testing.TB, upstreamURL string) *Proxy {
+func New(t TB, upstreamURL string) *Proxy {
 	t.Helper()
 	p, stop, err := Start(upstreamURL)
 	if err != nil {
