@@ -19,7 +19,6 @@ import (
 	"billing/config"
 	"billing/internal/database"
 	"billing/internal/stripeclient"
-	"billing/migrations"
 	"billing/reconcile"
 )
 
@@ -75,20 +74,12 @@ func runReconcileCommand(ctx context.Context, args []string, stdout, stderr io.W
 	if cfg.Stripe.SecretKey == "" {
 		return stopped("stripe.secret_key is not set: nothing to list")
 	}
-	logger, flush := newLogger(cfg)
-	defer flush()
-
-	db, stop, _ := openDatabase(ctx, cfg, logger)
-	if db == nil {
-		// The log says why; written out first, so that the line above is the reason.
-		flush()
-		return stopped("cannot open the database (see the log line above)")
+	db, logger, release, problem := openToolDatabase(ctx, cfg, true)
+	if problem != "" {
+		return stopped("%s", problem)
 	}
-	defer stop()
+	defer release()
 	sqlDB := database.SQL(db)
-	if err := migrations.Apply(ctx, sqlDB, logger); err != nil {
-		return stopped("migrate: %v", err)
-	}
 	// Insert-only: a snapshot may queue jobs (a re-read at the renewal) that serve runs.
 	jobs, err := river.NewClient(riverdatabasesql.New(sqlDB), &river.Config{Logger: logger.With("component", "river")})
 	if err != nil {

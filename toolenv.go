@@ -84,6 +84,13 @@ func triggerURL() string {
 // is then a no-op); release closes the database and writes the log out.
 func toolDatabase(ctx context.Context, cfg *config.Config, stderr io.Writer) (db *gorm.DB, logger *slog.Logger, release func(), problem string) {
 	useRunningService(cfg, stderr)
+	return openToolDatabase(ctx, cfg, false)
+}
+
+// openToolDatabase is toolDatabase after the running service's settings were taken: the log and
+// the database, its schema current, or (migrate) brought up to date as serve would, for a tool
+// that writes the state (reconcile).
+func openToolDatabase(ctx context.Context, cfg *config.Config, migrate bool) (db *gorm.DB, logger *slog.Logger, release func(), problem string) {
 	logger, flush := newLogger(cfg)
 	db, stop, _ := openDatabase(ctx, cfg, logger)
 	if db == nil {
@@ -92,6 +99,13 @@ func toolDatabase(ctx context.Context, cfg *config.Config, stderr io.Writer) (db
 		return nil, nil, func() {}, "cannot open the database (see the log line above)"
 	}
 	release = func() { stop(); flush() }
+	if migrate {
+		if err := migrations.Apply(ctx, database.SQL(db), logger); err != nil {
+			release()
+			return nil, nil, func() {}, "migrate: " + err.Error()
+		}
+		return db, logger, release, ""
+	}
 	pending, err := migrations.Pending(ctx, database.SQL(db))
 	switch {
 	case err != nil:

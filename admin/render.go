@@ -163,7 +163,7 @@ func seconds(s *float64) string {
 	return age(time.Duration(*s * float64(time.Second)))
 }
 
-func subURL(id string) string   { return pathSubs + "/" + url.PathEscape(id) }
+func subURL(id string) string { return pathSubs + "/" + url.PathEscape(id) }
 
 // driftURL is the page of a reconcile drift row's object: a subscription's page, or the catalog
 // at the product (a price's row shows the catalog, where its product lists it).

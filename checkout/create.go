@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"net/url"
 	"time"
 
@@ -224,7 +223,7 @@ func (s *Service) postSession(c echo.Context) error {
 	// Once Stripe may have acted, the answer is recorded even if the client has gone.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request().Context()), httpserver.OutboundBudget)
 	defer cancel()
-	return s.create(ctx, userID, req).write(c)
+	return s.create(ctx, userID, req).Write(c)
 }
 
 // create runs the outbound path of the package doc for one request.
@@ -232,7 +231,7 @@ func (s *Service) create(ctx context.Context, userID string, req createRequest) 
 	hash := req.hash()
 	row, found, err := s.loadRequest(ctx, userID, req.RequestID)
 	if err != nil {
-		return reply{err: err}
+		return reply{Err: err}
 	}
 	if !found {
 		// The refusals come before anything is recorded, so that the same request_id can be
@@ -240,41 +239,41 @@ func (s *Service) create(ctx context.Context, userID string, req createRequest) 
 		// mode (livemode_conflict); a user without a customer cannot be entitled.
 		cust, err := s.customers.EnsureLinked(ctx, userID)
 		if err != nil {
-			return reply{err: err}
+			return reply{Err: err}
 		}
 		if err := s.refuseEntitled(ctx, userID); err != nil {
-			return reply{err: err}
+			return reply{Err: err}
 		}
 		success, cancel, err := s.urls(req)
 		if err != nil {
-			return reply{err: err}
+			return reply{Err: err}
 		}
 		// What Stripe would refuse is refused here, before anything is recorded: a price the
 		// catalog knows to be inactive, a lookup key it does not know, a code Stripe will not take.
 		priceID, err := s.priceOf(ctx, req)
 		if err != nil {
-			return reply{err: err}
+			return reply{Err: err}
 		}
 		var promo *string
 		if req.PromotionCode != nil {
 			if promo, err = s.promotionCode(ctx, *req.PromotionCode, cust.StripeID()); err != nil {
-				return reply{err: err}
+				return reply{Err: err}
 			}
 		}
 		if err := s.insertRequest(ctx, userID, req, hash, cust.StripeID(), success, cancel, priceID, promo); err != nil {
-			return reply{err: err}
+			return reply{Err: err}
 		}
 		if row, found, err = s.loadRequest(ctx, userID, req.RequestID); err != nil {
-			return reply{err: err}
+			return reply{Err: err}
 		} else if !found {
 			// The key checkout-{user_id}-{request_id} is another user's request's key.
-			return reply{err: apierr.New(apierr.CodeIdempotencyConflict,
+			return reply{Err: apierr.New(apierr.CodeIdempotencyConflict,
 				"the idempotency key %s is taken by another request; use another request_id", SessionKey(userID, req.RequestID)).
 				With("request_id", req.RequestID)}
 		}
 	}
 	if row.RequestHash == nil || *row.RequestHash != hash {
-		return reply{err: apierr.New(apierr.CodeIdempotencyConflict,
+		return reply{Err: apierr.New(apierr.CodeIdempotencyConflict,
 			"request_id %s was already used with other values; use a new request_id for another session", req.RequestID).
 			With("request_id", req.RequestID)}
 	}
@@ -362,21 +361,21 @@ func (s *Service) finish(ctx context.Context, id int64, userID, requestID string
 				WHERE id = $3 AND livemode = $4`, a.At, string(apiErr.Code), id, s.livemode).Error; err != nil {
 				return fmt.Errorf("record checkout attempt: %w", err)
 			}
-			rep = reply{err: apiErr}
+			rep = reply{Err: apiErr}
 			return nil
 		},
 		Now: s.now,
 		Log: s.log.With("user_id", userID, "request_id", requestID),
 	})
 	if err != nil {
-		return reply{err: database.APIError(err, "finish checkout request")}
+		return reply{Err: database.APIError(err, "finish checkout request")}
 	}
 	switch res.Outcome {
 	case outbound.AlreadyDone:
 		// A concurrent identical request finished it while we waited for the lock.
 		return answerOf(row.Answer, false)
 	case outbound.Gone:
-		return reply{err: apierr.Internal(fmt.Errorf("checkout row %d vanished", id))}
+		return reply{Err: apierr.Internal(fmt.Errorf("checkout row %d vanished", id))}
 	}
 	return rep
 }
@@ -490,7 +489,7 @@ func (s *Service) refuse(ctx context.Context, tx *gorm.DB, row *sessionRow, a ou
 		stateCompleted, answer, string(apiErr.Code), a.At, row.ID, row.Livemode).Error; err != nil {
 		return reply{}, fmt.Errorf("record checkout refusal: %w", err)
 	}
-	return reply{err: apiErr}, nil
+	return reply{Err: apiErr}, nil
 }
 
 func stripeMessage(err error) string {
@@ -514,33 +513,6 @@ func unfinished(a outbound.Attempt) *apierr.Error {
 	return apierr.Wrap(cause, apierr.CodeStripeError, "Stripe refused the call to %s; the request stays pending", what)
 }
 
-// reply is a 201 (this request made the session), a 200 (a replay) or an *apierr.Error.
-type reply struct {
-	created bool
-	body    json.RawMessage
-	err     error
-}
-
-func (r reply) write(c echo.Context) error {
-	if r.err != nil {
-		return r.err
-	}
-	status := http.StatusOK
-	if r.created {
-		status = http.StatusCreated
-	}
-	return c.JSONBlob(status, r.body)
-}
-
-// answerOf renders a stored answer (outbound.DecodeAnswer).
-func answerOf(raw *string, created bool) reply {
-	out, err := outbound.DecodeAnswer(raw, &sessionBody{})
-	if err != nil {
-		return reply{err: err}
-	}
-	return reply{created: created, body: out}
-}
-
 func deref(p *string) string {
 	if p == nil {
 		return ""
@@ -554,3 +526,9 @@ func nullString(s string) *string {
 	}
 	return &s
 }
+
+// reply is the protocol's answer of an endpoint (outbound.Reply).
+type reply = outbound.Reply
+
+// answerOf renders a stored answer.
+func answerOf(raw *string, created bool) reply { return outbound.ReplyOf(raw, &sessionBody{}, created) }

@@ -117,7 +117,7 @@ func (s *Service) postCharge(c echo.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request().Context()), callTimeout)
 	defer cancel()
-	return countOutcome("charge", s.charge(ctx, req)).write(c)
+	return countOutcome("charge", s.charge(ctx, req)).Write(c)
 }
 
 // charge runs the ledger path of the package doc for one order.
@@ -125,38 +125,38 @@ func (s *Service) charge(ctx context.Context, req chargeRequest) reply {
 	hash := requestHash(req)
 	row, found, err := s.loadCharge(ctx, s.db, req.OrderID)
 	if err != nil {
-		return reply{err: err}
+		return reply{Err: err}
 	}
 	if !found {
 		cust, err := customers.Get(ctx, s.db, req.UserID, s.livemode)
 		if errors.Is(err, customers.ErrNotFound) {
-			return reply{err: apierr.New(apierr.CodeNoCustomer, "user %s has no Stripe customer; PUT /v1/customers/%s first", req.UserID, req.UserID)}
+			return reply{Err: apierr.New(apierr.CodeNoCustomer, "user %s has no Stripe customer; PUT /v1/customers/%s first", req.UserID, req.UserID)}
 		}
 		if err != nil {
-			return reply{err: database.APIError(err, "load customer")}
+			return reply{Err: database.APIError(err, "load customer")}
 		}
 		if err := s.insertCharge(ctx, req, hash, cust.StripeID()); err != nil {
-			return reply{err: err}
+			return reply{Err: err}
 		}
 		// Read back what is there: ours, or a concurrent request's row (which may conflict).
 		if row, found, err = s.loadCharge(ctx, s.db, req.OrderID); err != nil {
-			return reply{err: err}
+			return reply{Err: err}
 		} else if !found {
-			return reply{err: apierr.Internal(fmt.Errorf("charge row of order %q vanished after insert", req.OrderID))}
+			return reply{Err: apierr.Internal(fmt.Errorf("charge row of order %q vanished after insert", req.OrderID))}
 		}
 	}
 	if row.Livemode != s.livemode {
-		return reply{err: modeConflict("order "+req.OrderID, row.Livemode)}
+		return reply{Err: modeConflict("order "+req.OrderID, row.Livemode)}
 	}
 	if row.RequestHash != hash {
-		return reply{err: chargeConflict(row, req)}
+		return reply{Err: chargeConflict(row, req)}
 	}
 	if row.State == stateCompleted {
 		return answerOf(row.Answer, &chargeBody{}, false)
 	}
 	if row.PaymentMethodID == nil {
 		if err := s.resolvePaymentMethod(ctx, row); err != nil {
-			return reply{err: err}
+			return reply{Err: err}
 		}
 	}
 	return s.finishCharge(ctx, req.OrderID)
@@ -299,21 +299,21 @@ func (s *Service) finishCharge(ctx context.Context, orderID string) reply {
 				WHERE order_id = $3 AND livemode = $4`, a.At, string(apiErr.Code), orderID, s.livemode).Error; err != nil {
 				return fmt.Errorf("record charge attempt: %w", err)
 			}
-			rep = reply{err: apiErr}
+			rep = reply{Err: apiErr}
 			return nil
 		},
 		Now: s.now,
 		Log: s.log.With("order_id", orderID),
 	})
 	if err != nil {
-		return reply{err: database.APIError(err, "finish charge")}
+		return reply{Err: database.APIError(err, "finish charge")}
 	}
 	switch res.Outcome {
 	case outbound.AlreadyDone:
 		// A concurrent identical request finished it while we waited for the lock.
 		return answerOf(row.Answer, &chargeBody{}, false)
 	case outbound.Gone:
-		return reply{err: apierr.Internal(fmt.Errorf("charge row of order %q vanished", orderID))}
+		return reply{Err: apierr.Internal(fmt.Errorf("charge row of order %q vanished", orderID))}
 	}
 	return rep
 }

@@ -148,6 +148,6 @@ func (s *Service) completed(ctx context.Context, rep reply, query string, args .
 	if err := s.db.WithContext(ctx).Raw(query, args...).Scan(&states).Error; err == nil && len(states) == 1 && states[0] == stateCompleted {
 		return true
 	}
-	s.log.WarnContext(ctx, "pending ledger row not finished; the next run tries again", "row", args, "error", rep.err)
+	s.log.WarnContext(ctx, "pending ledger row not finished; the next run tries again", "row", args, "error", rep.Err)
 	return false
 }

@@ -30,7 +30,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -99,34 +98,6 @@ func (s *Service) Mount(v1 *echo.Group) {
 	v1.GET("/charges/:order_id", s.getCharge)
 }
 
-// reply is what a handler answers: a success body (201 when this request completed the row,
-// 200 for a replay) or an *apierr.Error.
-type reply struct {
-	created bool
-	body    json.RawMessage
-	err     error
-}
-
-func (r reply) write(c echo.Context) error {
-	if r.err != nil {
-		return r.err
-	}
-	status := http.StatusOK
-	if r.created {
-		status = http.StatusCreated
-	}
-	return c.JSONBlob(status, r.body)
-}
-
-// answerOf renders the stored answer of a completed row (outbound.DecodeAnswer).
-func answerOf(raw *string, body any, created bool) reply {
-	out, err := outbound.DecodeAnswer(raw, body)
-	if err != nil {
-		return reply{err: err}
-	}
-	return reply{created: created, body: out}
-}
-
 // requestHash is the hex sha256 of a canonical JSON encoding of v (a struct: fixed field order).
 func requestHash(v any) string {
 	b, err := json.Marshal(v)
@@ -187,3 +158,9 @@ func modeConflict(what string, rowLivemode bool) error {
 	}
 	return apierr.New(apierr.CodeLivemodeConflict, "%s was recorded in %s mode; this service runs in %s mode", what, row, service)
 }
+
+// reply is the protocol's answer of an endpoint (outbound.Reply).
+type reply = outbound.Reply
+
+// answerOf renders the stored answer of a completed row.
+func answerOf(raw *string, body any, created bool) reply { return outbound.ReplyOf(raw, body, created) }

@@ -19,16 +19,16 @@ var Outcomes = prometheus.NewCounterVec(prometheus.CounterOpts{
 
 func countOutcome(kind string, r reply) reply {
 	outcome := "unknown"
-	if r.err != nil {
+	if r.Err != nil {
 		outcome = string(apierr.CodeInternal)
-		if e, ok := apierr.As(r.err); ok {
+		if e, ok := apierr.As(r.Err); ok {
 			outcome = string(e.Code)
 		}
 	} else {
 		var b struct {
 			Status string `json:"status"`
 		}
-		if json.Unmarshal(r.body, &b) == nil && b.Status != "" {
+		if json.Unmarshal(r.Body, &b) == nil && b.Status != "" {
 			outcome = b.Status
 		}
 	}

@@ -101,7 +101,7 @@ func (s *Service) postRefund(c echo.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request().Context()), callTimeout)
 	defer cancel()
-	return countOutcome("refund", s.refund(ctx, req)).write(c)
+	return countOutcome("refund", s.refund(ctx, req)).Write(c)
 }
 
 // refund runs the ledger path for one refund. The amount is reserved when the pending row is
@@ -111,23 +111,23 @@ func (s *Service) refund(ctx context.Context, req refundRequest) reply {
 	hash := requestHash(req)
 	row, found, err := s.loadRefund(ctx, s.db, req.OrderID, req.RefundID)
 	if err != nil {
-		return reply{err: err}
+		return reply{Err: err}
 	}
 	if !found {
 		if err := s.reserveRefund(ctx, req, hash); err != nil {
-			return reply{err: err}
+			return reply{Err: err}
 		}
 		if row, found, err = s.loadRefund(ctx, s.db, req.OrderID, req.RefundID); err != nil {
-			return reply{err: err}
+			return reply{Err: err}
 		} else if !found {
-			return reply{err: apierr.Internal(fmt.Errorf("refund row %s/%s vanished after insert", req.OrderID, req.RefundID))}
+			return reply{Err: apierr.Internal(fmt.Errorf("refund row %s/%s vanished after insert", req.OrderID, req.RefundID))}
 		}
 	}
 	if row.Livemode != s.livemode {
-		return reply{err: modeConflict("refund "+req.RefundID+" of order "+req.OrderID, row.Livemode)}
+		return reply{Err: modeConflict("refund "+req.RefundID+" of order "+req.OrderID, row.Livemode)}
 	}
 	if row.RequestHash != hash {
-		return reply{err: apierr.New(apierr.CodeIdempotencyConflict,
+		return reply{Err: apierr.New(apierr.CodeIdempotencyConflict,
 			"refund_id %s of order %s was already used with other values; use a new refund_id for a different refund",
 			req.RefundID, req.OrderID).With("order_id", req.OrderID).With("refund_id", req.RefundID)}
 	}
@@ -292,20 +292,20 @@ func (s *Service) finishRefund(ctx context.Context, orderID, refundID string) re
 				WHERE order_id = $3 AND refund_id = $4 AND livemode = $5`, a.At, string(apiErr.Code), orderID, refundID, s.livemode).Error; err != nil {
 				return fmt.Errorf("record refund attempt: %w", err)
 			}
-			rep = reply{err: apiErr}
+			rep = reply{Err: apiErr}
 			return nil
 		},
 		Now: s.now,
 		Log: s.log.With("order_id", orderID, "refund_id", refundID),
 	})
 	if err != nil {
-		return reply{err: database.APIError(err, "finish refund")}
+		return reply{Err: database.APIError(err, "finish refund")}
 	}
 	switch res.Outcome {
 	case outbound.AlreadyDone:
 		return answerOf(row.Answer, &refundBody{}, false)
 	case outbound.Gone:
-		return reply{err: apierr.Internal(fmt.Errorf("refund row %s/%s vanished", orderID, refundID))}
+		return reply{Err: apierr.Internal(fmt.Errorf("refund row %s/%s vanished", orderID, refundID))}
 	}
 	return rep
 }

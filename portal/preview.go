@@ -55,7 +55,7 @@ func (s *Service) postPreview(c echo.Context) error {
 			return err
 		}
 		params.SubscriptionDetails = &stripe.InvoiceCreatePreviewSubscriptionDetailsParams{
-			Items:             []*stripe.InvoiceCreatePreviewSubscriptionDetailsItemParams{{ID: stripe.String(item.ID), Price: ch.price, Quantity: ch.quantity}},
+			Items: []*stripe.InvoiceCreatePreviewSubscriptionDetailsItemParams{{ID: stripe.String(item.ID), Price: ch.price, Quantity: ch.quantity}},
 			// Prorated as of Stripe's now, which is the test clock's for a customer on one: the
 			// service's clock would put the proration outside a period the clock has moved on.
 			ProrationBehavior: stripe.String(string(stripe.SubscriptionSchedulePhaseProrationBehaviorCreateProrations)),

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/labstack/echo/v4"
+	"net/http"
 
 	"billing/internal/apierr"
 )
@@ -68,4 +70,33 @@ func DecodeAnswer(raw *string, body any) (json.RawMessage, error) {
 		return nil, apierr.Internal(fmt.Errorf("encode answer body: %w", err))
 	}
 	return out, nil
+}
+
+// Reply is what an endpoint of the protocol answers: a success body (201 when this request
+// completed the row, 200 for a replay of its stored answer) or an *apierr.Error.
+type Reply struct {
+	Created bool
+	Body    json.RawMessage
+	Err     error
+}
+
+// Write sends the reply.
+func (r Reply) Write(c echo.Context) error {
+	if r.Err != nil {
+		return r.Err
+	}
+	status := http.StatusOK
+	if r.Created {
+		status = http.StatusCreated
+	}
+	return c.JSONBlob(status, r.Body)
+}
+
+// ReplyOf renders the stored answer of a completed row (DecodeAnswer into body).
+func ReplyOf(raw *string, body any, created bool) Reply {
+	out, err := DecodeAnswer(raw, body)
+	if err != nil {
+		return Reply{Err: err}
+	}
+	return Reply{Created: created, Body: out}
 }
