@@ -11,6 +11,8 @@ package catalog
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -20,6 +22,7 @@ import (
 	"github.com/stripe/stripe-go/v79/productfeature"
 	"gorm.io/gorm"
 
+	"billing/internal/database"
 	"billing/internal/jobs"
 	"billing/webhooks"
 )
@@ -134,12 +137,15 @@ func eventRank(typ string) int {
 
 // handleProductEvent applies a product.* event and queues the read of the product's features.
 func (s *Service) handleProductEvent(ctx context.Context, tx *gorm.DB, ev webhooks.Event) error {
-	p, err := DecodeProduct(ev.Object)
-	if err != nil {
-		return webhooks.Permanent(err)
-	}
 	w := Write{Source: ev.ID, Created: ev.Created, Rank: eventRank(ev.Type), Livemode: ev.Livemode,
 		Deleted: ev.Type == EventProductDeleted}
+	p, err := DecodeProduct(ev.Object)
+	if err != nil {
+		if id, ok := deletedStub(ev, "product"); ok {
+			return s.markDeleted(ctx, tx, ev, "catalog_products", "product_id", id, w)
+		}
+		return webhooks.Permanent(err)
+	}
 	applied, err := s.PutProduct(ctx, tx, p, w)
 	if err != nil {
 		return err
@@ -153,16 +159,55 @@ func (s *Service) handleProductEvent(ctx context.Context, tx *gorm.DB, ev webhoo
 
 // handlePriceEvent applies a price.* event.
 func (s *Service) handlePriceEvent(ctx context.Context, tx *gorm.DB, ev webhooks.Event) error {
+	w := Write{Source: ev.ID, Created: ev.Created, Rank: eventRank(ev.Type), Livemode: ev.Livemode,
+		Deleted: ev.Type == EventPriceDeleted}
 	p, err := DecodePrice(ev.Object)
 	if err != nil {
+		if id, ok := deletedStub(ev, "price"); ok {
+			return s.markDeleted(ctx, tx, ev, "catalog_prices", "price_id", id, w)
+		}
 		return webhooks.Permanent(err)
 	}
-	applied, err := s.PutPrice(ctx, tx, p, Write{Source: ev.ID, Created: ev.Created, Rank: eventRank(ev.Type),
-		Livemode: ev.Livemode, Deleted: ev.Type == EventPriceDeleted})
+	applied, err := s.PutPrice(ctx, tx, p, w)
 	if err != nil {
 		return err
 	}
 	s.count(ctx, ev, p.ID, applied)
+	return nil
+}
+
+// deletedStub is the id of a *.deleted event's object when it is the stub a deletion answers
+// ({"id", "object", "deleted": true}) rather than the whole object: it still says the object is
+// gone.
+func deletedStub(ev webhooks.Event, object string) (string, bool) {
+	if ev.Type != "product.deleted" && ev.Type != "price.deleted" {
+		return "", false
+	}
+	var stub struct {
+		ID      string `json:"id"`
+		Object  string `json:"object"`
+		Deleted bool   `json:"deleted"`
+	}
+	if json.Unmarshal(ev.Object, &stub) != nil || !stub.Deleted || stub.Object != object || stub.ID == "" || len(stub.ID) > 255 {
+		return "", false
+	}
+	return stub.ID, true
+}
+
+// markDeleted keeps a known row, inactive and deleted, under the ordering guard; a row the
+// catalog never had stays unknown (there is nothing to sell or show of it).
+func (s *Service) markDeleted(ctx context.Context, tx *gorm.DB, ev webhooks.Event, table, key, id string, w Write) error {
+	n, err := database.Exec(ctx, tx, `UPDATE `+table+` AS r SET active = false, deleted = true,
+		  event_created = $3, event_rank = $4, event_id = $5, updated_at = $6
+		WHERE r.`+key+` = $1 AND r.livemode = $2 AND `+newer(3),
+		id, w.Livemode, w.Created.UTC(), w.Rank, w.Source, s.now())
+	if err != nil {
+		return fmt.Errorf("mark %s %s deleted: %w", table, id, err)
+	}
+	if err := bumpVersion(ctx, tx, w.Livemode, n); err != nil {
+		return err
+	}
+	s.count(ctx, ev, id, n == 1)
 	return nil
 }
 

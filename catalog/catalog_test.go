@@ -458,3 +458,29 @@ func TestALargeAnswerIsSentGzippedToWhoAsks(t *testing.T) {
 		}
 	}
 }
+
+// A deletion whose object is the stub a DELETE answers still deletes what the catalog has.
+func TestADeletedStubDeletesTheRow(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.deliver(t, stripeevents.ProductEvent(evID(), EventProductCreated, t0, false, pro()))
+	e.deliver(t, stripeevents.PriceEvent(evID(), EventPriceCreated, t0, false, proMonthly(2000)))
+	e.deliver(t, stripeevents.Event(evID(), EventPriceDeleted, t0.Add(time.Minute), false,
+		map[string]any{"id": "price_pro_m", "object": "price", "deleted": true}, nil))
+	e.deliver(t, stripeevents.Event(evID(), EventProductDeleted, t0.Add(time.Minute), false,
+		map[string]any{"id": "prod_pro", "object": "product", "deleted": true}, nil))
+	got := e.prices(t, "")
+	if len(got) != 1 || got[0].Active || !got[0].Deleted {
+		t.Fatalf("prices %+v, want the price kept, deleted", got)
+	}
+	products, err := e.s.Products(context.Background(), false)
+	if err != nil || len(products) != 1 || !products[0].Deleted || products[0].Active || products[0].Name != "Pro" {
+		t.Fatalf("products %+v %v, want Pro kept, deleted", products, err)
+	}
+	// A stub of an object the catalog never had is acknowledged and changes nothing.
+	e.deliver(t, stripeevents.Event(evID(), EventPriceDeleted, t0.Add(time.Minute), false,
+		map[string]any{"id": "price_never", "object": "price", "deleted": true}, nil))
+	if got := e.prices(t, ""); len(got) != 1 {
+		t.Fatalf("prices %+v", got)
+	}
+}
