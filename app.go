@@ -248,7 +248,7 @@ func newApp(opts appOptions) (*App, error) {
 		AppEvents: told, Audit: audit.NewLog(db), Catalog: sold, Livemode: livemode, Logger: logger, Now: now,
 	}).Mount(adminAPI)
 	inbox.MountAdmin(adminAPI)
-	rec.Mount(adminAPI)
+	rec.MountAdmin(adminAPI)
 	meters.MountAdmin(adminAPI)
 	told.MountAdmin(adminAPI)
 

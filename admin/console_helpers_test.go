@@ -106,7 +106,7 @@ func newConsole(t *testing.T) *console {
 		Usage: usage.New(usage.Deps{DB: db, Periods: c.svc, Logger: logger}),
 	}).Mount(group)
 	c.inbox.MountAdmin(group)
-	c.rec.Mount(group)
+	c.rec.MountAdmin(group)
 	c.server = httptest.NewServer(c.echo)
 	t.Cleanup(c.server.Close)
 	return c

@@ -14,13 +14,13 @@ import (
 	"billing/internal/ids"
 )
 
-// Mount adds the reconcile routes to the /admin group (admin authentication applied by the
+// MountAdmin adds the reconcile routes to the /admin group (admin authentication applied by the
 // caller):
 //
 //	GET  /admin/reconcile/runs?limit=          {"runs": [...]}, newest first
 //	GET  /admin/reconcile/drift?run_id=&limit= {"drift": [...], "has_more"}; the latest run of the mode without run_id
 //	POST /admin/reconcile?dry_run=             202 {"run_id"}; 409 reconcile_running while a run of the mode is going
-func (s *Service) Mount(admin *echo.Group) {
+func (s *Service) MountAdmin(admin *echo.Group) {
 	admin.GET("/reconcile/runs", s.listRuns)
 	admin.GET("/reconcile/drift", s.listDrift)
 	admin.POST("/reconcile", s.startRun)

@@ -189,7 +189,7 @@ func (e *env) admin(s *Service, method, target string) *httptest.ResponseRecorde
 	e.t.Helper()
 	ec := echo.New()
 	ec.HTTPErrorHandler = httpserver.ErrorHandler(slog.New(slog.DiscardHandler))
-	s.Mount(ec.Group("/admin"))
+	s.MountAdmin(ec.Group("/admin"))
 	rec := httptest.NewRecorder()
 	ec.ServeHTTP(rec, httptest.NewRequest(method, target, nil))
 	return rec
