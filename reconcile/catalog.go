@@ -152,15 +152,16 @@ func (r *run) catalogPass(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	// Local objects the lists did not hold. Those whose news is from the list's first second or
-	// later are left out: they may be newer than the list (created while it was read).
+	// Local objects the lists did not hold that the catalog still sells. Those whose news is from
+	// the list's first second or later are left out: they may be newer than the list (created
+	// while it was read). An inactive or deleted one sells nothing, whatever Stripe says.
 	var missing []string
 	for key, row := range local.rows {
 		from := productsFrom
 		if row.Kind == kindPrice {
 			from = pricesFrom
 		}
-		if !listed[key] && !row.Deleted && row.EventCreated.Before(from.UTC().Truncate(time.Second)) {
+		if !listed[key] && row.Active && !row.Deleted && row.EventCreated.Before(from.UTC().Truncate(time.Second)) {
 			missing = append(missing, key)
 		}
 	}

@@ -151,10 +151,11 @@ func (r *run) examineCatalog(ctx context.Context, o *catObject, local *catLocal)
 	return it, nil
 }
 
-// goneAtStripe is the drift of a local object that Stripe no longer has. Its repair is the
-// write of its deletion event (the row stays, inactive and deleted), only on Stripe's 404 for
-// that very id in the key's mode: the answer is Stripe's own word that the object is gone, which
-// is what the lost event said. An object merely not listed is retrieved and compared instead.
+// goneAtStripe is the drift of a local object that Stripe no longer has, on Stripe's 404 for that
+// very id in the key's mode (an object merely not listed is retrieved and compared instead). Its
+// repair makes it inactive, not deleted: a run with another account's key answers 404 for every
+// object, and a deleted row takes no write, so that mistake would stay; an inactive one sells
+// nothing, and the next run with the right key reads it back.
 func (r *run) goneAtStripe(o *catObject, local *catLocal) *catItem {
 	key := o.kind + ":" + o.id
 	row, ok := local.rows[key]
@@ -167,7 +168,6 @@ func (r *run) goneAtStripe(o *catObject, local *catLocal) *catItem {
 	}
 	field := FieldProductMissingAtStripe
 	w := catalog.ReadWrite("reconcile:"+r.sum.RunID, o.fetchedAt, r.s.livemode)
-	w.Deleted = true
 	it := &catItem{obj: o, w: w}
 	var created time.Time
 	if row.StripeCreated != nil {
@@ -178,7 +178,7 @@ func (r *run) goneAtStripe(o *catObject, local *catLocal) *catItem {
 		if v == nil {
 			return nil
 		}
-		it.product = catalog.Product{ID: v.ProductID, Name: v.Name, Description: v.Description, Active: row.Active, Created: created}
+		it.product = catalog.Product{ID: v.ProductID, Name: v.Name, Description: v.Description, Created: created}
 	} else {
 		field = FieldPriceMissingAtStripe
 		v := local.prices[o.id]
@@ -187,7 +187,7 @@ func (r *run) goneAtStripe(o *catObject, local *catLocal) *catItem {
 		}
 		it.price = catalog.Price{ID: v.PriceID, ProductID: v.ProductID, LookupKey: v.LookupKey, Nickname: v.Nickname,
 			Currency: v.Currency, UnitAmount: v.UnitAmount, BillingScheme: v.BillingScheme, TiersMode: v.TiersMode,
-			Tiers: v.Tiers, Recurring: v.Recurring, Active: row.Active, Created: created}
+			Tiers: v.Tiers, Recurring: v.Recurring, Created: created}
 	}
 	it.diffs = []diff{{Field: field, Local: state}}
 	if r.opts.DryRun {
