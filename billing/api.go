@@ -23,9 +23,24 @@ import (
 //
 // GET /customers/:user_id (the link with its subscriptions) is the customers package's.
 func (s *Service) MountAPI(v1 *echo.Group) {
+	v1.GET("/customers/:user_id", s.getCustomer)
 	v1.GET("/customers/:user_id/entitlement", s.getEntitlement)
 	v1.GET("/customers/:user_id/features/:lookup_key", s.getFeature)
 	v1.GET("/customers/:user_id/invoices", s.getInvoices)
+}
+
+// getCustomer answers the user's link with its subscriptions and entitlement, from local state
+// only (the link itself is the customers package's: PUT /v1/customers/{user_id}).
+func (s *Service) getCustomer(c echo.Context) error {
+	userID, err := userIDParam(c)
+	if err != nil {
+		return err
+	}
+	v, err := s.Customer(c.Request().Context(), userID)
+	if err != nil {
+		return readError(err, userID)
+	}
+	return c.JSON(http.StatusOK, v)
 }
 
 // userIDParam validates the user id like PUT /v1/customers/{user_id} does (400 invalid_user_id).

@@ -190,11 +190,39 @@ func TestReadsAnswer503WhenTheDatabaseIsDown(t *testing.T) {
 	e := echo.New()
 	e.HTTPErrorHandler = httpserver.ErrorHandler(slog.New(slog.DiscardHandler))
 	svc.MountAPI(e.Group("/v1"))
-	for _, path := range []string{"/v1/customers/u1/entitlement"} {
+	for _, path := range []string{"/v1/customers/u1", "/v1/customers/u1/entitlement"} {
 		rec := httptest.NewRecorder()
 		e.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
 		if rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), `"database_unavailable"`) {
 			t.Errorf("GET %s = %d %s, want 503 database_unavailable", path, rec.Code, rec.Body)
 		}
+	}
+}
+
+// GET /v1/customers/{user_id} is served here: the link the customers package owns, with the
+// subscriptions and entitlement that billing reads from local state.
+func TestGetCustomer(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	if code, body := e.get(t, "/v1/customers/nobody", nil); code != http.StatusNotFound || !strings.Contains(string(body), `"not_found"`) {
+		t.Errorf("unknown user: %d %s", code, body)
+	}
+	if code, body := e.get(t, "/v1/customers/a%20b", nil); code != http.StatusBadRequest || !strings.Contains(string(body), `"invalid_user_id"`) {
+		t.Errorf("bad user id: %d %s", code, body)
+	}
+	e.link(t, "u1", "cus_1", "u1@example.com")
+	if err := e.db.Exec(`INSERT INTO subscriptions (subscription_id, stripe_customer_id, livemode, status, price_id, sub_event_created)
+		VALUES ('sub_1', 'cus_1', false, 'active', 'price_1', now())`).Error; err != nil {
+		t.Fatal(err)
+	}
+	var body map[string]any
+	if code, raw := e.get(t, "/v1/customers/u1", &body); code != http.StatusOK {
+		t.Fatalf("GET: %d %s", code, raw)
+	}
+	subs, _ := body["subscriptions"].([]any)
+	ent, _ := body["entitlement"].(map[string]any)
+	if body["user_id"] != "u1" || body["stripe_customer_id"] != "cus_1" || body["livemode"] != false || len(subs) != 1 ||
+		ent["entitled"] != true || ent["subscription_id"] != "sub_1" {
+		t.Errorf("customer view: %v", body)
 	}
 }

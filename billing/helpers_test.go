@@ -182,7 +182,7 @@ func (e *env) totalNotices(t *testing.T) (rows, jobs int) {
 	return int(n), int(j)
 }
 
-// customerView is the view GET /v1/customers/{user_id} answers (served by the customers package).
+// customerView is the view GET /v1/customers/{user_id} answers.
 func (e *env) customerView(t *testing.T, userID string) CustomerView {
 	t.Helper()
 	v, err := e.svc.Customer(context.Background(), userID)

@@ -1,6 +1,7 @@
 package checkout
 
 import (
+	"billing/customers"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -235,17 +236,11 @@ func (s *Service) linkCustomer(ctx context.Context, tx *gorm.DB, userID, custome
 		}
 		return nil
 	}
-	now := s.now().UTC()
-	res := tx.WithContext(ctx).Exec(`
-		INSERT INTO customers AS c (user_id, stripe_customer_id, livemode, created_at, updated_at)
-		VALUES ($1, $2, $3, $4, $4)
-		ON CONFLICT (user_id, livemode) DO UPDATE SET stripe_customer_id = EXCLUDED.stripe_customer_id, updated_at = EXCLUDED.updated_at
-		WHERE c.stripe_customer_id IS NULL`,
-		userID, customerID, livemode, now)
-	if res.Error != nil {
-		return fmt.Errorf("link user %s to customer %s: %w", userID, customerID, res.Error)
+	made, err := customers.LinkFound(ctx, tx, userID, customerID, "", "", livemode, true, s.now())
+	if err != nil {
+		return err
 	}
-	if res.RowsAffected == 0 {
+	if !made {
 		s.log.WarnContext(ctx, "checkout session's customer not linked: the user is linked to another customer",
 			"user_id", userID, "stripe_customer_id", customerID)
 		return nil

@@ -2,7 +2,6 @@ package customers
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -13,7 +12,6 @@ import (
 	"github.com/stripe/stripe-go/v79/client"
 	"gorm.io/gorm"
 
-	"billing/billing"
 	"billing/internal/apierr"
 	"billing/internal/database"
 	"billing/internal/httpserver"
@@ -22,10 +20,9 @@ import (
 	"billing/internal/stripeclient"
 )
 
-// Accounts is the billing side of GET /v1/customers/{user_id}: the user's subscriptions and
-// entitlement, read from local state (billing.Service implements it).
+// Accounts tells the app of a user's entitlement after a link changed it (billing.Service
+// implements it). The customers package is below billing: it owns the link, billing reads it.
 type Accounts interface {
-	Customer(ctx context.Context, userID string) (*billing.CustomerView, error)
 	// TellUser tells the app, in tx, of the user's entitlement after a link changed it.
 	TellUser(ctx context.Context, tx *gorm.DB, userID string) error
 }
@@ -67,23 +64,6 @@ func NewHandlers(d Deps) *Handlers {
 // Mount adds the routes to v1, the /v1 group behind the app backend's authentication.
 func (h *Handlers) Mount(v1 *echo.Group) {
 	v1.PUT("/customers/:user_id", h.put)
-	v1.GET("/customers/:user_id", h.get)
-}
-
-// get answers the user's link with its subscriptions and entitlement, from local state only.
-func (h *Handlers) get(c echo.Context) error {
-	userID := c.Param("user_id")
-	if err := ids.CheckUser(userID); err != nil {
-		return err
-	}
-	v, err := h.accounts.Customer(c.Request().Context(), userID)
-	if errors.Is(err, billing.ErrNoCustomer) {
-		return apierr.New(apierr.CodeNotFound, "no customer for user %q", userID)
-	}
-	if err != nil {
-		return database.APIError(err, "load customer "+userID)
-	}
-	return c.JSON(http.StatusOK, v)
 }
 
 type putRequest struct {

@@ -77,3 +77,26 @@ func ByStripeID(ctx context.Context, db *gorm.DB, stripeCustomerID string, livem
 	}
 	return c, nil
 }
+
+// LinkFound links userID to the Stripe customer customerID in tx, as found at Stripe, and
+// reports whether it did. A link is never overwritten: a user linked to another customer keeps
+// its link, and so does a customer linked to another user (the caller looks that up first: the
+// insert would fail on it). takePending: a user row still waiting for its customer (written
+// before PUT's Stripe call) takes this one — Checkout's session names the user the service
+// opened it for; else such a row is left to its PUT (reconcile). The caller tells the app when
+// it linked.
+func LinkFound(ctx context.Context, tx *gorm.DB, userID, customerID, email, name string, livemode, takePending bool, now time.Time) (bool, error) {
+	conflict := `ON CONFLICT DO NOTHING`
+	if takePending {
+		conflict = `ON CONFLICT (user_id, livemode) DO UPDATE SET stripe_customer_id = EXCLUDED.stripe_customer_id, updated_at = EXCLUDED.updated_at
+		WHERE c.stripe_customer_id IS NULL`
+	}
+	res := tx.WithContext(ctx).Exec(`
+		INSERT INTO customers AS c (user_id, stripe_customer_id, email, name, livemode, created_at, updated_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $6)
+		`+conflict, userID, customerID, email, name, livemode, now.UTC())
+	if res.Error != nil {
+		return false, fmt.Errorf("link user %s to customer %s: %w", userID, customerID, res.Error)
+	}
+	return res.RowsAffected == 1, nil
+}

@@ -1,6 +1,7 @@
 package reconcile
 
 import (
+	"billing/customers"
 	"context"
 	"fmt"
 	"maps"
@@ -117,17 +118,9 @@ func (r *run) linkDiff(ctx context.Context, c *stripe.Customer, links *linkSet) 
 // link inserts the customer's link; a concurrent link of the user or the customer wins (the
 // comparison after the repair reports it).
 func (r *run) link(ctx context.Context, tx *gorm.DB, c *stripe.Customer) error {
-	now := r.s.now().UTC()
-	res := tx.WithContext(ctx).Exec(`
-		INSERT INTO customers (user_id, stripe_customer_id, email, name, livemode, created_at, updated_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $6)
-		ON CONFLICT DO NOTHING`,
-		c.Metadata["user_id"], c.ID, c.Email, c.Name, r.s.livemode, now)
-	if res.Error != nil {
-		return fmt.Errorf("link customer %s: %w", c.ID, res.Error)
-	}
-	if res.RowsAffected == 0 {
-		return nil
+	linked, err := customers.LinkFound(ctx, tx, c.Metadata["user_id"], c.ID, c.Email, c.Name, r.s.livemode, false, r.s.now())
+	if err != nil || !linked {
+		return err
 	}
 	if err := r.s.billing.TellUser(ctx, tx, c.Metadata["user_id"]); err != nil {
 		return err
