@@ -16,6 +16,7 @@ import (
 	"github.com/riverqueue/river"
 	"gorm.io/gorm"
 
+	"billing/internal/apitest"
 	"billing/internal/httpserver"
 	"billing/internal/jobs"
 	"billing/internal/mail"
@@ -119,28 +120,15 @@ func (p *webhookPath) get(path string, out any) {
 	}
 }
 
-// waitFor polls query (a count) until it is want; the deadline only bounds a failing test.
+// waitFor polls query (a count) until it is want.
 func (p *webhookPath) waitFor(what, query string, want int, args ...any) {
 	p.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		var n int
-		if err := p.db.Raw(query, args...).Scan(&n).Error; err != nil {
-			p.t.Fatalf("%s: %v", what, err)
-		}
-		if n == want {
-			return
-		}
-		if time.Now().After(deadline) {
-			p.t.Fatalf("%s: %d, want %d", what, n, want)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	apitest.WaitForCount(p.t, p.db, what, query, want, args...)
 }
 
 func (p *webhookPath) processed(ids ...string) {
 	p.t.Helper()
-	p.waitFor("processed events", `SELECT count(*) FROM webhook_events WHERE event_id = ANY($1) AND status = 'processed'`, len(ids), ids)
+	apitest.WaitProcessed(p.t, p.db, ids...)
 }
 
 func (p *webhookPath) holds() []HoldView {

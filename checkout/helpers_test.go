@@ -236,28 +236,15 @@ func sessionEvent(id, typ string, created time.Time, session map[string]any) []b
 	return stripeevents.Event(id, typ, created, false, session, nil)
 }
 
-// waitFor polls query (a count) until it is want; the deadline only bounds a failing test.
+// waitFor polls query (a count) until it is want.
 func (v *env) waitFor(what, query string, want int, args ...any) {
 	v.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		var n int
-		if err := v.db.Raw(query, args...).Scan(&n).Error; err != nil {
-			v.t.Fatalf("%s: %v", what, err)
-		}
-		if n == want {
-			return
-		}
-		if time.Now().After(deadline) {
-			v.t.Fatalf("%s: %d, want %d", what, n, want)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	apitest.WaitForCount(v.t, v.db, what, query, want, args...)
 }
 
 func (v *env) processed(ids ...string) {
 	v.t.Helper()
-	v.waitFor("processed events", `SELECT count(*) FROM webhook_events WHERE event_id = ANY($1) AND status = 'processed'`, len(ids), ids)
+	apitest.WaitProcessed(v.t, v.db, ids...)
 }
 
 // synced waits until n subscription reads of a session have finished.

@@ -166,3 +166,29 @@ func Server(logger *slog.Logger, mount func(v1 *echo.Group)) *echo.Echo {
 	mount(e.Group("/v1", auth.New([]string{AppToken}, []string{AdminToken}).Require(auth.RoleApp, false)))
 	return e
 }
+
+// WaitForCount polls query, a count, on db until it is want; the deadline (30 s) only ends a
+// failing test.
+func WaitForCount(t testing.TB, db *gorm.DB, what, query string, want int, args ...any) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var n int
+		if err := db.Raw(query, args...).Scan(&n).Error; err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if n == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %d, want %d", what, n, want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// WaitProcessed waits until every event of ids is stored processed.
+func WaitProcessed(t testing.TB, db *gorm.DB, ids ...string) {
+	t.Helper()
+	WaitForCount(t, db, "processed events", `SELECT count(*) FROM webhook_events WHERE event_id = ANY($1) AND status = 'processed'`, len(ids), ids)
+}
