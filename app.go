@@ -244,7 +244,7 @@ func newApp(opts appOptions) (*App, error) {
 	// /admin group.
 	admin.New(admin.Deps{
 		Holds: subs, DeadLetters: inbox, Events: inbox, Subscriptions: subs, Charges: charges,
-		Reconcile: admin.NewReconcileReader(db), People: customers.NewDirectory(db), Accounts: subs, Runs: rec, Usage: meters,
+		Reconcile: rec, People: customers.NewDirectory(db), Accounts: subs, Runs: rec, Usage: meters,
 		AppEvents: told, Audit: audit.NewLog(db), Catalog: sold, Livemode: livemode, Logger: logger, Now: now,
 	}).Mount(adminAPI)
 	inbox.MountAdmin(adminAPI)

@@ -116,9 +116,9 @@ type CatalogSource interface {
 	PriceNames(ctx context.Context, livemode bool, priceIDs []string) (map[string]string, error)
 }
 
-// ReconcileSource reads the last reconciliation run: NewReconcileReader.
+// ReconcileSource reads the last reconciliation run for the overview: reconcile.Service.
 type ReconcileSource interface {
-	LastRun(ctx context.Context, livemode bool) (*ReconcileRun, error)
+	LastRun(ctx context.Context, livemode bool, drift int) (*reconcile.LastRunView, error)
 }
 
 // Deps are what the console reads from. Only Holds is required; a page whose source is nil says

@@ -101,7 +101,7 @@ func newConsole(t *testing.T) *console {
 	group := c.echo.Group("/admin", tokens.Require(auth.RoleAdmin, true))
 	New(Deps{
 		Holds: c.svc, DeadLetters: c.inbox, Events: c.inbox, Subscriptions: c.svc,
-		Charges: ledger.New(ledger.Deps{DB: db}), Reconcile: NewReconcileReader(db),
+		Charges: ledger.New(ledger.Deps{DB: db}), Reconcile: c.rec,
 		People: customers.NewDirectory(db), Accounts: c.svc, Runs: c.rec, Audit: audit.NewLog(db), Logger: logger,
 		Usage: usage.New(usage.Deps{DB: db, Periods: c.svc, Logger: logger}),
 	}).Mount(group)

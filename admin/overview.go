@@ -2,6 +2,7 @@ package admin
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/url"
 	"slices"
@@ -13,6 +14,7 @@ import (
 	"billing/billing"
 	"billing/internal/database"
 	"billing/internal/display"
+	"billing/reconcile"
 )
 
 // The overview lists at most this many holds and dead letters; the holds and dead-letter pages
@@ -61,10 +63,13 @@ type statsView struct {
 	LagWindow     string
 }
 
+// driftShown is how many drift rows the overview lists.
+const driftShown = 20
+
 type reconcileView struct {
 	Available bool
 	Error     string
-	Run       *ReconcileRun
+	Run       *reconcile.LastRunView
 }
 
 type holdRow struct {
@@ -177,9 +182,9 @@ func (c *Console) reconcile(ctx context.Context) *reconcileView {
 	if c.d.Reconcile == nil {
 		return &reconcileView{}
 	}
-	run, err := c.d.Reconcile.LastRun(ctx, c.d.Livemode)
+	run, err := c.d.Reconcile.LastRun(ctx, c.d.Livemode, driftShown)
 	switch {
-	case err == ErrReconcileUnavailable:
+	case errors.Is(err, reconcile.ErrUnavailable):
 		return &reconcileView{}
 	case err != nil:
 		c.log.ErrorContext(ctx, "admin page: last reconcile run", "error", err)

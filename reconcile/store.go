@@ -2,8 +2,12 @@ package reconcile
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // RunView is one run in GET /admin/reconcile/runs.
@@ -196,3 +200,87 @@ func (s *Service) DriftPage(ctx context.Context, runID, field string, after int6
 
 // Livemode is the mode the service reconciles.
 func (s *Service) Livemode() bool { return s.livemode }
+
+// ErrUnavailable means the database has no reconciliation tables (another version of the
+// schema): the console's overview says so instead of failing.
+var ErrUnavailable = errors.New("reconcile not available")
+
+// LastRunView is the newest run of a mode with its first drift rows, as the console's overview
+// shows it.
+type LastRunView struct {
+	RunView
+	Drift []DriftView
+	// MoreDrift says there are drift rows past Drift.
+	MoreDrift bool
+}
+
+// LastRun returns the newest run of the mode with its first drift rows (at most drift), nil
+// when there is none, or ErrUnavailable when the tables do not exist. It reads each row whole as
+// JSON and takes the fields it knows, so that a column added or missing costs a blank cell on
+// the overview, never the overview.
+func (s *Service) LastRun(ctx context.Context, livemode bool, drift int) (*LastRunView, error) {
+	var present struct {
+		Runs  bool `gorm:"column:runs"`
+		Drift bool `gorm:"column:drift"`
+	}
+	if err := s.db.WithContext(ctx).Raw(`SELECT to_regclass('reconcile_runs') IS NOT NULL AS runs,
+		to_regclass('reconcile_drift') IS NOT NULL AS drift`).Scan(&present).Error; err != nil {
+		return nil, fmt.Errorf("look for reconcile tables: %w", err)
+	}
+	if !present.Runs {
+		return nil, ErrUnavailable
+	}
+	var runs []string
+	if err := s.db.WithContext(ctx).Raw(`/* all modes: the mode is chosen below, and the table may predate the column */
+		SELECT to_jsonb(r)::text FROM reconcile_runs r ORDER BY r.started_at DESC LIMIT 20`).
+		Scan(&runs).Error; err != nil {
+		if schemaMismatch(err) {
+			return nil, ErrUnavailable
+		}
+		return nil, fmt.Errorf("read reconcile runs: %w", err)
+	}
+	var run *LastRunView
+	for _, raw := range runs {
+		var candidate struct {
+			RunView
+			Livemode *bool `json:"livemode"`
+		}
+		if err := json.Unmarshal([]byte(raw), &candidate); err != nil {
+			return nil, fmt.Errorf("decode reconcile run: %w", err)
+		}
+		// A run that does not say its mode (a table from before modes) counts for either.
+		if candidate.Livemode == nil || *candidate.Livemode == livemode {
+			run = &LastRunView{RunView: candidate.RunView}
+			run.RunView.Livemode = candidate.Livemode != nil && *candidate.Livemode
+			break
+		}
+	}
+	if run == nil || !present.Drift {
+		return run, nil
+	}
+	var rows []string
+	if err := s.db.WithContext(ctx).Raw(`/* all modes: a run id names one run */ SELECT to_jsonb(d)::text FROM reconcile_drift d WHERE d.run_id = $1
+		ORDER BY d.subscription_id, d.field LIMIT $2`, run.RunID, drift+1).Scan(&rows).Error; err != nil {
+		if schemaMismatch(err) {
+			return run, nil
+		}
+		return nil, fmt.Errorf("read reconcile drift: %w", err)
+	}
+	if len(rows) > drift {
+		rows, run.MoreDrift = rows[:drift], true
+	}
+	for _, raw := range rows {
+		var d DriftView
+		if err := json.Unmarshal([]byte(raw), &d); err != nil {
+			return nil, fmt.Errorf("decode reconcile drift: %w", err)
+		}
+		run.Drift = append(run.Drift, d)
+	}
+	return run, nil
+}
+
+// schemaMismatch is a table or column that is not there (another version of the schema).
+func schemaMismatch(err error) bool {
+	var pg *pgconn.PgError
+	return errors.As(err, &pg) && (pg.Code == "42P01" || pg.Code == "42703")
+}
