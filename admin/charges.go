@@ -80,25 +80,13 @@ func (c *Console) getCharges(ec echo.Context) error {
 	}
 	v.Rows = page.Charges
 	filters := url.Values{"status": {v.Status}, "mode": {v.Mode}, "from": {v.From}, "to": {v.To}, "q": {v.Q}}
-	cursorLink := func(key string, r ledger.ChargeRow) string {
-		f := url.Values{}
-		for k, vs := range filters {
-			f[k] = vs
-		}
-		f.Set(key, ledger.ChargeCursor{CreatedAt: r.CreatedAt, OrderID: r.OrderID}.String())
-		return withQuery(pathCharges, f)
+	var first, last string
+	if n := len(v.Rows); n > 0 {
+		first = ledger.ChargeCursor{CreatedAt: v.Rows[0].CreatedAt, OrderID: v.Rows[0].OrderID}.String()
+		last = ledger.ChargeCursor{CreatedAt: v.Rows[n-1].CreatedAt, OrderID: v.Rows[n-1].OrderID}.String()
 	}
-	if len(v.Rows) > 0 {
-		if page.HasNewer {
-			v.NewestURL = withQuery(pathCharges, filters)
-			v.NewerURL = cursorLink("after", v.Rows[0])
-		}
-		if page.HasOlder {
-			v.OlderURL = cursorLink("before", v.Rows[len(v.Rows)-1])
-		}
-	} else if q.Before != nil || q.After != nil {
-		v.NewestURL = withQuery(pathCharges, filters)
-	}
+	v.NewestURL, v.NewerURL, v.OlderURL = keysetLinks(pathCharges, filters, first, last, page.HasNewer, page.HasOlder,
+		q.Before != nil || q.After != nil)
 	return c.render(ec, http.StatusOK, "charges", "charges", "Charges", v, "", strings.Join(problems, " "))
 }
 

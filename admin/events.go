@@ -92,25 +92,13 @@ func (c *Console) getEvents(ec echo.Context) error {
 		v.Rows = append(v.Rows, rowOf(e))
 	}
 	filters := url.Values{"type": {v.Type}, "status": {v.Status}, "mode": {v.Mode}, "from": {v.From}, "to": {v.To}, "q": {v.Q}}
-	cursorLink := func(key string, e webhooks.LoggedEvent) string {
-		f := url.Values{}
-		for k, vs := range filters {
-			f[k] = vs
-		}
-		f.Set(key, webhooks.EventCursor{ReceivedAt: e.ReceivedAt, EventID: e.EventID}.String())
-		return withQuery(pathEvents, f)
+	var first, last string
+	if n := len(page.Events); n > 0 {
+		first = webhooks.EventCursor{ReceivedAt: page.Events[0].ReceivedAt, EventID: page.Events[0].EventID}.String()
+		last = webhooks.EventCursor{ReceivedAt: page.Events[n-1].ReceivedAt, EventID: page.Events[n-1].EventID}.String()
 	}
-	if len(page.Events) > 0 {
-		if page.HasNewer {
-			v.NewestURL = withQuery(pathEvents, filters)
-			v.NewerURL = cursorLink("after", page.Events[0])
-		}
-		if page.HasOlder {
-			v.OlderURL = cursorLink("before", page.Events[len(page.Events)-1])
-		}
-	} else if q.Before != nil || q.After != nil {
-		v.NewestURL = withQuery(pathEvents, filters)
-	}
+	v.NewestURL, v.NewerURL, v.OlderURL = keysetLinks(pathEvents, filters, first, last, page.HasNewer, page.HasOlder,
+		q.Before != nil || q.After != nil)
 	return c.render(ec, http.StatusOK, "events", "events", "Event log", v, "", strings.Join(problems, " "))
 }
 

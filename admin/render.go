@@ -245,6 +245,35 @@ func modeParam(s string) *bool {
 	return nil
 }
 
+// keysetLinks are the links of a page of a newest-first keyset list: back to the newest page,
+// one page newer (after its first row) and one older (before its last row), each keeping the
+// page's filters. first and last are the cursors of its first and last rows ("" when it has
+// none); paged: the page was asked for by a cursor, so an empty one still leads back.
+func keysetLinks(path string, filters url.Values, first, last string, hasNewer, hasOlder, paged bool) (newest, newer, older string) {
+	with := func(key, cursor string) string {
+		f := url.Values{}
+		for k, vs := range filters {
+			f[k] = vs
+		}
+		f.Set(key, cursor)
+		return withQuery(path, f)
+	}
+	switch {
+	case first == "":
+		if paged {
+			newest = withQuery(path, filters)
+		}
+	default:
+		if hasNewer {
+			newest, newer = withQuery(path, filters), with("after", first)
+		}
+		if hasOlder {
+			older = with("before", last)
+		}
+	}
+	return newest, newer, older
+}
+
 // withQuery is path with the non-empty values of q.
 func withQuery(path string, q url.Values) string {
 	clean := url.Values{}
