@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"testing"
@@ -336,5 +337,24 @@ func TestDriftRowsLinkToTheirObjectsPage(t *testing.T) {
 		if got := driftURL(id); got != want {
 			t.Errorf("driftURL(%s) = %q, want %q", id, got, want)
 		}
+	}
+}
+
+// A keyset page's links keep its filters: newest without a cursor, newer after its first row,
+// older before its last; an empty page asked by a cursor still leads back to the newest.
+func TestKeysetLinksKeepTheFilters(t *testing.T) {
+	filters := url.Values{"status": {"failed"}, "q": {""}}
+	newest, newer, older := keysetLinks(pathEvents, filters, "c1", "c9", true, true, true)
+	if newest != pathEvents+"?status=failed" || newer != pathEvents+"?after=c1&status=failed" || older != pathEvents+"?before=c9&status=failed" {
+		t.Errorf("links %q %q %q", newest, newer, older)
+	}
+	if newest, newer, older := keysetLinks(pathEvents, filters, "c1", "c9", false, false, false); newest != "" || newer != "" || older != "" {
+		t.Errorf("the only page: %q %q %q", newest, newer, older)
+	}
+	if newest, _, _ := keysetLinks(pathEvents, filters, "", "", false, false, true); newest != pathEvents+"?status=failed" {
+		t.Errorf("an empty page past the end: %q", newest)
+	}
+	if newest, _, _ := keysetLinks(pathEvents, filters, "", "", false, false, false); newest != "" {
+		t.Errorf("an empty first page: %q", newest)
 	}
 }
