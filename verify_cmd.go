@@ -34,18 +34,18 @@ func runVerifyCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 	fs := flag.NewFlagSet("verify", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	mode := fs.String("mode", "", "test or live: the mode whose state is verified (default: stripe.mode)")
-	strict := fs.Bool("strict", false, "count differences in when-it-began columns (status_since, payment_hold_since: marked \"(history)\") as differences")
+	strict := fs.Bool("strict", false, "kept for scripts: the when-it-began columns are compared like the rest (the replay follows the log's order)")
 	cfgPath := fs.String("config", "", "YAML configuration file (default $BILLING_CONFIG)")
 	help := commandHelp{
 		Usage: "billing verify [--mode test|live] [--strict] [--config PATH]",
 		About: "Recomputes the state that events drive (subscriptions, invoices, customers' deletion, the\n" +
 			"settled status of charges and refunds) from the stored event log and the stored reads of\n" +
-			"Stripe alone — the same handlers, in the ordering guards' order, in a transaction that is\n" +
+			"Stripe alone — the same handlers, in the order the log says they were applied, in a transaction that is\n" +
 			"rolled back — and compares it with the live tables field by field. Changes nothing and\n" +
 			"calls no one. stdout: a line per difference, then one summary line. Rows whose history\n" +
 			"is no longer in the log (pruned by retention) are counted as unverifiable, not compared.\n" +
-			"When-it-began columns, which the handlers infer from the arrival order, are printed\n" +
-			"marked (history) and counted apart unless --strict.\n" +
+			"When-it-began columns, which the handlers infer from the order of application, are\n" +
+			"compared like the rest: the replay follows that order.\n" +
 			"Exit 0 when equal, 1 on differences, 2 when it could not run.",
 		Env: configEnv("database.url holds the state and the log; stripe.mode is the mode verified"),
 	}

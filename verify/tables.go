@@ -45,11 +45,9 @@ type Group struct {
 	// When names a boolean column: the group means something only while it is true (on either
 	// side), and is compared only then. "" compares always.
 	When string
-	// History marks when-it-began columns that the handlers infer from the order in which events
-	// happen to arrive (status_since, payment_hold_since): with events delivered out of order
-	// the inference can differ from the in-order replay (an older event of another status that
-	// arrives last can no longer split the stint it falls in, the columns keep no history). Their
-	// differences are reported apart (Report.History), and count as differences under Strict.
+	// History marks columns whose differences are reported apart (Report.History) and count as
+	// differences only under Strict: for a column the log's order cannot settle. None is marked
+	// today: the when-it-began columns follow the order of application, which the replay follows.
 	History bool
 }
 
@@ -76,7 +74,9 @@ var Tables = []Table{
 				"pause_collection_behavior", "pause_collection_resumes_at",
 				"sub_event_id", "sub_event_type", "sub_event_created", "sub_event_rank", "trial_will_end_at",
 			}},
-			{Writer: "sub_event_id", History: true, Fields: []string{"status_since", "status_other_at"}},
+			// When the status began depends on the order in which events were applied; the replay
+			// follows that order (the log's), so they are compared like the rest.
+			{Writer: "sub_event_id", Fields: []string{"status_since", "status_other_at"}},
 			{Writer: "inv_event_id", Fields: []string{
 				"payment_hold", "latest_invoice_id", "attempt_count", "next_payment_attempt",
 				"amount_due", "currency", "hosted_invoice_url", "inv_event_id", "inv_event_type", "inv_event_created",
@@ -88,7 +88,7 @@ var Tables = []Table{
 			{Writer: "inv_event_id", When: "payment_hold", Fields: []string{
 				"payment_hold_invoice_created", "payment_hold_kind", "payment_hold_billing_reason",
 			}},
-			{Writer: "inv_event_id", When: "payment_hold", History: true, Fields: []string{"payment_hold_since"}},
+			{Writer: "inv_event_id", When: "payment_hold", Fields: []string{"payment_hold_since"}},
 		},
 		Skip: clock,
 	},

@@ -9,7 +9,8 @@
 // write (see Tables: customers and ledger rows come from the API, and are copied with their
 // event-driven columns reset; subscriptions, invoices and notices start empty). Then the
 // processed events of the mode, and the reads of Stripe that were applied as snapshots
-// (subscription_reads), are replayed in the ordering guards' order — (created, rank, id) — each
+// (subscription_reads), are replayed in the order they were applied — an event's processed_at, a
+// read's row time, and the ordering guards' key (created, rank, id) within one instant — each
 // under a savepoint, and the shadows are compared with the live tables, whose reads are
 // qualified by the live schema.
 //
@@ -235,31 +236,37 @@ type logItem struct {
 	invoice    []byte
 	fetchedAt  time.Time
 	created    time.Time
-	rank       int
+	// applied is when the service applied it (an event's processed_at, a read's row): the log's
+	// order, which the when-it-began columns depend on.
+	applied time.Time
+	rank    int
 }
 
-// replay applies the log to the shadows in the guards' order and returns the ids it applied
+// replay applies the log to the shadows in the order it was applied and returns the ids it applied
 // (events' ids, reads' sources): the writers a live row may name.
 func replay(ctx context.Context, tx *gorm.DB, d Deps, live func(string) string, rep *Report, out io.Writer) (map[string]bool, error) {
 	mode := "false"
 	if d.Livemode {
 		mode = "true"
 	}
-	// A cursor, so that a log of millions of events is read a page at a time. Ordered by the
-	// second of creation and the id; the rank, which needs the object, is sorted within each
-	// second in Go.
+	// A cursor, so that a log of millions of events is read a page at a time. Ordered by when
+	// each was applied: the guards make the order irrelevant to every other column, and the
+	// when-it-began columns are what the handlers inferred from exactly that order. Within one
+	// instant, by the guards' key; the rank, which needs the object, is sorted in Go.
 	err := tx.Exec(`DECLARE verify_log NO SCROLL CURSOR FOR SELECT * FROM (
 		SELECT false AS read, e.event_id AS id, e.type, coalesce(e.api_version, '') AS api_version, e.payload::text AS payload,
 		       NULL::text AS invoice, NULL::timestamptz AS fetched_at,
 		       CASE WHEN jsonb_typeof(e.payload->'created') = 'number' THEN to_timestamp((e.payload->>'created')::bigint)
-		            ELSE coalesce(e.event_created, 'epoch') END AS created
+		            ELSE coalesce(e.event_created, 'epoch') END AS created,
+		       coalesce(e.processed_at, e.received_at) AS applied
 		FROM ` + live("webhook_events") + ` e
 		WHERE e.status = 'processed' AND e.livemode = ` + mode + `
 		UNION ALL
-		SELECT true, r.source, '', '', r.subscription::text, r.latest_invoice::text, r.fetched_at, date_trunc('second', r.fetched_at)
+		SELECT true, r.source, '', '', r.subscription::text, r.latest_invoice::text, r.fetched_at, date_trunc('second', r.fetched_at),
+		       r.created_at
 		FROM ` + live("subscription_reads") + ` r
 		WHERE r.livemode = ` + mode + `
-		) entries ORDER BY created, id COLLATE "C"`).Error
+		) entries ORDER BY applied, created, id COLLATE "C"`).Error
 	if err != nil {
 		return nil, fmt.Errorf("read the log: %w", err)
 	}
@@ -267,7 +274,7 @@ func replay(ctx context.Context, tx *gorm.DB, d Deps, live func(string) string, 
 	var second []logItem
 	flush := func() error {
 		slices.SortStableFunc(second, func(a, b logItem) int {
-			return cmp.Or(cmp.Compare(a.rank, b.rank), strings.Compare(a.id, b.id))
+			return cmp.Or(a.created.Compare(b.created), cmp.Compare(a.rank, b.rank), strings.Compare(a.id, b.id))
 		})
 		for _, it := range second {
 			if err := apply(ctx, tx, d, it, rep, out); err != nil {
@@ -289,7 +296,7 @@ func replay(ctx context.Context, tx *gorm.DB, d Deps, live func(string) string, 
 		// The page is read in full before anything is applied: the connection runs one
 		// statement at a time.
 		for _, it := range page {
-			if len(second) > 0 && !second[0].created.Equal(it.created) {
+			if len(second) > 0 && !second[0].applied.Equal(it.applied) {
 				if err := flush(); err != nil {
 					return nil, err
 				}
@@ -318,7 +325,7 @@ func fetchPage(tx *gorm.DB, livemode bool) ([]logItem, error) {
 		var payload string
 		var invoice sql.NullString
 		var fetched sql.NullTime
-		if err := rows.Scan(&it.read, &it.id, &it.typ, &it.apiVersion, &payload, &invoice, &fetched, &it.created); err != nil {
+		if err := rows.Scan(&it.read, &it.id, &it.typ, &it.apiVersion, &payload, &invoice, &fetched, &it.created, &it.applied); err != nil {
 			return nil, fmt.Errorf("read the log: %w", err)
 		}
 		it.payload = []byte(payload)
