@@ -48,7 +48,7 @@ type Deps struct {
 	PausedCollectionEntitled bool
 	// PeriodGrace is policy.period_grace (Policy.PeriodGrace); DefaultPeriodGrace when zero.
 	PeriodGrace time.Duration
-	// Reread reads a subscription from Stripe when its renewal is not confirmed (reread.go);
+	// Reread reads a subscription from Stripe when its renewal is not confirmed (renewal_reread.go);
 	// without Reread.Stripe (or Jobs) no re-read is queued, and the policy alone decides.
 	Reread RereadDeps
 	// Registerer receives the service's metrics; optional.
