@@ -1,6 +1,6 @@
 package main
 
-// `billing dev`: the dev loop's hands on the dev Stripe of `make run` (internal/devstripe). It only
+// `billing dev`: the dev loop's hands on the dev Stripe of `make run` (cmd/devstripe). It only
 // talks HTTP to the dev Stripe's /dev/ endpoints, which play what a customer and time do at Stripe
 // and send the service the events; the service's own code path knows nothing of it.
 

@@ -9,7 +9,7 @@ if go list -deps . | grep -E -x 'testing|billing/internal/(stripetest|testenv|ap
   echo "check-deps: the billing binary links test code (above)" >&2
   fail=1
 fi
-if go list -deps ./internal/devstripe | grep -x 'testing'; then
+if go list -deps ./cmd/devstripe | grep -x 'testing'; then
   echo "check-deps: the dev Stripe links the testing package" >&2
   fail=1
 fi

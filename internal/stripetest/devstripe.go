@@ -7,7 +7,7 @@ import (
 	"billing/internal/stripeevents"
 )
 
-// DevStripe is the Stripe of the dev loop (`make run`, internal/devstripe): the proxy in Dev mode
+// DevStripe is the Stripe of the dev loop (`make run`, cmd/devstripe): the proxy in Dev mode
 // with state, so that what the service creates is what it reads back — customers, subscriptions
 // and invoices in an Account, Checkout sessions, meter events — instead of stripe-mock's fixture
 // of another customer — and a seeded Catalog (devcatalog.go) whose prices its invoices bill, with

@@ -5,7 +5,7 @@
 // local page, and what the service creates is what it reads back. It is a separate program so
 // that the service's binary never carries a double of Stripe.
 //
-//	go run ./internal/devstripe --listen 127.0.0.1:12111 --upstream http://127.0.0.1:12112
+//	go run ./cmd/devstripe --listen 127.0.0.1:12111 --upstream http://127.0.0.1:12112
 package main
 
 import (
