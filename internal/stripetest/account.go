@@ -35,15 +35,19 @@ import (
 // Throttle makes it answer 429s, SetPageDelay makes list pages slow; the proxy's own faults,
 // gates and canned answers come first, as for any request.
 //
-// On a proxy in Dev mode it is the dev loop's account: ids carry the proxy's tag (unique across
-// restarts), a new customer that names no payment method gets DefaultCard, and its clock is the
-// wall clock moved on by Advance (a test clock), instead of a counter from a fixed date.
+// Its ids carry the proxy's tag (SetIDTag: unique across restarts). UseWallClock makes its clock
+// the wall clock moved on by Advance (a test clock) instead of a counter from a fixed date, and
+// SetNewCustomerCard gives a new customer that names no payment method a default one (both for
+// the dev Stripe).
 type Account struct {
 	p        *Proxy
 	livemode bool
-	dev      bool
 	idTag    string
-	// offset is how far Advance moved the dev clock past the wall clock.
+	// wall: the clock is the wall clock moved on by offset (UseWallClock).
+	wall bool
+	// newCustomerCard is the default payment method of a new customer that names none ("": none).
+	newCustomerCard string
+	// offset is how far Advance moved the wall clock on.
 	offset time.Duration
 
 	mu        sync.Mutex
@@ -92,12 +96,9 @@ func NewAccount(p *Proxy, livemode bool) *Account {
 		entitlements: map[string][]string{},
 		clock:        1700000000,
 	}
-	if p.isDev() {
-		p.mu.Lock()
-		a.dev, a.idTag = true, p.idTag
-		p.mu.Unlock()
-		a.clock = time.Now().Unix()
-	}
+	p.mu.Lock()
+	a.idTag = p.idTag
+	p.mu.Unlock()
 	// Charges without a payment method use the default source of the account's customer.
 	p.setCustomerSource(a.defaultSource)
 	p.Handle("/v1/subscriptions", a.serve)
@@ -442,13 +443,29 @@ func (a *Account) Now() time.Time {
 	return a.now()
 }
 
-// Advance moves the dev clock on by d (a test clock); it never goes back.
+// UseWallClock makes the account's clock the wall clock (moved on by Advance), from now on.
+func (a *Account) UseWallClock() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.wall = true
+	a.clock = max(a.clock, time.Now().Unix())
+}
+
+// SetNewCustomerCard gives a customer created through the API that names no payment method pm
+// as its invoice_settings.default_payment_method ("": none).
+func (a *Account) SetNewCustomerCard(pm string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.newCustomerCard = pm
+}
+
+// Advance moves the account's clock on by d (a test clock); it never goes back.
 func (a *Account) Advance(d time.Duration) time.Time {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	switch {
 	case d <= 0:
-	case a.dev:
+	case a.wall:
 		a.offset += d
 	default:
 		a.clock += int64(d / time.Second)
@@ -787,9 +804,8 @@ func (a *Account) saveCustomer(id string, f url.Values) Answer {
 			md[k], _ = v.(string)
 		}
 		spec := CustomerSpec{Email: f.Get("email"), Name: f.Get("name"), Metadata: md}
-		if a.dev && !f.Has("invoice_settings[default_payment_method]") && !f.Has("source") {
-			// So that the dev loop's charges succeed until a developer sets another test card.
-			spec.DefaultPaymentMethod = DefaultCard
+		if !f.Has("invoice_settings[default_payment_method]") && !f.Has("source") {
+			spec.DefaultPaymentMethod = a.newCustomerCard
 		}
 		id = a.AddCustomer(spec)
 	}
@@ -1049,7 +1065,7 @@ func (a *Account) nextID(prefix string) string {
 // tick returns the created time of a new object; call with mu held. The dev clock never goes
 // back, and objects of one second share it, as at Stripe.
 func (a *Account) tick() int64 {
-	if a.dev {
+	if a.wall {
 		a.clock = max(a.clock, time.Now().Add(a.offset).Unix())
 		return a.clock
 	}
@@ -1060,7 +1076,7 @@ func (a *Account) tick() int64 {
 // now is the account's present: the dev clock, or else the time of the newest object; call with
 // mu held.
 func (a *Account) now() time.Time {
-	if a.dev {
+	if a.wall {
 		return time.Unix(max(a.clock, time.Now().Add(a.offset).Unix()), 0)
 	}
 	return time.Unix(a.clock, 0)

@@ -1,6 +1,7 @@
 package stripetest
 
 import (
+	"net/http"
 	"sync"
 	"time"
 
@@ -35,7 +36,7 @@ func NewDevStripe(p *Proxy) *DevStripe {
 	p.Dev()
 	d := &DevStripe{
 		Proxy:    p,
-		Account:  NewAccount(p, false),
+		Account:  newDevAccount(p),
 		Sessions: NewCheckoutSessions(p, false),
 		Meter:    NewMeterEvents(p, false),
 		pending:  map[string]string{},
@@ -46,15 +47,28 @@ func NewDevStripe(p *Proxy) *DevStripe {
 	seedDevCatalog(d.Catalog, d.Account.Now())
 	// Promotion codes expire by the test clock.
 	d.Catalog.SetClock(d.Account.Now)
-	d.Sessions.pageBase = p.PortalBase() + "/dev/checkout/sessions/"
-	p.mu.Lock()
-	p.devPages = d.serveDev()
-	p.mu.Unlock()
+	d.Sessions.SetPageBase(p.PortalBase() + "/dev/checkout/sessions/")
+	// The portal's pages apply what the customer confirms; /dev/ is the dev actions' endpoints.
+	pages := http.NewServeMux()
+	pages.Handle(devPortalPath, p.portalPages(true))
+	pages.Handle("/dev/", d.serveDev())
+	h := p.Hooks()
+	h.Pages, h.PagePrefixes = pages, []string{devPortalPath, "/dev/"}
+	p.SetHooks(h)
 	return d
+}
+
+// newDevAccount is the dev loop's account: its clock is the wall clock moved on by Advance, and a
+// new customer that names no payment method charges DefaultCard until a developer sets another.
+func newDevAccount(p *Proxy) *Account {
+	a := NewAccount(p, false)
+	a.UseWallClock()
+	a.SetNewCustomerCard(DefaultCard)
+	return a
 }
 
 // event is an event of the pinned API version and test mode carrying obj, stamped with the
 // account's clock (a test clock moves it on, as Stripe's test clocks do).
 func (d *DevStripe) event(typ string, obj map[string]any, created time.Time) []byte {
-	return stripeevents.Event(d.Proxy.newID("evt_"), typ, created, false, obj, nil)
+	return stripeevents.Event(d.Proxy.NewID("evt_"), typ, created, false, obj, nil)
 }

@@ -42,11 +42,11 @@ func (t priceTerms) sameInterval(o priceTerms) bool {
 	return t.Interval == o.Interval && max(t.IntervalCount, 1) == max(o.IntervalCount, 1)
 }
 
-// priceTerms are a price's terms from the catalog; in Dev mode a price the catalog does not know
-// costs DevUnitAmount a month (what every dev price cost before there was a catalog).
+// priceTerms are a price's terms from the catalog; with Hooks.UnknownPriceAmount a price the
+// catalog does not know costs that a month.
 func (p *Proxy) priceTerms(id string) (priceTerms, bool) {
 	p.mu.Lock()
-	c, dev := p.catalog, p.dev
+	c, fallback := p.catalog, p.hooks.UnknownPriceAmount
 	p.mu.Unlock()
 	if c != nil {
 		if pr, name, ok := c.price(id); ok && len(pr.Tiers) == 0 {
@@ -54,8 +54,8 @@ func (p *Proxy) priceTerms(id string) (priceTerms, bool) {
 				Interval: pr.Interval, IntervalCount: pr.IntervalCount}, true
 		}
 	}
-	if dev {
-		return priceTerms{ID: id, Name: id, UnitAmount: DevUnitAmount, Currency: "usd", Interval: "month", IntervalCount: 1}, true
+	if fallback > 0 {
+		return priceTerms{ID: id, Name: id, UnitAmount: fallback, Currency: "usd", Interval: "month", IntervalCount: 1}, true
 	}
 	return priceTerms{}, false
 }
