@@ -77,7 +77,7 @@ type Account struct {
 	invFields map[string]map[string]any
 	// pendingItems are each subscription's pending invoice items (prorations), which its next
 	// invoice bills; balances are the customers' balances (negative: credit, Stripe's sign).
-	pendingItems map[string][]invoiceLine
+	pendingItems map[string][]InvoiceLine
 	balances     map[string]int64
 }
 
@@ -88,7 +88,7 @@ func NewAccount(p *Proxy, livemode bool) *Account {
 		livemode:     livemode,
 		subFields:    map[string]map[string]any{},
 		invFields:    map[string]map[string]any{},
-		pendingItems: map[string][]invoiceLine{},
+		pendingItems: map[string][]InvoiceLine{},
 		balances:     map[string]int64{},
 		subs:         map[string][]byte{},
 		customers:    map[string][]byte{},
@@ -100,7 +100,7 @@ func NewAccount(p *Proxy, livemode bool) *Account {
 	a.idTag = p.idTag
 	p.mu.Unlock()
 	// Charges without a payment method use the default source of the account's customer.
-	p.setCustomerSource(a.defaultSource)
+	p.setCustomerSource(a.DefaultSource)
 	p.Handle("/v1/subscriptions", a.serve)
 	p.Handle("/v1/customers", a.serve)
 	p.Handle("/v1/invoices", a.serve)
@@ -240,7 +240,7 @@ func (a *Account) put(s SubscriptionSpec) string {
 		a.invoices[inv.ID] = mustJSON(obj)
 		latest = inv.ID
 	}
-	price := a.p.priceObject(s.PriceID, a.livemode)
+	price := a.p.PriceObject(s.PriceID, a.livemode)
 	obj := map[string]any{
 		"id": s.ID, "object": "subscription", "customer": s.Customer, "status": s.Status,
 		"livemode": a.livemode, "created": created, "metadata": md, "quantity": s.Quantity,
@@ -291,8 +291,8 @@ func (a *Account) SetInvoiceFields(id string, fields map[string]any) {
 	}
 }
 
-// subscriptionFields are the fields set by SetSubscriptionFields, as JSON decodes them.
-func (a *Account) subscriptionFields(id string) map[string]any {
+// SubscriptionFields are the fields set by SetSubscriptionFields, as JSON decodes them.
+func (a *Account) SubscriptionFields(id string) map[string]any {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return decode(mustJSON(a.subFields[id]))
@@ -309,20 +309,20 @@ func mergeFields(dst, src map[string]any) map[string]any {
 }
 
 // PendingItems returns a subscription's pending invoice items (prorations not yet invoiced).
-func (a *Account) PendingItems(subscriptionID string) []invoiceLine {
+func (a *Account) PendingItems(subscriptionID string) []InvoiceLine {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return slices.Clone(a.pendingItems[subscriptionID])
 }
 
-func (a *Account) addPendingItems(subscriptionID string, lines ...invoiceLine) {
+func (a *Account) AddPendingItems(subscriptionID string, lines ...InvoiceLine) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.pendingItems[subscriptionID] = append(a.pendingItems[subscriptionID], lines...)
 }
 
-// takePendingItems returns a subscription's pending items and clears them (an invoice bills them).
-func (a *Account) takePendingItems(subscriptionID string) []invoiceLine {
+// TakePendingItems returns a subscription's pending items and clears them (an invoice bills them).
+func (a *Account) TakePendingItems(subscriptionID string) []InvoiceLine {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	lines := a.pendingItems[subscriptionID]
@@ -337,7 +337,7 @@ func (a *Account) Balance(customerID string) int64 {
 	return a.balances[customerID]
 }
 
-func (a *Account) setBalance(customerID string, b int64) {
+func (a *Account) SetBalance(customerID string, b int64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.balances[customerID] = b
@@ -847,8 +847,8 @@ func (a *Account) saveCustomer(id string, f url.Values) Answer {
 	return Answer{Status: http.StatusOK, Body: obj}
 }
 
-// defaultSource is a customer's default_source ("" when unknown or none).
-func (a *Account) defaultSource(customerID string) string {
+// DefaultSource is a customer's default_source ("" when unknown or none).
+func (a *Account) DefaultSource(customerID string) string {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	s, _ := decode(a.customers[customerID])["default_source"].(string)

@@ -86,7 +86,7 @@ func (d *DevStripe) devDiscount(form map[string][]string, sessionID, subID, cust
 		return nil
 	}
 	// The session's create checked the code; it applies even if it expired since.
-	coupon := d.Catalog.coupon(promo)
+	coupon := d.Catalog.Coupon(promo)
 	if coupon == nil {
 		return nil
 	}
@@ -101,8 +101,8 @@ func (d *DevStripe) devDiscount(form map[string][]string, sessionID, subID, cust
 // customer's balance applied (a net credit makes amount_due 0 and is kept as the customer's
 // balance, which the next invoice uses, as at Stripe); sets inv.AmountDue and the invoice's
 // lines and totals.
-func (d *DevStripe) bill(subID, customer string, inv *InvoiceSpec, lines []invoiceLine) {
-	sub := d.Account.subscriptionFields(subID)
+func (d *DevStripe) bill(subID, customer string, inv *InvoiceSpec, lines []InvoiceLine) {
+	sub := d.Account.SubscriptionFields(subID)
 	var discount map[string]any
 	if obj, ok := sub["discount"].(map[string]any); ok {
 		discount = obj
@@ -111,11 +111,11 @@ func (d *DevStripe) bill(subID, customer string, inv *InvoiceSpec, lines []invoi
 	if m, ok := sub["automatic_tax"].(map[string]any); ok && m["enabled"] == true {
 		autoTax = true
 	}
-	t := totalsOf(lines, couponOf(discount), d.Account.Balance(customer))
-	d.Account.setBalance(customer, t.EndingBalance)
+	t := TotalsOf(lines, CouponOf(discount), d.Account.Balance(customer))
+	d.Account.SetBalance(customer, t.EndingBalance)
 	inv.AmountDue = t.AmountDue
-	d.Account.SetInvoiceFields(inv.ID, invoiceFields(inv.ID, subID, lines, t, discount, autoTax, false, func(p string) map[string]any {
-		return d.Proxy.priceObject(p, false)
+	d.Account.SetInvoiceFields(inv.ID, InvoiceFields(inv.ID, subID, lines, t, discount, autoTax, false, func(p string) map[string]any {
+		return d.Proxy.PriceObject(p, false)
 	}))
 }
 
@@ -131,7 +131,7 @@ func (d *DevStripe) syncEntitlements(customer string, at time.Time) [][]byte {
 		if !ok || spec.Customer != customer || !liveStatus(spec.Status) {
 			continue
 		}
-		for _, k := range d.Catalog.priceFeatures(spec.PriceID) {
+		for _, k := range d.Catalog.PriceFeatures(spec.PriceID) {
 			if !slices.Contains(keys, k) {
 				keys = append(keys, k)
 			}
@@ -145,7 +145,7 @@ func (d *DevStripe) syncEntitlements(customer string, at time.Time) [][]byte {
 }
 
 // usageLine bills units of usage (DevUsageUnitAmount each) in arrears, up to at.
-func usageLine(units int64, from, at time.Time) invoiceLine {
-	return invoiceLine{Description: fmt.Sprintf("%d units of usage", units), Amount: DevUsageUnitAmount * units,
+func usageLine(units int64, from, at time.Time) InvoiceLine {
+	return InvoiceLine{Description: fmt.Sprintf("%d units of usage", units), Amount: DevUsageUnitAmount * units,
 		Currency: "usd", Start: from, End: at, Quantity: units}
 }
