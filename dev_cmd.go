@@ -192,7 +192,7 @@ func isLoopback(host string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// devAnswer is the dev Stripe's answer (stripetest.DevResult), as far as it is printed.
+// devAnswer is the dev Stripe's answer (devstripe.DevResult), as far as it is printed.
 type devAnswer struct {
 	Now     time.Time `json:"now"`
 	Session string    `json:"session"`

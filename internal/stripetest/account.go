@@ -436,7 +436,7 @@ func (a *Account) Spec(id string) (SubscriptionSpec, bool) {
 	return spec, true
 }
 
-// Now is the account's clock: in Dev mode the wall clock moved on by Advance.
+// Now is the account's clock: with UseWallClock the wall clock moved on by Advance.
 func (a *Account) Now() time.Time {
 	a.mu.Lock()
 	defer a.mu.Unlock()

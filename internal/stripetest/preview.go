@@ -24,8 +24,8 @@ type PriceTerms struct {
 	IntervalCount int64
 }
 
-// next is the end of a period of the price starting at from.
-func (t PriceTerms) next(from time.Time) time.Time {
+// Next is the end of a period of the price starting at from.
+func (t PriceTerms) Next(from time.Time) time.Time {
 	n := int(max(t.IntervalCount, 1))
 	switch t.Interval {
 	case "year":
@@ -38,7 +38,7 @@ func (t PriceTerms) next(from time.Time) time.Time {
 	return from.AddDate(0, n, 0)
 }
 
-func (t PriceTerms) sameInterval(o PriceTerms) bool {
+func (t PriceTerms) SameInterval(o PriceTerms) bool {
 	return t.Interval == o.Interval && max(t.IntervalCount, 1) == max(o.IntervalCount, 1)
 }
 
@@ -289,12 +289,12 @@ func (a *Account) servePreview(r Request) Answer {
 	prorations := f.Get("subscription_details[proration_behavior]") != "none"
 
 	lines := a.PendingItems(subID)
-	start, end := spec.CurrentPeriodEnd, newT.next(spec.CurrentPeriodEnd)
+	start, end := spec.CurrentPeriodEnd, newT.Next(spec.CurrentPeriodEnd)
 	nextAttempt := spec.CurrentPeriodEnd
-	if !old.sameInterval(newT) {
+	if !old.SameInterval(newT) {
 		// A change of interval restarts the billing cycle now: the new price's whole period is
 		// invoiced at once, with the unused time of the old one credited.
-		start, end, nextAttempt = at, newT.next(at), at
+		start, end, nextAttempt = at, newT.Next(at), at
 		if prorations {
 			lines = append(lines, UnusedTime(old, qty, spec.CurrentPeriodStart, spec.CurrentPeriodEnd, at)...)
 		}

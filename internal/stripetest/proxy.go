@@ -21,8 +21,8 @@
 // customers, invoices, invoice previews priced from the catalog), CheckoutSessions, MeterEvents
 // (meter events by identifier) and Catalog (products, prices, features, promotion codes).
 //
-// Dev adds what a person at the dev loop needs (dev.go): remembered customers whose default
-// payment method picks the outcome of their charges, and local Customer Portal pages.
+// A program built on the proxy extends it through Hooks and SetIDTag (the dev Stripe of
+// `make run`, internal/devstripe): the proxy itself has no dev mode.
 //
 // Everything a test sets up applies to "the next n requests" of a method and path, in order.
 package stripetest

@@ -1,6 +1,7 @@
-package stripetest
+package devstripe
 
 import (
+	"billing/internal/stripetest"
 	"html/template"
 	"net/http"
 	"net/url"
@@ -15,7 +16,7 @@ const DefaultCard = "pm_card_visa"
 // devPortalPath is where Dev mode serves its stand-in of the Customer Portal.
 const devPortalPath = "/dev-portal/"
 
-// Dev makes the proxy the Stripe of the dev loop (`make run`), on top of what it does for tests:
+// Dev makes p the Stripe of the dev loop (`make run`), on top of what it does for tests:
 //
 //   - customers created through it are kept: retrieving one answers the kept object, and an update
 //     (POST /v1/customers/{id}) changes it — email, name, metadata,
@@ -32,11 +33,12 @@ const devPortalPath = "/dev-portal/"
 //
 // It does so through the proxy's Hooks and SetIDTag: the emulator itself has no dev mode. Tests
 // leave it off: they state every answer they depend on.
-func (p *Proxy) Dev() {
+func Dev(p *stripetest.Proxy) {
 	p.SetIDTag(strconv.FormatInt(time.Now().UnixNano(), 36))
-	p.SetHooks(Hooks{
-		Created: p.devCreated, Answered: p.devCustomer,
-		Pages: p.portalPages(false), PagePrefixes: []string{devPortalPath},
+	p.SetHooks(stripetest.Hooks{
+		Created:  func(req stripetest.Request, obj map[string]any) { devCreated(p, req, obj) },
+		Answered: func(req stripetest.Request, obj map[string]any) map[string]any { return devCustomer(p, req, obj) },
+		Pages:    portalPages(p, false), PagePrefixes: []string{devPortalPath},
 		// What every dev price cost before there was a catalog.
 		UnknownPriceAmount: DevUnitAmount,
 	})
@@ -44,7 +46,7 @@ func (p *Proxy) Dev() {
 
 // PortalBase is the base of the local portal pages: the proxy's URL, named localhost for a
 // browser.
-func (p *Proxy) PortalBase() string {
+func PortalBase(p *stripetest.Proxy) string {
 	u, err := url.Parse(p.URL)
 	if err != nil {
 		return p.URL
@@ -56,7 +58,7 @@ func (p *Proxy) PortalBase() string {
 }
 
 // devCreated completes an object created through the proxy in Dev mode.
-func (p *Proxy) devCreated(req Request, obj map[string]any) {
+func devCreated(p *stripetest.Proxy, req stripetest.Request, obj map[string]any) {
 	switch req.Path {
 	case "/v1/customers":
 		settings, _ := obj["invoice_settings"].(map[string]any)
@@ -82,7 +84,7 @@ func (p *Proxy) devCreated(req Request, obj map[string]any) {
 		}
 	case "/v1/billing_portal/sessions":
 		id, _ := obj["id"].(string)
-		obj["url"] = p.PortalBase() + devPortalPath + id
+		obj["url"] = PortalBase(p) + devPortalPath + id
 		obj["customer"] = req.Form.Get("customer")
 		if r := req.Form.Get("return_url"); r != "" {
 			obj["return_url"] = r
@@ -127,7 +129,7 @@ func flowOf(form url.Values) any {
 
 // devCustomer answers a retrieve or an update of a kept customer in Dev mode (after stripe-mock
 // accepted the request); anything else is left as stripe-mock answered it.
-func (p *Proxy) devCustomer(req Request, obj map[string]any) map[string]any {
+func devCustomer(p *stripetest.Proxy, req stripetest.Request, obj map[string]any) map[string]any {
 	id, ok := strings.CutPrefix(req.Path, "/v1/customers/")
 	if !ok || id == "" || strings.Contains(id, "/") {
 		return obj
@@ -211,7 +213,7 @@ In test mode at Stripe, this session would open the real portal.</p>{{end}}
 `))
 
 // portalSession is a portal session made through the proxy (nil when unknown).
-func (p *Proxy) portalSession(id string) map[string]any {
+func portalSession(p *stripetest.Proxy, id string) map[string]any {
 	for _, s := range p.Objects("/v1/billing_portal/sessions") {
 		if s["id"] == id {
 			return s
@@ -222,8 +224,8 @@ func (p *Proxy) portalSession(id string) map[string]any {
 
 // portalReturnURL is where the portal sends the customer after a session's flow: its
 // after_completion redirect, else its return_url ("" when neither is a web URL).
-func (p *Proxy) portalReturnURL(id string) string {
-	sess := p.portalSession(id)
+func portalReturnURL(p *stripetest.Proxy, id string) string {
+	sess := portalSession(p, id)
 	if u := webURL(str(sess, "flow", "after_completion", "redirect", "return_url")); u != "" {
 		return u
 	}
@@ -232,13 +234,13 @@ func (p *Proxy) portalReturnURL(id string) string {
 
 // portalPages serves the local stand-in of a portal session's page; with apply (the dev Stripe's
 // state, NewDevStripe), its forms apply a cancellation or a plan change.
-func (p *Proxy) portalPages(apply bool) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, hr *http.Request) { p.portalPage(w, hr, apply) })
+func portalPages(p *stripetest.Proxy, apply bool) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, hr *http.Request) { portalPage(p, w, hr, apply) })
 }
 
-func (p *Proxy) portalPage(w http.ResponseWriter, hr *http.Request, apply bool) {
+func portalPage(p *stripetest.Proxy, w http.ResponseWriter, hr *http.Request, apply bool) {
 	id := strings.TrimPrefix(hr.URL.Path, devPortalPath)
-	sess := p.portalSession(id)
+	sess := portalSession(p, id)
 	if sess == nil || hr.Method != http.MethodGet {
 		http.Error(w, "no such portal session in this dev Stripe (sessions live as long as the process)", http.StatusNotFound)
 		return
@@ -246,7 +248,7 @@ func (p *Proxy) portalPage(w http.ResponseWriter, hr *http.Request, apply bool) 
 	data := struct {
 		ID, Customer, Flow, Subscription, Price, Quantity, ReturnURL string
 		Apply                                                        bool
-	}{ID: id, Apply: apply, ReturnURL: p.portalReturnURL(id)}
+	}{ID: id, Apply: apply, ReturnURL: portalReturnURL(p, id)}
 	data.Customer, _ = sess["customer"].(string)
 	if flow, ok := sess["flow"].(map[string]any); ok {
 		data.Flow, _ = flow["type"].(string)

@@ -1,6 +1,14 @@
-package stripetest
+// Package devstripe is the dev Stripe of `make run` (its program: cmd/devstripe): the tests'
+// emulator (internal/stripetest) in front of stripe-mock, made into an account a person can use —
+// Dev's hooks (kept customers, a default test card, local portal pages, ids unique across
+// restarts), an account on a test clock, Checkout pages, a seeded catalog, a subscription's life
+// (renewals, retries, portal changes) and the sender of its events to the service. It attaches to
+// the emulator only through what the emulator exports (Hooks, SetIDTag, the accounts' setters), so
+// that the emulator has no dev mode of its own.
+package devstripe
 
 import (
+	"billing/internal/stripetest"
 	"net/http"
 	"sync"
 	"time"
@@ -15,12 +23,12 @@ import (
 // prorations of plan changes, promotion codes and the entitlements of the products' features.
 // Charges, refunds and portal sessions still go through stripe-mock and Dev mode's test cards.
 type DevStripe struct {
-	Proxy    *Proxy
-	Account  *Account
-	Sessions *CheckoutSessions
-	Meter    *MeterEvents
+	Proxy    *stripetest.Proxy
+	Account  *stripetest.Account
+	Sessions *stripetest.CheckoutSessions
+	Meter    *stripetest.MeterEvents
 	// Catalog is the products, prices and promotion codes (seeded: seedDevCatalog).
-	Catalog *Catalog
+	Catalog *stripetest.Catalog
 	// Webhooks delivers the events of what happens here to the service; nil: none are sent.
 	Webhooks *WebhookSender
 
@@ -31,26 +39,26 @@ type DevStripe struct {
 }
 
 // NewDevStripe puts p in Dev mode and mounts the dev loop's state on it (test mode).
-func NewDevStripe(p *Proxy) *DevStripe {
+func NewDevStripe(p *stripetest.Proxy) *DevStripe {
 	// Dev first: the account and the sessions take its id tag.
-	p.Dev()
+	Dev(p)
 	d := &DevStripe{
 		Proxy:    p,
 		Account:  newDevAccount(p),
-		Sessions: NewCheckoutSessions(p, false),
-		Meter:    NewMeterEvents(p, false),
+		Sessions: stripetest.NewCheckoutSessions(p, false),
+		Meter:    stripetest.NewMeterEvents(p, false),
 		pending:  map[string]string{},
 
 		billedUsage: map[string]bool{},
 	}
-	d.Catalog = NewCatalog(p, false)
+	d.Catalog = stripetest.NewCatalog(p, false)
 	seedDevCatalog(d.Catalog, d.Account.Now())
 	// Promotion codes expire by the test clock.
 	d.Catalog.SetClock(d.Account.Now)
-	d.Sessions.SetPageBase(p.PortalBase() + "/dev/checkout/sessions/")
+	d.Sessions.SetPageBase(PortalBase(p) + "/dev/checkout/sessions/")
 	// The portal's pages apply what the customer confirms; /dev/ is the dev actions' endpoints.
 	pages := http.NewServeMux()
-	pages.Handle(devPortalPath, p.portalPages(true))
+	pages.Handle(devPortalPath, portalPages(p, true))
 	pages.Handle("/dev/", d.serveDev())
 	h := p.Hooks()
 	h.Pages, h.PagePrefixes = pages, []string{devPortalPath, "/dev/"}
@@ -60,8 +68,8 @@ func NewDevStripe(p *Proxy) *DevStripe {
 
 // newDevAccount is the dev loop's account: its clock is the wall clock moved on by Advance, and a
 // new customer that names no payment method charges DefaultCard until a developer sets another.
-func newDevAccount(p *Proxy) *Account {
-	a := NewAccount(p, false)
+func newDevAccount(p *stripetest.Proxy) *stripetest.Account {
+	a := stripetest.NewAccount(p, false)
 	a.UseWallClock()
 	a.SetNewCustomerCard(DefaultCard)
 	return a

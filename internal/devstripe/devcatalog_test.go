@@ -1,6 +1,7 @@
-package stripetest
+package devstripe
 
 import (
+	"billing/internal/stripetest"
 	"context"
 	"encoding/json"
 	"io"
@@ -272,7 +273,7 @@ func TestDevSendsTheSeededCatalog(t *testing.T) {
 		got = append(got, ev)
 	}))
 	t.Cleanup(srv.Close)
-	d := NewDevStripe(New(t, testenv.StripeMockURL(t)))
+	d := NewDevStripe(stripetest.New(t, testenv.StripeMockURL(t)))
 	// Fewer attempts than the service's start takes: only SendWithin's patience gets through.
 	d.Webhooks = &WebhookSender{URL: srv.URL, Secret: "whsec_x", Attempts: 2, Backoff: time.Millisecond}
 	ds, err := d.SendCatalog(context.Background(), time.Minute)

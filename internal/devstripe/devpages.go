@@ -1,6 +1,7 @@
-package stripetest
+package devstripe
 
 import (
+	"billing/internal/stripetest"
 	"html/template"
 	"net/http"
 	"net/url"
@@ -59,7 +60,7 @@ func (d *DevStripe) checkoutPage(w http.ResponseWriter, r *http.Request) {
 	}{ID: id, Price: f.Get("line_items[0][price]"), Quantity: f.Get("line_items[0][quantity]"), Cards: devCards,
 		Promo: f.Get("discounts[0][promotion_code]")}
 	if t, ok := d.Proxy.PriceTerms(data.Price); ok {
-		data.Terms = t.Name + ", " + Money(t.UnitAmount, t.Currency) + " a seat per " + t.Interval
+		data.Terms = t.Name + ", " + stripetest.Money(t.UnitAmount, t.Currency) + " a seat per " + t.Interval
 	}
 	data.Customer, _ = s["customer"].(string)
 	data.Status, _ = s["status"].(string)

@@ -1,6 +1,7 @@
-package stripetest
+package devstripe
 
 import (
+	"billing/internal/stripetest"
 	"context"
 	"net/http"
 )
@@ -116,10 +117,10 @@ func (d *DevStripe) ApplyPortal(ctx context.Context, sessionID string, choice Po
 		inPeriod := spec.Status != "trialing" && !now.Before(spec.CurrentPeriodStart) && now.Before(spec.CurrentPeriodEnd)
 		switch {
 		case !inPeriod:
-		case old.sameInterval(nt) || spec.CancelAtPeriodEnd:
-			d.Account.AddPendingItems(sub, Prorate(old, oldQty, nt, max(spec.Quantity, 1), spec.CurrentPeriodStart, spec.CurrentPeriodEnd, now)...)
+		case old.SameInterval(nt) || spec.CancelAtPeriodEnd:
+			d.Account.AddPendingItems(sub, stripetest.Prorate(old, oldQty, nt, max(spec.Quantity, 1), spec.CurrentPeriodStart, spec.CurrentPeriodEnd, now)...)
 		default:
-			d.Account.AddPendingItems(sub, UnusedTime(old, oldQty, spec.CurrentPeriodStart, spec.CurrentPeriodEnd, now)...)
+			d.Account.AddPendingItems(sub, stripetest.UnusedTime(old, oldQty, spec.CurrentPeriodStart, spec.CurrentPeriodEnd, now)...)
 			ch, events, _ := d.renew(spec, now, "subscription_update", ch)
 			ch.What = "changed"
 			events = append(events, d.syncEntitlements(customer, now)...)
