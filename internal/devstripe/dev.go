@@ -1,13 +1,14 @@
 package devstripe
 
 import (
-	"billing/internal/stripetest"
 	"html/template"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
 	"time"
+
+	"billing/internal/stripetest"
 )
 
 // DefaultCard is the default payment method the proxy gives a new customer in Dev mode.

@@ -1,7 +1,6 @@
 package devstripe
 
 import (
-	"billing/internal/stripetest"
 	"context"
 	"fmt"
 	"slices"
@@ -9,6 +8,7 @@ import (
 	"time"
 
 	"billing/internal/stripeevents"
+	"billing/internal/stripetest"
 )
 
 // The dev Stripe's catalog (products, prices, features, promotion codes), what its invoices bill

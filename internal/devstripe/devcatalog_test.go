@@ -1,7 +1,6 @@
 package devstripe
 
 import (
-	"billing/internal/stripetest"
 	"context"
 	"encoding/json"
 	"io"
@@ -21,6 +20,7 @@ import (
 
 	"billing/internal/stripeclient"
 	"billing/internal/stripeevents"
+	"billing/internal/stripetest"
 	"billing/internal/testenv"
 )
 

@@ -1,7 +1,6 @@
 package devstripe
 
 import (
-	"billing/internal/stripetest"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"billing/internal/stripetest"
 )
 
 // The life of a subscription at the dev Stripe, played by a person at the dev loop: completing a

@@ -1,7 +1,6 @@
 package devstripe
 
 import (
-	"billing/internal/stripetest"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -13,6 +12,7 @@ import (
 	"testing"
 
 	"billing/internal/stripeevents"
+	"billing/internal/stripetest"
 	"billing/internal/testenv"
 )
 

@@ -1,11 +1,12 @@
 package devstripe
 
 import (
-	"billing/internal/stripetest"
 	"html/template"
 	"net/http"
 	"net/url"
 	"strings"
+
+	"billing/internal/stripetest"
 )
 
 // The pages a customer sees at the dev Stripe — a Checkout session's and a portal session's —

@@ -1,9 +1,10 @@
 package devstripe
 
 import (
-	"billing/internal/stripetest"
 	"context"
 	"net/http"
+
+	"billing/internal/stripetest"
 )
 
 // The Customer Portal at the dev Stripe: what a customer confirms on a portal session's page,

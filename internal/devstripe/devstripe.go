@@ -8,12 +8,12 @@
 package devstripe
 
 import (
-	"billing/internal/stripetest"
 	"net/http"
 	"sync"
 	"time"
 
 	"billing/internal/stripeevents"
+	"billing/internal/stripetest"
 )
 
 // DevStripe is the Stripe of the dev loop (`make run`, cmd/devstripe): the proxy in Dev mode
