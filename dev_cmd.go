@@ -1,6 +1,6 @@
 package main
 
-// `billing dev`: the dev loop's hands on the dev Stripe of `make run` (internal/devstripe). It only
+// `billing dev`: the dev loop's hands on the dev Stripe of `make run` (cmd/devstripe). It only
 // talks HTTP to the dev Stripe's /dev/ endpoints, which play what a customer and time do at Stripe
 // and send the service the events; the service's own code path knows nothing of it.
 
@@ -192,7 +192,7 @@ func isLoopback(host string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// devAnswer is the dev Stripe's answer (stripetest.DevResult), as far as it is printed.
+// devAnswer is the dev Stripe's answer (devstripe.DevResult), as far as it is printed.
 type devAnswer struct {
 	Now     time.Time `json:"now"`
 	Session string    `json:"session"`

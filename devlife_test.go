@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"billing/internal/apitest"
+	"billing/internal/devstripe"
 	"billing/internal/runenv"
-	"billing/internal/stripetest"
 )
 
 // The whole life offline, as `make run` plays it: the dev Stripe keeps what the service creates,
@@ -26,7 +26,7 @@ import (
 func TestDevLoopPlaysTheWholeLifeOffline(t *testing.T) {
 	// Not parallel: reconcile reads its configuration from the environment (t.Setenv).
 	d := newDevService(t)
-	d.stripe.Webhooks = &stripetest.WebhookSender{URL: d.server.URL + "/webhooks/stripe", Secret: devSecret}
+	d.stripe.Webhooks = &devstripe.WebhookSender{URL: d.server.URL + "/webhooks/stripe", Secret: devSecret}
 	ctx := context.Background()
 	d.start(t)
 

@@ -20,6 +20,7 @@ import (
 
 	"billing/config"
 	"billing/internal/apitest"
+	"billing/internal/devstripe"
 	"billing/internal/stripetest"
 	"billing/internal/testenv"
 	"billing/openapi"
@@ -29,20 +30,20 @@ import (
 const devSecret = "whsec_devloop_test_secret_0123456789abcdef0123456789"
 
 // devService is the service as `make run` assembles it: newApp on a test database, calling the
-// dev Stripe (the proxy in Dev mode in front of stripe-mock), served over HTTP.
+// dev Stripe (the proxy with devstripe's hooks in front of stripe-mock), served over HTTP.
 type devService struct {
 	t      *testing.T
 	dbURL  string
 	app    *App
 	proxy  *stripetest.Proxy
-	stripe *stripetest.DevStripe
+	stripe *devstripe.DevStripe
 	server *httptest.Server
 }
 
 func newDevService(t *testing.T) *devService {
 	t.Helper()
 	proxy := stripetest.New(t, testenv.StripeMockURL(t))
-	dev := stripetest.NewDevStripe(proxy)
+	dev := devstripe.NewDevStripe(proxy)
 	cfg, err := config.Load("")
 	if err != nil {
 		t.Fatal(err)
@@ -179,7 +180,7 @@ func TestDevLoopChargesFollowTheCustomersTestCard(t *testing.T) {
 
 	// The dev Stripe keeps what the service created: the customer reads back as linked, and a
 	// Checkout session as opened (not stripe-mock's fixture of another customer).
-	if c := d.stripe.Account.DefaultPaymentMethod(cus); c != stripetest.DefaultCard {
+	if c := d.stripe.Account.DefaultPaymentMethod(cus); c != devstripe.DefaultCard {
 		t.Errorf("customer %s at the dev Stripe: default payment method %q", cus, c)
 	}
 	status, cs := d.do(apitest.AppToken, http.MethodPost, "/v1/customers/u_dev/checkout-sessions", map[string]any{
@@ -199,7 +200,7 @@ func TestDevLoopChargesFollowTheCustomersTestCard(t *testing.T) {
 	// Portal sessions open a local page, never stripe-mock's placeholder.
 	status, sess := d.do(apitest.AppToken, http.MethodPost, "/v1/customers/u_dev/portal-sessions", map[string]any{})
 	u, _ := sess["url"].(string)
-	if status != http.StatusCreated || !strings.HasPrefix(u, d.proxy.PortalBase()+"/dev-portal/bps_") || strings.Contains(u, "{") {
+	if status != http.StatusCreated || !strings.HasPrefix(u, devstripe.PortalBase(d.proxy)+"/dev-portal/bps_") || strings.Contains(u, "{") {
 		t.Errorf("portal session: %d %v", status, sess)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/stripe/stripe-go/v79/webhook"
 
 	"billing/config"
+	"billing/internal/devstripe"
 	"billing/internal/runenv"
 	"billing/internal/stripetest"
 	"billing/internal/testenv"
@@ -56,7 +57,7 @@ func TestDevRunEnvWritesSecretsOfTestModeOnly(t *testing.T) {
 func TestToolsUseTheRunningDevService(t *testing.T) {
 	t.Parallel()
 	proxy := stripetest.New(t, testenv.StripeMockURL(t))
-	proxy.Dev()
+	devstripe.Dev(proxy)
 	proxy.PortalConfigurations().Add(true, true, true)
 	stripetest.NewAccount(proxy, false)
 	stripetest.NewCatalog(proxy, false) // an empty catalog: nothing for reconcile to backfill

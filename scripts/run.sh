@@ -22,7 +22,7 @@ set -a
 . ./.data/dev.env
 set +a
 
-# The service calls the dev Stripe (internal/devstripe: the tests' double of Stripe in front of
+# The service calls the dev Stripe (cmd/devstripe: the tests' double of Stripe in front of
 # stripe-mock), which settles charges by test card as Stripe's test mode does; stripe-mock
 # itself listens on the next port.
 STRIPE_PORT=${STRIPE_PORT:-12111}
@@ -41,7 +41,7 @@ export BILLING_CHECKOUT_SUCCESS_URL=${BILLING_CHECKOUT_SUCCESS_URL:-"http://loca
 export BILLING_CHECKOUT_CANCEL_URL=${BILLING_CHECKOUT_CANCEL_URL:-"http://localhost:${port}/?checkout=cancel"}
 
 go build -o bin/stripe-mock github.com/stripe/stripe-mock
-go build -o bin/devstripe ./internal/devstripe
+go build -o bin/devstripe ./cmd/devstripe
 pids=()
 trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done' EXIT
 bin/stripe-mock -http-addr "127.0.0.1:${STRIPE_MOCK_PORT}" -https-addr 127.0.0.1:0 >.data/stripe-mock.log 2>&1 &

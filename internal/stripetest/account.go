@@ -35,15 +35,19 @@ import (
 // Throttle makes it answer 429s, SetPageDelay makes list pages slow; the proxy's own faults,
 // gates and canned answers come first, as for any request.
 //
-// On a proxy in Dev mode it is the dev loop's account: ids carry the proxy's tag (unique across
-// restarts), a new customer that names no payment method gets DefaultCard, and its clock is the
-// wall clock moved on by Advance (a test clock), instead of a counter from a fixed date.
+// Its ids carry the proxy's tag (SetIDTag: unique across restarts). UseWallClock makes its clock
+// the wall clock moved on by Advance (a test clock) instead of a counter from a fixed date, and
+// SetNewCustomerCard gives a new customer that names no payment method a default one (both for
+// the dev Stripe).
 type Account struct {
 	p        *Proxy
 	livemode bool
-	dev      bool
 	idTag    string
-	// offset is how far Advance moved the dev clock past the wall clock.
+	// wall: the clock is the wall clock moved on by offset (UseWallClock).
+	wall bool
+	// newCustomerCard is the default payment method of a new customer that names none ("": none).
+	newCustomerCard string
+	// offset is how far Advance moved the wall clock on.
 	offset time.Duration
 
 	mu        sync.Mutex
@@ -73,7 +77,7 @@ type Account struct {
 	invFields map[string]map[string]any
 	// pendingItems are each subscription's pending invoice items (prorations), which its next
 	// invoice bills; balances are the customers' balances (negative: credit, Stripe's sign).
-	pendingItems map[string][]invoiceLine
+	pendingItems map[string][]InvoiceLine
 	balances     map[string]int64
 }
 
@@ -84,7 +88,7 @@ func NewAccount(p *Proxy, livemode bool) *Account {
 		livemode:     livemode,
 		subFields:    map[string]map[string]any{},
 		invFields:    map[string]map[string]any{},
-		pendingItems: map[string][]invoiceLine{},
+		pendingItems: map[string][]InvoiceLine{},
 		balances:     map[string]int64{},
 		subs:         map[string][]byte{},
 		customers:    map[string][]byte{},
@@ -92,14 +96,11 @@ func NewAccount(p *Proxy, livemode bool) *Account {
 		entitlements: map[string][]string{},
 		clock:        1700000000,
 	}
-	if p.isDev() {
-		p.mu.Lock()
-		a.dev, a.idTag = true, p.idTag
-		p.mu.Unlock()
-		a.clock = time.Now().Unix()
-	}
+	p.mu.Lock()
+	a.idTag = p.idTag
+	p.mu.Unlock()
 	// Charges without a payment method use the default source of the account's customer.
-	p.setCustomerSource(a.defaultSource)
+	p.setCustomerSource(a.DefaultSource)
 	p.Handle("/v1/subscriptions", a.serve)
 	p.Handle("/v1/customers", a.serve)
 	p.Handle("/v1/invoices", a.serve)
@@ -239,7 +240,7 @@ func (a *Account) put(s SubscriptionSpec) string {
 		a.invoices[inv.ID] = mustJSON(obj)
 		latest = inv.ID
 	}
-	price := a.p.priceObject(s.PriceID, a.livemode)
+	price := a.p.PriceObject(s.PriceID, a.livemode)
 	obj := map[string]any{
 		"id": s.ID, "object": "subscription", "customer": s.Customer, "status": s.Status,
 		"livemode": a.livemode, "created": created, "metadata": md, "quantity": s.Quantity,
@@ -290,8 +291,8 @@ func (a *Account) SetInvoiceFields(id string, fields map[string]any) {
 	}
 }
 
-// subscriptionFields are the fields set by SetSubscriptionFields, as JSON decodes them.
-func (a *Account) subscriptionFields(id string) map[string]any {
+// SubscriptionFields are the fields set by SetSubscriptionFields, as JSON decodes them.
+func (a *Account) SubscriptionFields(id string) map[string]any {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return decode(mustJSON(a.subFields[id]))
@@ -308,20 +309,20 @@ func mergeFields(dst, src map[string]any) map[string]any {
 }
 
 // PendingItems returns a subscription's pending invoice items (prorations not yet invoiced).
-func (a *Account) PendingItems(subscriptionID string) []invoiceLine {
+func (a *Account) PendingItems(subscriptionID string) []InvoiceLine {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return slices.Clone(a.pendingItems[subscriptionID])
 }
 
-func (a *Account) addPendingItems(subscriptionID string, lines ...invoiceLine) {
+func (a *Account) AddPendingItems(subscriptionID string, lines ...InvoiceLine) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.pendingItems[subscriptionID] = append(a.pendingItems[subscriptionID], lines...)
 }
 
-// takePendingItems returns a subscription's pending items and clears them (an invoice bills them).
-func (a *Account) takePendingItems(subscriptionID string) []invoiceLine {
+// TakePendingItems returns a subscription's pending items and clears them (an invoice bills them).
+func (a *Account) TakePendingItems(subscriptionID string) []InvoiceLine {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	lines := a.pendingItems[subscriptionID]
@@ -336,7 +337,7 @@ func (a *Account) Balance(customerID string) int64 {
 	return a.balances[customerID]
 }
 
-func (a *Account) setBalance(customerID string, b int64) {
+func (a *Account) SetBalance(customerID string, b int64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.balances[customerID] = b
@@ -435,20 +436,36 @@ func (a *Account) Spec(id string) (SubscriptionSpec, bool) {
 	return spec, true
 }
 
-// Now is the account's clock: in Dev mode the wall clock moved on by Advance.
+// Now is the account's clock: with UseWallClock the wall clock moved on by Advance.
 func (a *Account) Now() time.Time {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.now()
 }
 
-// Advance moves the dev clock on by d (a test clock); it never goes back.
+// UseWallClock makes the account's clock the wall clock (moved on by Advance), from now on.
+func (a *Account) UseWallClock() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.wall = true
+	a.clock = max(a.clock, time.Now().Unix())
+}
+
+// SetNewCustomerCard gives a customer created through the API that names no payment method pm
+// as its invoice_settings.default_payment_method ("": none).
+func (a *Account) SetNewCustomerCard(pm string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.newCustomerCard = pm
+}
+
+// Advance moves the account's clock on by d (a test clock); it never goes back.
 func (a *Account) Advance(d time.Duration) time.Time {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	switch {
 	case d <= 0:
-	case a.dev:
+	case a.wall:
 		a.offset += d
 	default:
 		a.clock += int64(d / time.Second)
@@ -787,9 +804,8 @@ func (a *Account) saveCustomer(id string, f url.Values) Answer {
 			md[k], _ = v.(string)
 		}
 		spec := CustomerSpec{Email: f.Get("email"), Name: f.Get("name"), Metadata: md}
-		if a.dev && !f.Has("invoice_settings[default_payment_method]") && !f.Has("source") {
-			// So that the dev loop's charges succeed until a developer sets another test card.
-			spec.DefaultPaymentMethod = DefaultCard
+		if !f.Has("invoice_settings[default_payment_method]") && !f.Has("source") {
+			spec.DefaultPaymentMethod = a.newCustomerCard
 		}
 		id = a.AddCustomer(spec)
 	}
@@ -831,8 +847,8 @@ func (a *Account) saveCustomer(id string, f url.Values) Answer {
 	return Answer{Status: http.StatusOK, Body: obj}
 }
 
-// defaultSource is a customer's default_source ("" when unknown or none).
-func (a *Account) defaultSource(customerID string) string {
+// DefaultSource is a customer's default_source ("" when unknown or none).
+func (a *Account) DefaultSource(customerID string) string {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	s, _ := decode(a.customers[customerID])["default_source"].(string)
@@ -1049,7 +1065,7 @@ func (a *Account) nextID(prefix string) string {
 // tick returns the created time of a new object; call with mu held. The dev clock never goes
 // back, and objects of one second share it, as at Stripe.
 func (a *Account) tick() int64 {
-	if a.dev {
+	if a.wall {
 		a.clock = max(a.clock, time.Now().Add(a.offset).Unix())
 		return a.clock
 	}
@@ -1060,7 +1076,7 @@ func (a *Account) tick() int64 {
 // now is the account's present: the dev clock, or else the time of the newest object; call with
 // mu held.
 func (a *Account) now() time.Time {
-	if a.dev {
+	if a.wall {
 		return time.Unix(max(a.clock, time.Now().Add(a.offset).Unix()), 0)
 	}
 	return time.Unix(a.clock, 0)

@@ -124,3 +124,11 @@ func (p *Proxy) defaultSource(customerID string) string {
 	}
 	return ""
 }
+
+// CardDeclines reports whether charging pm fails off-session and at Checkout. A card that needs
+// 3-D Secure is authenticated by the customer at Checkout, but not at a renewal, where nobody is
+// there to.
+func CardDeclines(pm string, offSession bool) bool {
+	out, special := testCard(pm)
+	return special && (!out.authenticate || offSession)
+}

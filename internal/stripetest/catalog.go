@@ -307,8 +307,8 @@ func (c *Catalog) priceObject(id string) map[string]any {
 	return p.Object(c.livemode)
 }
 
-// priceFeatures are the lookup keys of the features of a price's product.
-func (c *Catalog) priceFeatures(priceID string) []string {
+// PriceFeatures are the lookup keys of the features of a price's product.
+func (c *Catalog) PriceFeatures(priceID string) []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	p, ok := c.prices[priceID]
@@ -318,8 +318,8 @@ func (c *Catalog) priceFeatures(priceID string) []string {
 	return slices.Clone(c.features[p.Product])
 }
 
-// couponTerms is what a promotion code takes off an invoice.
-type couponTerms struct {
+// CouponTerms is what a promotion code takes off an invoice.
+type CouponTerms struct {
 	PromotionCode string
 	Coupon        map[string]any // the coupon object
 	PercentOff    float64
@@ -328,28 +328,28 @@ type couponTerms struct {
 
 // redeemable checks that a promotion code may be redeemed by customer now and returns its
 // terms; the error is Stripe's kind of refusal.
-func (c *Catalog) redeemable(id, customer string) (couponTerms, Answer, bool) {
+func (c *Catalog) redeemable(id, customer string) (CouponTerms, Answer, bool) {
 	now := c.clock()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	pc, ok := c.promos[id]
 	if !ok {
-		return couponTerms{}, Answer{Status: http.StatusBadRequest, Body: apiError("invalid_request_error", "resource_missing",
+		return CouponTerms{}, Answer{Status: http.StatusBadRequest, Body: apiError("invalid_request_error", "resource_missing",
 			"No such promotion code: '"+id+"'")}, false
 	}
 	if !c.active(pc, now) {
-		return couponTerms{}, Answer{Status: http.StatusBadRequest, Body: apiError("invalid_request_error", "",
+		return CouponTerms{}, Answer{Status: http.StatusBadRequest, Body: apiError("invalid_request_error", "",
 			"The promotion code '"+pc.spec.Code+"' is not active.")}, false
 	}
 	if pc.spec.Customer != "" && pc.spec.Customer != customer {
-		return couponTerms{}, Answer{Status: http.StatusBadRequest, Body: apiError("invalid_request_error", "",
+		return CouponTerms{}, Answer{Status: http.StatusBadRequest, Body: apiError("invalid_request_error", "",
 			"The promotion code '"+pc.spec.Code+"' cannot be redeemed by this customer.")}, false
 	}
-	return couponTerms{PromotionCode: id, Coupon: c.couponObject(pc), PercentOff: pc.spec.PercentOff, AmountOff: pc.spec.AmountOff}, Answer{}, true
+	return CouponTerms{PromotionCode: id, Coupon: c.couponObject(pc), PercentOff: pc.spec.PercentOff, AmountOff: pc.spec.AmountOff}, Answer{}, true
 }
 
-// coupon is a promotion code's coupon object (nil when the code is unknown).
-func (c *Catalog) coupon(id string) map[string]any {
+// Coupon is a promotion code's coupon object (nil when the code is unknown).
+func (c *Catalog) Coupon(id string) map[string]any {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if pc, ok := c.promos[id]; ok {
@@ -358,8 +358,8 @@ func (c *Catalog) coupon(id string) map[string]any {
 	return nil
 }
 
-// redeem counts a redemption of a promotion code.
-func (c *Catalog) redeem(id string) {
+// Redeem counts a redemption of a promotion code.
+func (c *Catalog) Redeem(id string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if pc, ok := c.promos[id]; ok {

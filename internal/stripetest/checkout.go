@@ -28,9 +28,8 @@ type CheckoutSessions struct {
 	// forms are the creates' parameters by session: what Stripe knows of a session beyond the
 	// object (line items, subscription_data), which completing it needs.
 	forms map[string]url.Values
-	idTag string // the proxy's, in Dev mode: ids unique across restarts
-	// pageBase, in the dev loop: a session's url is the dev Stripe's page of it (pageBase+id)
-	// instead of Stripe's, which knows no session of ours.
+	idTag string // the proxy's (SetIDTag): ids unique across restarts
+	// pageBase: a session's url is pageBase+id instead of Stripe's page (SetPageBase).
 	pageBase string
 	p        *Proxy
 }
@@ -178,6 +177,14 @@ func (c *CheckoutSessions) create(r Request) Answer {
 	c.order = append(c.order, id)
 	c.forms[id] = maps.Clone(f)
 	return Answer{Status: http.StatusOK, Body: checkoutCopy(s)}
+}
+
+// SetPageBase makes a new session's url base+id, a page of the program serving the sessions (the
+// dev Stripe's), instead of Stripe's, which knows no session of ours.
+func (c *CheckoutSessions) SetPageBase(base string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.pageBase = base
 }
 
 func (c *CheckoutSessions) pageURL(id string) string {

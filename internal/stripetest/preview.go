@@ -15,8 +15,8 @@ import (
 // a credit for the unused time on the old price × quantity and a charge for the remaining time on
 // the new one, each rounded to the nearest cent.
 
-// priceTerms is what a price charges.
-type priceTerms struct {
+// PriceTerms is what a price charges.
+type PriceTerms struct {
 	ID, Name      string // Name: the product's
 	UnitAmount    int64
 	Currency      string
@@ -24,8 +24,8 @@ type priceTerms struct {
 	IntervalCount int64
 }
 
-// next is the end of a period of the price starting at from.
-func (t priceTerms) next(from time.Time) time.Time {
+// Next is the end of a period of the price starting at from.
+func (t PriceTerms) Next(from time.Time) time.Time {
 	n := int(max(t.IntervalCount, 1))
 	switch t.Interval {
 	case "year":
@@ -38,30 +38,30 @@ func (t priceTerms) next(from time.Time) time.Time {
 	return from.AddDate(0, n, 0)
 }
 
-func (t priceTerms) sameInterval(o priceTerms) bool {
+func (t PriceTerms) SameInterval(o PriceTerms) bool {
 	return t.Interval == o.Interval && max(t.IntervalCount, 1) == max(o.IntervalCount, 1)
 }
 
-// priceTerms are a price's terms from the catalog; in Dev mode a price the catalog does not know
-// costs DevUnitAmount a month (what every dev price cost before there was a catalog).
-func (p *Proxy) priceTerms(id string) (priceTerms, bool) {
+// PriceTerms are a price's terms from the catalog; with Hooks.UnknownPriceAmount a price the
+// catalog does not know costs that a month.
+func (p *Proxy) PriceTerms(id string) (PriceTerms, bool) {
 	p.mu.Lock()
-	c, dev := p.catalog, p.dev
+	c, fallback := p.catalog, p.hooks.UnknownPriceAmount
 	p.mu.Unlock()
 	if c != nil {
 		if pr, name, ok := c.price(id); ok && len(pr.Tiers) == 0 {
-			return priceTerms{ID: id, Name: name, UnitAmount: pr.UnitAmount, Currency: orUSD(pr.Currency),
+			return PriceTerms{ID: id, Name: name, UnitAmount: pr.UnitAmount, Currency: orUSD(pr.Currency),
 				Interval: pr.Interval, IntervalCount: pr.IntervalCount}, true
 		}
 	}
-	if dev {
-		return priceTerms{ID: id, Name: id, UnitAmount: DevUnitAmount, Currency: "usd", Interval: "month", IntervalCount: 1}, true
+	if fallback > 0 {
+		return PriceTerms{ID: id, Name: id, UnitAmount: fallback, Currency: "usd", Interval: "month", IntervalCount: 1}, true
 	}
-	return priceTerms{}, false
+	return PriceTerms{}, false
 }
 
-// priceObject is the price object a subscription item carries: the catalog's, else a stub.
-func (p *Proxy) priceObject(id string, livemode bool) map[string]any {
+// PriceObject is the price object a subscription item carries: the catalog's, else a stub.
+func (p *Proxy) PriceObject(id string, livemode bool) map[string]any {
 	p.mu.Lock()
 	c := p.catalog
 	p.mu.Unlock()
@@ -73,8 +73,8 @@ func (p *Proxy) priceObject(id string, livemode bool) map[string]any {
 	return map[string]any{"id": id, "object": "price", "active": true, "currency": "usd", "livemode": livemode, "type": "recurring"}
 }
 
-// invoiceLine is a line of a computed invoice.
-type invoiceLine struct {
+// InvoiceLine is a line of a computed invoice.
+type InvoiceLine struct {
 	Description string
 	Amount      int64
 	Currency    string
@@ -84,16 +84,16 @@ type invoiceLine struct {
 	Quantity    int64
 }
 
-// prorate returns the proration lines of changing from old × oldQty to new × newQty at at, within
+// Prorate returns the proration lines of changing from old × oldQty to new × newQty at at, within
 // the period [start, end): a credit for the unused time and a charge for the remaining time, by
 // the seconds left. None when nothing is left of the period or nothing changes.
-func prorate(old priceTerms, oldQty int64, new priceTerms, newQty int64, start, end, at time.Time) []invoiceLine {
+func Prorate(old PriceTerms, oldQty int64, new PriceTerms, newQty int64, start, end, at time.Time) []InvoiceLine {
 	period, left := end.Unix()-start.Unix(), end.Unix()-at.Unix()
 	if period <= 0 || left <= 0 || (old.ID == new.ID && oldQty == newQty) {
 		return nil
 	}
 	left = min(left, period)
-	return []invoiceLine{
+	return []InvoiceLine{
 		{Description: "Unused time on " + seats(oldQty, old.Name) + " after " + at.UTC().Format("2 Jan 2006"),
 			Amount: -prorated(old.UnitAmount*oldQty, left, period), Currency: old.Currency, Proration: true,
 			Start: at, End: end, Price: old.ID, Quantity: oldQty},
@@ -103,10 +103,10 @@ func prorate(old priceTerms, oldQty int64, new priceTerms, newQty int64, start, 
 	}
 }
 
-// unusedTime is only the credit of prorate (a change of interval bills the new price for a whole
+// UnusedTime is only the credit of Prorate (a change of interval bills the new price for a whole
 // new period instead).
-func unusedTime(old priceTerms, qty int64, start, end, at time.Time) []invoiceLine {
-	lines := prorate(old, qty, priceTerms{ID: "\x00"}, 0, start, end, at)
+func UnusedTime(old PriceTerms, qty int64, start, end, at time.Time) []InvoiceLine {
+	lines := Prorate(old, qty, PriceTerms{ID: "\x00"}, 0, start, end, at)
 	if len(lines) == 0 {
 		return nil
 	}
@@ -118,9 +118,9 @@ func prorated(amount, left, period int64) int64 {
 	return int64(math.Round(float64(amount) * float64(left) / float64(period)))
 }
 
-// periodLine is the line of a period of a price × quantity, billed in advance.
-func periodLine(t priceTerms, qty int64, start, end time.Time) invoiceLine {
-	return invoiceLine{Description: fmt.Sprintf("%d × %s (at %s / %s)", qty, t.Name, money(t.UnitAmount, t.Currency), t.Interval),
+// PeriodLine is the line of a period of a price × quantity, billed in advance.
+func PeriodLine(t PriceTerms, qty int64, start, end time.Time) InvoiceLine {
+	return InvoiceLine{Description: fmt.Sprintf("%d × %s (at %s / %s)", qty, t.Name, Money(t.UnitAmount, t.Currency), t.Interval),
 		Amount: t.UnitAmount * qty, Currency: t.Currency, Start: start, End: end, Price: t.ID, Quantity: qty}
 }
 
@@ -131,16 +131,16 @@ func seats(qty int64, name string) string {
 	return fmt.Sprintf("%d × %s", qty, name)
 }
 
-func money(cents int64, cur string) string {
+func Money(cents int64, cur string) string {
 	if cur == "usd" || cur == "" {
 		return fmt.Sprintf("$%d.%02d", cents/100, cents%100)
 	}
 	return fmt.Sprintf("%d.%02d %s", cents/100, cents%100, strings.ToUpper(cur))
 }
 
-// invoiceTotals are an invoice's sums. A credit (negative total) is not charged: amount_due is 0
+// InvoiceTotals are an invoice's sums. A credit (negative total) is not charged: amount_due is 0
 // and the rest goes to the customer's balance, used by the next invoice (Stripe's way).
-type invoiceTotals struct {
+type InvoiceTotals struct {
 	Subtotal, Discount, Total int64
 	// StartingBalance and EndingBalance are the customer's balance before and after (negative:
 	// credit, Stripe's sign).
@@ -148,10 +148,10 @@ type invoiceTotals struct {
 	AmountDue                      int64
 }
 
-// totalsOf sums lines, takes the coupon off (never below 0: a discount lowers what is charged,
+// TotalsOf sums lines, takes the coupon off (never below 0: a discount lowers what is charged,
 // not a credit), then applies the customer's balance.
-func totalsOf(lines []invoiceLine, coupon *couponTerms, balance int64) invoiceTotals {
-	var t invoiceTotals
+func TotalsOf(lines []InvoiceLine, coupon *CouponTerms, balance int64) InvoiceTotals {
+	var t InvoiceTotals
 	for _, l := range lines {
 		t.Subtotal += l.Amount
 	}
@@ -169,8 +169,8 @@ func totalsOf(lines []invoiceLine, coupon *couponTerms, balance int64) invoiceTo
 	return t
 }
 
-// invoiceFields are the fields of a computed invoice beyond what an InvoiceSpec holds.
-func invoiceFields(invoiceID, subscription string, lines []invoiceLine, t invoiceTotals, discount map[string]any,
+// InvoiceFields are the fields of a computed invoice beyond what an InvoiceSpec holds.
+func InvoiceFields(invoiceID, subscription string, lines []InvoiceLine, t InvoiceTotals, discount map[string]any,
 	automaticTax bool, livemode bool, priceObject func(string) map[string]any) map[string]any {
 	data := make([]any, len(lines))
 	for i, l := range lines {
@@ -210,14 +210,14 @@ func invoiceFields(invoiceID, subscription string, lines []invoiceLine, t invoic
 	return out
 }
 
-// couponOf reads the terms of a subscription's discount object (nil when none).
-func couponOf(discount any) *couponTerms {
+// CouponOf reads the terms of a subscription's discount object (nil when none).
+func CouponOf(discount any) *CouponTerms {
 	d, _ := discount.(map[string]any)
 	coupon, _ := d["coupon"].(map[string]any)
 	if coupon == nil {
 		return nil
 	}
-	t := &couponTerms{Coupon: coupon}
+	t := &CouponTerms{Coupon: coupon}
 	t.PromotionCode, _ = d["promotion_code"].(string)
 	if f, ok := coupon["percent_off"].(float64); ok {
 		t.PercentOff = f
@@ -256,13 +256,13 @@ func (a *Account) servePreview(r Request) Answer {
 		return Answer{Status: http.StatusBadRequest, Body: apiError("invalid_request_error", "resource_missing",
 			"No such subscription item: '"+id+"'")}
 	}
-	old, ok := a.p.priceTerms(spec.PriceID)
+	old, ok := a.p.PriceTerms(spec.PriceID)
 	if !ok {
 		return pass()
 	}
 	newT := old
 	if id := f.Get(item + "[price]"); id != "" {
-		if newT, ok = a.p.priceTerms(id); !ok {
+		if newT, ok = a.p.PriceTerms(id); !ok {
 			return pass()
 		}
 	}
@@ -289,27 +289,27 @@ func (a *Account) servePreview(r Request) Answer {
 	prorations := f.Get("subscription_details[proration_behavior]") != "none"
 
 	lines := a.PendingItems(subID)
-	start, end := spec.CurrentPeriodEnd, newT.next(spec.CurrentPeriodEnd)
+	start, end := spec.CurrentPeriodEnd, newT.Next(spec.CurrentPeriodEnd)
 	nextAttempt := spec.CurrentPeriodEnd
-	if !old.sameInterval(newT) {
+	if !old.SameInterval(newT) {
 		// A change of interval restarts the billing cycle now: the new price's whole period is
 		// invoiced at once, with the unused time of the old one credited.
-		start, end, nextAttempt = at, newT.next(at), at
+		start, end, nextAttempt = at, newT.Next(at), at
 		if prorations {
-			lines = append(lines, unusedTime(old, qty, spec.CurrentPeriodStart, spec.CurrentPeriodEnd, at)...)
+			lines = append(lines, UnusedTime(old, qty, spec.CurrentPeriodStart, spec.CurrentPeriodEnd, at)...)
 		}
 	} else if prorations {
-		lines = append(lines, prorate(old, qty, newT, newQty, spec.CurrentPeriodStart, spec.CurrentPeriodEnd, at)...)
+		lines = append(lines, Prorate(old, qty, newT, newQty, spec.CurrentPeriodStart, spec.CurrentPeriodEnd, at)...)
 	}
-	lines = append(lines, periodLine(newT, newQty, start, end))
+	lines = append(lines, PeriodLine(newT, newQty, start, end))
 
 	sub := decode(a.Subscription(subID))
-	coupon := couponOf(sub["discount"])
+	coupon := CouponOf(sub["discount"])
 	autoTax := f.Get("automatic_tax[enabled]") == "true"
 	if m, ok := sub["automatic_tax"].(map[string]any); ok && m["enabled"] == true {
 		autoTax = true
 	}
-	t := totalsOf(lines, coupon, a.Balance(spec.Customer))
+	t := TotalsOf(lines, coupon, a.Balance(spec.Customer))
 	id := "upcoming_in_" + strings.TrimPrefix(subID, "sub_")
 	inv := map[string]any{
 		"id": id, "object": "invoice", "status": "draft", "customer": spec.Customer, "subscription": subID,
@@ -324,8 +324,8 @@ func (a *Account) servePreview(r Request) Answer {
 	if d, ok := sub["discount"].(map[string]any); ok {
 		discount = d
 	}
-	for k, v := range invoiceFields(id, subID, lines, t, discount, autoTax, a.livemode, func(p string) map[string]any {
-		return a.p.priceObject(p, a.livemode)
+	for k, v := range InvoiceFields(id, subID, lines, t, discount, autoTax, a.livemode, func(p string) map[string]any {
+		return a.p.PriceObject(p, a.livemode)
 	}) {
 		inv[k] = v
 	}

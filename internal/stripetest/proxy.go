@@ -21,8 +21,8 @@
 // customers, invoices, invoice previews priced from the catalog), CheckoutSessions, MeterEvents
 // (meter events by identifier) and Catalog (products, prices, features, promotion codes).
 //
-// Dev adds what a person at the dev loop needs (dev.go): remembered customers whose default
-// payment method picks the outcome of their charges, and local Customer Portal pages.
+// A program built on the proxy extends it through Hooks and SetIDTag (the dev Stripe of
+// `make run`, internal/devstripe): the proxy itself has no dev mode.
 //
 // Everything a test sets up applies to "the next n requests" of a method and path, in order.
 package stripetest
@@ -158,13 +158,11 @@ type Proxy struct {
 	rng     *rand.Rand
 	faulted map[Fault]int // faults injected, by kind
 	routes  []route       // stateful resources served here, not by stripe-mock
-	dev     bool          // see Dev
-	idTag   string        // set by Dev: makes ids unique across processes
+	idTag   string        // see SetIDTag
 	onReq   func(Request) // see OnRequest
 	// customerSource answers a customer's default_source when an Account keeps the customers.
 	customerSource func(customerID string) string
-	// devPages serves /dev/… (DevStripe's endpoints), in Dev mode.
-	devPages http.Handler
+	hooks          Hooks // see SetHooks
 	// catalog is the products, prices and promotion codes served here (NewCatalog); nil: none,
 	// and stripe-mock answers them.
 	catalog *Catalog
@@ -491,15 +489,7 @@ func (p *Proxy) OnRequest(fn func(Request)) {
 }
 
 func (p *Proxy) serve(w http.ResponseWriter, hr *http.Request) {
-	if p.isDev() && strings.HasPrefix(hr.URL.Path, devPortalPath) {
-		p.portalPage(w, hr)
-		return
-	}
-	p.mu.Lock()
-	dev := p.devPages
-	p.mu.Unlock()
-	if dev != nil && strings.HasPrefix(hr.URL.Path, "/dev/") {
-		dev.ServeHTTP(w, hr)
+	if p.hooked(w, hr) {
 		return
 	}
 	body, _ := io.ReadAll(hr.Body)
@@ -676,10 +666,12 @@ func (p *Proxy) execute(w http.ResponseWriter, req Request, hr *http.Request, bo
 				return status, b
 			}
 		}
-		p.devCreated(req, obj)
+		if h := p.Hooks(); h.Created != nil {
+			h.Created(req, obj)
+		}
 	}
-	if !create {
-		obj = p.devCustomer(req, obj)
+	if h := p.Hooks(); !create && h.Answered != nil {
+		obj = h.Answered(req, obj)
 	}
 	if r := p.take(req.Method, req.Path, func(r *rule) bool { return r.mutate != nil }); r != nil {
 		r.mutate(req, obj)

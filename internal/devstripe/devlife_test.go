@@ -1,4 +1,4 @@
-package stripetest
+package devstripe
 
 import (
 	"encoding/json"
@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"billing/internal/stripeevents"
+	"billing/internal/stripetest"
 	"billing/internal/testenv"
 )
 
@@ -51,7 +52,7 @@ func newDevLife(t *testing.T) (*DevStripe, *devReceiver) {
 	}))
 	t.Cleanup(srv.Close)
 	// stripe-mock behind: portal sessions are its (the dev Stripe keeps no state of its own for them).
-	d := NewDevStripe(New(t, testenv.StripeMockURL(t)))
+	d := NewDevStripe(stripetest.New(t, testenv.StripeMockURL(t)))
 	d.Webhooks = &WebhookSender{URL: srv.URL, Secret: "whsec_x"}
 	return d, rec
 }
@@ -216,7 +217,7 @@ func TestDevPortalChangeAndExhaustedRetries(t *testing.T) {
 	if status != http.StatusOK {
 		t.Fatalf("portal session: %d %v", status, ps)
 	}
-	if _, res := devPost(t, d, "/dev/portal/sessions/"+strings.TrimPrefix(str(ps, "url"), d.Proxy.PortalBase()+devPortalPath)+"/apply", nil); len(res.Changes) != 1 || res.Changes[0].What != "changed" {
+	if _, res := devPost(t, d, "/dev/portal/sessions/"+strings.TrimPrefix(str(ps, "url"), PortalBase(d.Proxy)+devPortalPath)+"/apply", nil); len(res.Changes) != 1 || res.Changes[0].What != "changed" {
 		t.Errorf("portal change: %+v", res)
 	}
 	// price_team is the catalog's Team: its features become the customer's.
@@ -297,7 +298,7 @@ func TestDevPagesPlayTheCustomer(t *testing.T) {
 	cus := str(c, "id")
 	cs := d.testSession(t, cus, url.Values{"success_url": {"http://localhost:8080/welcome?s={CHECKOUT_SESSION_ID}"}})
 	page := str(d.Sessions.Get(cs), "url")
-	if !strings.HasPrefix(page, d.Proxy.PortalBase()+"/dev/checkout/sessions/") {
+	if !strings.HasPrefix(page, PortalBase(d.Proxy)+"/dev/checkout/sessions/") {
 		t.Fatalf("session url %q is not the dev Stripe's page", page)
 	}
 	resp, err := http.Get(page)

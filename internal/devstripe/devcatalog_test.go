@@ -1,4 +1,4 @@
-package stripetest
+package devstripe
 
 import (
 	"context"
@@ -20,6 +20,7 @@ import (
 
 	"billing/internal/stripeclient"
 	"billing/internal/stripeevents"
+	"billing/internal/stripetest"
 	"billing/internal/testenv"
 )
 
@@ -272,7 +273,7 @@ func TestDevSendsTheSeededCatalog(t *testing.T) {
 		got = append(got, ev)
 	}))
 	t.Cleanup(srv.Close)
-	d := NewDevStripe(New(t, testenv.StripeMockURL(t)))
+	d := NewDevStripe(stripetest.New(t, testenv.StripeMockURL(t)))
 	// Fewer attempts than the service's start takes: only SendWithin's patience gets through.
 	d.Webhooks = &WebhookSender{URL: srv.URL, Secret: "whsec_x", Attempts: 2, Backoff: time.Millisecond}
 	ds, err := d.SendCatalog(context.Background(), time.Minute)

@@ -1,13 +1,14 @@
-package stripetest
+package devstripe
 
 import (
-	"encoding/json"
 	"html/template"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
 	"time"
+
+	"billing/internal/stripetest"
 )
 
 // DefaultCard is the default payment method the proxy gives a new customer in Dev mode.
@@ -16,7 +17,7 @@ const DefaultCard = "pm_card_visa"
 // devPortalPath is where Dev mode serves its stand-in of the Customer Portal.
 const devPortalPath = "/dev-portal/"
 
-// Dev makes the proxy the Stripe of the dev loop (`make run`), on top of what it does for tests:
+// Dev makes p the Stripe of the dev loop (`make run`), on top of what it does for tests:
 //
 //   - customers created through it are kept: retrieving one answers the kept object, and an update
 //     (POST /v1/customers/{id}) changes it — email, name, metadata,
@@ -28,25 +29,25 @@ const devPortalPath = "/dev-portal/"
 //     (http://localhost:PORT/dev-portal/bps_…) instead of stripe-mock's placeholder;
 //   - ids are unique across processes (cus_proxy<start time>000001), as Stripe's are: the
 //     service's database outlives a restart of the proxy, and a reused id would link two users
-//     to one customer.
+//     to one customer;
+//   - a price the catalog does not know costs DevUnitAmount a month.
 //
-// Tests leave it off: they state every answer they depend on.
-func (p *Proxy) Dev() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.dev = true
-	p.idTag = strconv.FormatInt(time.Now().UnixNano(), 36)
-}
-
-func (p *Proxy) isDev() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.dev
+// It does so through the proxy's Hooks and SetIDTag: the emulator itself has no dev mode. Tests
+// leave it off: they state every answer they depend on.
+func Dev(p *stripetest.Proxy) {
+	p.SetIDTag(strconv.FormatInt(time.Now().UnixNano(), 36))
+	p.SetHooks(stripetest.Hooks{
+		Created:  func(req stripetest.Request, obj map[string]any) { devCreated(p, req, obj) },
+		Answered: func(req stripetest.Request, obj map[string]any) map[string]any { return devCustomer(p, req, obj) },
+		Pages:    portalPages(p, false), PagePrefixes: []string{devPortalPath},
+		// What every dev price cost before there was a catalog.
+		UnknownPriceAmount: DevUnitAmount,
+	})
 }
 
 // PortalBase is the base of the local portal pages: the proxy's URL, named localhost for a
 // browser.
-func (p *Proxy) PortalBase() string {
+func PortalBase(p *stripetest.Proxy) string {
 	u, err := url.Parse(p.URL)
 	if err != nil {
 		return p.URL
@@ -58,10 +59,7 @@ func (p *Proxy) PortalBase() string {
 }
 
 // devCreated completes an object created through the proxy in Dev mode.
-func (p *Proxy) devCreated(req Request, obj map[string]any) {
-	if !p.isDev() {
-		return
-	}
+func devCreated(p *stripetest.Proxy, req stripetest.Request, obj map[string]any) {
 	switch req.Path {
 	case "/v1/customers":
 		settings, _ := obj["invoice_settings"].(map[string]any)
@@ -87,7 +85,7 @@ func (p *Proxy) devCreated(req Request, obj map[string]any) {
 		}
 	case "/v1/billing_portal/sessions":
 		id, _ := obj["id"].(string)
-		obj["url"] = p.PortalBase() + devPortalPath + id
+		obj["url"] = PortalBase(p) + devPortalPath + id
 		obj["customer"] = req.Form.Get("customer")
 		if r := req.Form.Get("return_url"); r != "" {
 			obj["return_url"] = r
@@ -132,61 +130,56 @@ func flowOf(form url.Values) any {
 
 // devCustomer answers a retrieve or an update of a kept customer in Dev mode (after stripe-mock
 // accepted the request); anything else is left as stripe-mock answered it.
-func (p *Proxy) devCustomer(req Request, obj map[string]any) map[string]any {
+func devCustomer(p *stripetest.Proxy, req stripetest.Request, obj map[string]any) map[string]any {
 	id, ok := strings.CutPrefix(req.Path, "/v1/customers/")
-	if !ok || id == "" || strings.Contains(id, "/") || !p.isDev() {
+	if !ok || id == "" || strings.Contains(id, "/") {
 		return obj
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	var kept map[string]any
-	for _, c := range p.objects["/v1/customers"] {
-		if c["id"] == id {
-			kept = c
+	kept := p.UpdateKept("/v1/customers", id, func(kept map[string]any) {
+		if req.Method == http.MethodPost {
+			updateCustomer(kept, req.Form)
 		}
-	}
+	})
 	if kept == nil {
 		return obj
 	}
-	if req.Method == http.MethodPost {
-		for _, k := range []string{"email", "name", "description"} {
-			if req.Form.Has(k) {
-				kept[k] = req.Form.Get(k)
-			}
+	return kept
+}
+
+// updateCustomer applies an update's form to a kept customer.
+func updateCustomer(kept map[string]any, form url.Values) {
+	for _, k := range []string{"email", "name", "description"} {
+		if form.Has(k) {
+			kept[k] = form.Get(k)
 		}
-		if req.Form.Has("invoice_settings[default_payment_method]") {
-			settings, _ := kept["invoice_settings"].(map[string]any)
-			if settings == nil {
-				settings = map[string]any{}
-				kept["invoice_settings"] = settings
-			}
-			if pm := req.Form.Get("invoice_settings[default_payment_method]"); pm != "" {
-				settings["default_payment_method"] = pm
-			} else {
-				settings["default_payment_method"] = nil
-			}
-		}
-		if req.Form.Has("source") {
-			kept["default_source"] = req.Form.Get("source")
-		}
-		md, _ := kept["metadata"].(map[string]any)
-		if md == nil {
-			md = map[string]any{}
-		}
-		for k, v := range metadataOf(req.Form) {
-			if v == "" {
-				delete(md, k)
-			} else {
-				md[k] = v
-			}
-		}
-		kept["metadata"] = md
 	}
-	// A copy: the kept object changes under the lock, the answer is encoded outside it.
-	b, _ := json.Marshal(kept)
-	var out map[string]any
-	_ = json.Unmarshal(b, &out)
-	return out
+	if form.Has("invoice_settings[default_payment_method]") {
+		settings, _ := kept["invoice_settings"].(map[string]any)
+		if settings == nil {
+			settings = map[string]any{}
+			kept["invoice_settings"] = settings
+		}
+		if pm := form.Get("invoice_settings[default_payment_method]"); pm != "" {
+			settings["default_payment_method"] = pm
+		} else {
+			settings["default_payment_method"] = nil
+		}
+	}
+	if form.Has("source") {
+		kept["default_source"] = form.Get("source")
+	}
+	md, _ := kept["metadata"].(map[string]any)
+	if md == nil {
+		md = map[string]any{}
+	}
+	for k, v := range metadataOf(form) {
+		if v == "" {
+			delete(md, k)
+		} else {
+			md[k] = v
+		}
+	}
+	kept["metadata"] = md
 }
 
 var portalPageTemplate = template.Must(template.New("portal").Parse(`<!doctype html>
@@ -221,7 +214,7 @@ In test mode at Stripe, this session would open the real portal.</p>{{end}}
 `))
 
 // portalSession is a portal session made through the proxy (nil when unknown).
-func (p *Proxy) portalSession(id string) map[string]any {
+func portalSession(p *stripetest.Proxy, id string) map[string]any {
 	for _, s := range p.Objects("/v1/billing_portal/sessions") {
 		if s["id"] == id {
 			return s
@@ -232,30 +225,31 @@ func (p *Proxy) portalSession(id string) map[string]any {
 
 // portalReturnURL is where the portal sends the customer after a session's flow: its
 // after_completion redirect, else its return_url ("" when neither is a web URL).
-func (p *Proxy) portalReturnURL(id string) string {
-	sess := p.portalSession(id)
+func portalReturnURL(p *stripetest.Proxy, id string) string {
+	sess := portalSession(p, id)
 	if u := webURL(str(sess, "flow", "after_completion", "redirect", "return_url")); u != "" {
 		return u
 	}
 	return webURL(str(sess, "return_url"))
 }
 
-// portalPage serves the local stand-in of a portal session's page; with the dev Stripe's state
-// (NewDevStripe), its forms apply a cancellation or a plan change.
-func (p *Proxy) portalPage(w http.ResponseWriter, hr *http.Request) {
+// portalPages serves the local stand-in of a portal session's page; with apply (the dev Stripe's
+// state, NewDevStripe), its forms apply a cancellation or a plan change.
+func portalPages(p *stripetest.Proxy, apply bool) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, hr *http.Request) { portalPage(p, w, hr, apply) })
+}
+
+func portalPage(p *stripetest.Proxy, w http.ResponseWriter, hr *http.Request, apply bool) {
 	id := strings.TrimPrefix(hr.URL.Path, devPortalPath)
-	sess := p.portalSession(id)
+	sess := portalSession(p, id)
 	if sess == nil || hr.Method != http.MethodGet {
 		http.Error(w, "no such portal session in this dev Stripe (sessions live as long as the process)", http.StatusNotFound)
 		return
 	}
-	p.mu.Lock()
-	apply := p.devPages != nil
-	p.mu.Unlock()
 	data := struct {
 		ID, Customer, Flow, Subscription, Price, Quantity, ReturnURL string
 		Apply                                                        bool
-	}{ID: id, Apply: apply, ReturnURL: p.portalReturnURL(id)}
+	}{ID: id, Apply: apply, ReturnURL: portalReturnURL(p, id)}
 	data.Customer, _ = sess["customer"].(string)
 	if flow, ok := sess["flow"].(map[string]any); ok {
 		data.Flow, _ = flow["type"].(string)

@@ -1,11 +1,11 @@
-// Command devstripe is the Stripe API of `make run`: the test double of the tests
-// (internal/stripetest) in front of stripe-mock, in its Dev mode and with an account's state
-// (stripetest.DevStripe), so that charges behave as in Stripe's test mode (pm_card_visa succeeds,
+// Command devstripe is the Stripe API of `make run`: the emulator of the tests
+// (internal/stripetest) in front of stripe-mock, with the dev product's hooks and an account's
+// state (internal/devstripe), so that charges behave as in Stripe's test mode (pm_card_visa succeeds,
 // pm_card_chargeDeclined… decline, 3-D Secure cards need authentication), portal sessions open a
 // local page, and what the service creates is what it reads back. It is a separate program so
 // that the service's binary never carries a double of Stripe.
 //
-//	go run ./internal/devstripe --listen 127.0.0.1:12111 --upstream http://127.0.0.1:12112
+//	go run ./cmd/devstripe --listen 127.0.0.1:12111 --upstream http://127.0.0.1:12112
 package main
 
 import (
@@ -21,6 +21,7 @@ import (
 	"syscall"
 	"time"
 
+	"billing/internal/devstripe"
 	"billing/internal/stripetest"
 )
 
@@ -66,9 +67,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	defer stop()
 	// Customers, Checkout sessions, subscriptions, invoices and meter events are kept, so that
 	// the service reads back what it created.
-	dev := stripetest.NewDevStripe(p)
+	dev := devstripe.NewDevStripe(p)
 	if *webhookURL != "" {
-		dev.Webhooks = &stripetest.WebhookSender{URL: *webhookURL, Secret: *webhookSecret}
+		dev.Webhooks = &devstripe.WebhookSender{URL: *webhookURL, Secret: *webhookSecret}
 	}
 	// The default portal configuration of a Stripe account set up for the service: cancelling
 	// allowed, so that `billing doctor` and serve's start-up checks pass offline as they do
@@ -86,11 +87,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	})
 	fmt.Fprintf(stdout, "devstripe: Stripe API (test mode stand-in) at %s, in front of stripe-mock at %s\n", p.URL, *upstream)
 	fmt.Fprintf(stdout, "devstripe: new customers pay with %s; other test cards: %s, and pm_card_threeDSecure2Required (authentication)\n",
-		stripetest.DefaultCard, strings.Join([]string{"pm_card_chargeDeclined", "pm_card_chargeDeclinedInsufficientFunds", "pm_card_chargeDeclinedExpiredCard"}, ", "))
-	fmt.Fprintf(stdout, "devstripe: portal sessions open %s/dev-portal/bps_…\n", p.PortalBase())
+		devstripe.DefaultCard, strings.Join([]string{"pm_card_chargeDeclined", "pm_card_chargeDeclinedInsufficientFunds", "pm_card_chargeDeclinedExpiredCard"}, ", "))
+	fmt.Fprintf(stdout, "devstripe: portal sessions open %s/dev-portal/bps_…\n", devstripe.PortalBase(p))
 	fmt.Fprintln(stdout, "devstripe: complete a Checkout session with `billing dev checkout complete cs_…`; move time on with `billing dev advance --days N`")
 	fmt.Fprintf(stdout, "devstripe: plans %s (pro_monthly, $20/month), %s (pro_yearly), %s (team_monthly, $50/month), %s (team_yearly); promotion codes WELCOME20 (20%% off), TENOFF ($10 off)\n",
-		stripetest.DevPricePro, stripetest.DevPriceProYearly, stripetest.DevPriceTeam, stripetest.DevPriceTeamYearly)
+		devstripe.DevPricePro, devstripe.DevPriceProYearly, devstripe.DevPriceTeam, devstripe.DevPriceTeamYearly)
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer cancel()
 	if *webhookURL != "" {

@@ -1,4 +1,4 @@
-package stripetest
+package devstripe
 
 import (
 	"context"
@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"billing/internal/stripetest"
 )
 
 // The life of a subscription at the dev Stripe, played by a person at the dev loop: completing a
@@ -63,14 +65,6 @@ func devErrorf(status int, format string, args ...any) error {
 	return &DevError{Status: status, Msg: fmt.Sprintf(format, args...)}
 }
 
-// cardDeclines reports whether charging pm fails off-session and at Checkout. A card that needs
-// 3-D Secure is authenticated by the customer at Checkout, but not at a renewal, where nobody is
-// there to.
-func cardDeclines(pm string, offSession bool) bool {
-	out, special := testCard(pm)
-	return special && (!out.authenticate || offSession)
-}
-
 // CompleteCheckout pays an open subscription-mode session as its customer would with card (its
 // default payment method when empty; a card given becomes the default, as Checkout saves it for
 // renewals). The subscription is created for the session's customer with the price, quantity,
@@ -104,16 +98,16 @@ func (d *DevStripe) CompleteCheckout(ctx context.Context, sessionID, card string
 		card = DefaultCard
 	}
 	now := d.Account.Now()
-	declined := cardDeclines(card, false)
+	declined := stripetest.CardDeclines(card, false)
 
 	var events [][]byte
 	subID, retry := d.pending[sessionID]
-	var spec SubscriptionSpec
+	var spec stripetest.SubscriptionSpec
 	if retry {
 		spec, _ = d.Account.Spec(subID)
 	} else {
 		form := d.Sessions.Request(sessionID)
-		var lines []invoiceLine
+		var lines []stripetest.InvoiceLine
 		var err error
 		if spec, lines, err = d.checkoutSpec(form, customer, now); err != nil {
 			return DevResult{}, err
@@ -124,7 +118,7 @@ func (d *DevStripe) CompleteCheckout(ctx context.Context, sessionID, card string
 			"automatic_tax": map[string]any{"enabled": false, "liability": nil}}
 		if disc := d.devDiscount(form, sessionID, spec.ID, customer, now); disc != nil {
 			fields["discount"], fields["discounts"] = disc, []any{disc["id"]}
-			d.Catalog.redeem(disc["promotion_code"].(string))
+			d.Catalog.Redeem(disc["promotion_code"].(string))
 		}
 		if v := form["automatic_tax[enabled]"]; len(v) > 0 && v[0] == "true" {
 			fields["automatic_tax"] = map[string]any{"enabled": true, "liability": map[string]any{"type": "self"}}
@@ -177,7 +171,7 @@ func (d *DevStripe) CompleteCheckout(ctx context.Context, sessionID, card string
 
 // checkoutSpec is the subscription a session's create asked for, starting at now, and the lines
 // of its first invoice.
-func (d *DevStripe) checkoutSpec(f map[string][]string, customer string, now time.Time) (SubscriptionSpec, []invoiceLine, error) {
+func (d *DevStripe) checkoutSpec(f map[string][]string, customer string, now time.Time) (stripetest.SubscriptionSpec, []stripetest.InvoiceLine, error) {
 	get := func(k string) string {
 		if v := f[k]; len(v) > 0 {
 			return v[0]
@@ -186,13 +180,13 @@ func (d *DevStripe) checkoutSpec(f map[string][]string, customer string, now tim
 	}
 	price := get("line_items[0][price]")
 	if price == "" {
-		return SubscriptionSpec{}, nil, devErrorf(http.StatusBadRequest, "the session was not created through this dev Stripe's API: its line items are unknown")
+		return stripetest.SubscriptionSpec{}, nil, devErrorf(http.StatusBadRequest, "the session was not created through this dev Stripe's API: its line items are unknown")
 	}
 	qty := int64(1)
 	if q := get("line_items[0][quantity]"); q != "" {
 		n, err := strconv.ParseInt(q, 10, 64)
 		if err != nil || n < 1 {
-			return SubscriptionSpec{}, nil, devErrorf(http.StatusBadRequest, "line_items[0][quantity] %q", q)
+			return stripetest.SubscriptionSpec{}, nil, devErrorf(http.StatusBadRequest, "line_items[0][quantity] %q", q)
 		}
 		qty = n
 	}
@@ -202,20 +196,20 @@ func (d *DevStripe) checkoutSpec(f map[string][]string, customer string, now tim
 			md[strings.TrimSuffix(name, "]")] = v[0]
 		}
 	}
-	terms, _ := d.Proxy.priceTerms(price) // Dev mode: every price has terms
-	spec := SubscriptionSpec{
+	terms, _ := d.Proxy.PriceTerms(price) // Dev mode: every price has terms
+	spec := stripetest.SubscriptionSpec{
 		Customer: customer, Status: "incomplete", PriceID: price, Quantity: qty, Metadata: md, Created: now,
-		CurrentPeriodStart: now, CurrentPeriodEnd: terms.next(now),
+		CurrentPeriodStart: now, CurrentPeriodEnd: terms.Next(now),
 	}
-	inv := &InvoiceSpec{ID: d.Account.NewInvoiceID(), Currency: terms.Currency, AmountDue: terms.UnitAmount * qty, Created: now,
+	inv := &stripetest.InvoiceSpec{ID: d.Account.NewInvoiceID(), Currency: terms.Currency, AmountDue: terms.UnitAmount * qty, Created: now,
 		BillingReason: "subscription_create", PeriodStart: now, PeriodEnd: spec.CurrentPeriodEnd}
-	lines := []invoiceLine{periodLine(terms, qty, now, spec.CurrentPeriodEnd)}
+	lines := []stripetest.InvoiceLine{stripetest.PeriodLine(terms, qty, now, spec.CurrentPeriodEnd)}
 	if days, _ := strconv.Atoi(get("subscription_data[trial_period_days]")); days > 0 {
 		// A trial's period is the trial; its first invoice is of nothing, paid at once.
 		spec.Status, spec.TrialStart, spec.TrialEnd = "trialing", now, now.AddDate(0, 0, days)
 		spec.CurrentPeriodEnd = spec.TrialEnd
 		inv.AmountDue, inv.PeriodEnd = 0, spec.TrialEnd
-		lines = []invoiceLine{{Description: "Trial period for " + terms.Name, Currency: terms.Currency,
+		lines = []stripetest.InvoiceLine{{Description: "Trial period for " + terms.Name, Currency: terms.Currency,
 			Start: now, End: spec.TrialEnd, Price: price, Quantity: qty}}
 	}
 	spec.LatestInvoice = inv
@@ -308,24 +302,24 @@ func (d *DevStripe) nextDue(id string, to time.Time) (DevChange, [][]byte, bool)
 // (prorations of changes), the seats of the new period in advance, the usage of the past one in
 // arrears; the discount and the customer's balance applied. Charged to the customer's card: paid,
 // the subscription is active; declined, past_due and Stripe retries (retryDue).
-func (d *DevStripe) renew(spec SubscriptionSpec, due time.Time, reason string, ch DevChange) (DevChange, [][]byte, bool) {
+func (d *DevStripe) renew(spec stripetest.SubscriptionSpec, due time.Time, reason string, ch DevChange) (DevChange, [][]byte, bool) {
 	id := spec.ID
-	terms, _ := d.Proxy.priceTerms(spec.PriceID)
+	terms, _ := d.Proxy.PriceTerms(spec.PriceID)
 	prevStart := spec.CurrentPeriodStart
-	spec.CurrentPeriodStart, spec.CurrentPeriodEnd = due, terms.next(due)
+	spec.CurrentPeriodStart, spec.CurrentPeriodEnd = due, terms.Next(due)
 	qty := max(spec.Quantity, 1)
 	ch.Usage = d.unbilledUsage(spec.Customer)
-	lines := append(d.Account.takePendingItems(id), periodLine(terms, qty, due, spec.CurrentPeriodEnd))
+	lines := append(d.Account.TakePendingItems(id), stripetest.PeriodLine(terms, qty, due, spec.CurrentPeriodEnd))
 	if ch.Usage > 0 {
 		lines = append(lines, usageLine(ch.Usage, prevStart, due))
 	}
-	inv := &InvoiceSpec{ID: d.Account.NewInvoiceID(), Currency: terms.Currency,
+	inv := &stripetest.InvoiceSpec{ID: d.Account.NewInvoiceID(), Currency: terms.Currency,
 		AttemptCount: 1, Created: due, BillingReason: reason, PeriodStart: due, PeriodEnd: spec.CurrentPeriodEnd}
 	d.bill(id, spec.Customer, inv, lines)
 	spec.LatestInvoice = inv
 	pm := d.renewalCard(spec.Customer)
 	ch.Invoice = inv.ID
-	if inv.AmountDue > 0 && cardDeclines(pm, true) {
+	if inv.AmountDue > 0 && stripetest.CardDeclines(pm, true) {
 		// Stripe retries a failed renewal (retryDue).
 		inv.Status, inv.NextPaymentAttempt = "open", due.AddDate(0, 0, devRetryGaps[0])
 		spec.Status = "past_due"
@@ -367,7 +361,7 @@ func (d *DevStripe) renewalCard(customer string) string {
 	if pm := d.Account.DefaultPaymentMethod(customer); pm != "" {
 		return pm
 	}
-	return d.Account.defaultSource(customer)
+	return d.Account.DefaultSource(customer)
 }
 
 // devRetryGaps are the days between a failed renewal's attempts (Smart Retries, as Stripe's
@@ -380,7 +374,7 @@ var devRetryGaps = []int{3, 5, 7}
 // (invoice.paid, invoice.payment_succeeded, customer.subscription.updated); declined, the next
 // attempt is scheduled (invoice.payment_failed), or, after the last, the subscription is canceled
 // (invoice.payment_failed with no next attempt, customer.subscription.deleted).
-func (d *DevStripe) retryDue(spec SubscriptionSpec, ch DevChange) (DevChange, [][]byte, bool) {
+func (d *DevStripe) retryDue(spec stripetest.SubscriptionSpec, ch DevChange) (DevChange, [][]byte, bool) {
 	inv := spec.LatestInvoice
 	at := inv.NextPaymentAttempt
 	inv.AttemptCount++
@@ -388,7 +382,7 @@ func (d *DevStripe) retryDue(spec SubscriptionSpec, ch DevChange) (DevChange, []
 	pm := d.renewalCard(spec.Customer)
 	var events [][]byte
 	switch {
-	case !cardDeclines(pm, true):
+	case !stripetest.CardDeclines(pm, true):
 		inv.Status, inv.AmountPaid, inv.NextPaymentAttempt = "paid", inv.AmountDue, time.Time{}
 		spec.Status = "active"
 		d.Account.PutSubscription(spec)
@@ -500,7 +494,7 @@ func (d *DevStripe) serveDev() http.Handler {
 		id := r.PathValue("id")
 		res, err := d.ApplyPortal(r.Context(), id, choice)
 		if err == nil && r.FormValue("page") != "" {
-			if to := d.Proxy.portalReturnURL(id); to != "" {
+			if to := portalReturnURL(d.Proxy, id); to != "" {
 				http.Redirect(w, r, to, http.StatusSeeOther)
 				return
 			}

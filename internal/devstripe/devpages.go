@@ -1,10 +1,12 @@
-package stripetest
+package devstripe
 
 import (
 	"html/template"
 	"net/http"
 	"net/url"
 	"strings"
+
+	"billing/internal/stripetest"
 )
 
 // The pages a customer sees at the dev Stripe — a Checkout session's and a portal session's —
@@ -58,8 +60,8 @@ func (d *DevStripe) checkoutPage(w http.ResponseWriter, r *http.Request) {
 		Cards                                                          any
 	}{ID: id, Price: f.Get("line_items[0][price]"), Quantity: f.Get("line_items[0][quantity]"), Cards: devCards,
 		Promo: f.Get("discounts[0][promotion_code]")}
-	if t, ok := d.Proxy.priceTerms(data.Price); ok {
-		data.Terms = t.Name + ", " + money(t.UnitAmount, t.Currency) + " a seat per " + t.Interval
+	if t, ok := d.Proxy.PriceTerms(data.Price); ok {
+		data.Terms = t.Name + ", " + stripetest.Money(t.UnitAmount, t.Currency) + " a seat per " + t.Interval
 	}
 	data.Customer, _ = s["customer"].(string)
 	data.Status, _ = s["status"].(string)

@@ -1,8 +1,10 @@
-package stripetest
+package devstripe
 
 import (
 	"context"
 	"net/http"
+
+	"billing/internal/stripetest"
 )
 
 // The Customer Portal at the dev Stripe: what a customer confirms on a portal session's page,
@@ -103,7 +105,7 @@ func (d *DevStripe) ApplyPortal(ctx context.Context, sessionID string, choice Po
 		spec.CancelAtPeriodEnd, spec.CancelAt, spec.CanceledAt = true, spec.CurrentPeriodEnd, now
 		ch.What = "cancel_at_period_end"
 	} else {
-		old, _ := d.Proxy.priceTerms(spec.PriceID)
+		old, _ := d.Proxy.PriceTerms(spec.PriceID)
 		oldQty := max(spec.Quantity, 1)
 		if choice.Price != "" {
 			spec.PriceID = choice.Price
@@ -112,14 +114,14 @@ func (d *DevStripe) ApplyPortal(ctx context.Context, sessionID string, choice Po
 			spec.Quantity = choice.Quantity
 		}
 		ch.What = "changed"
-		nt, _ := d.Proxy.priceTerms(spec.PriceID)
+		nt, _ := d.Proxy.PriceTerms(spec.PriceID)
 		inPeriod := spec.Status != "trialing" && !now.Before(spec.CurrentPeriodStart) && now.Before(spec.CurrentPeriodEnd)
 		switch {
 		case !inPeriod:
-		case old.sameInterval(nt) || spec.CancelAtPeriodEnd:
-			d.Account.addPendingItems(sub, prorate(old, oldQty, nt, max(spec.Quantity, 1), spec.CurrentPeriodStart, spec.CurrentPeriodEnd, now)...)
+		case old.SameInterval(nt) || spec.CancelAtPeriodEnd:
+			d.Account.AddPendingItems(sub, stripetest.Prorate(old, oldQty, nt, max(spec.Quantity, 1), spec.CurrentPeriodStart, spec.CurrentPeriodEnd, now)...)
 		default:
-			d.Account.addPendingItems(sub, unusedTime(old, oldQty, spec.CurrentPeriodStart, spec.CurrentPeriodEnd, now)...)
+			d.Account.AddPendingItems(sub, stripetest.UnusedTime(old, oldQty, spec.CurrentPeriodStart, spec.CurrentPeriodEnd, now)...)
 			ch, events, _ := d.renew(spec, now, "subscription_update", ch)
 			ch.What = "changed"
 			events = append(events, d.syncEntitlements(customer, now)...)

@@ -1,4 +1,4 @@
-package stripetest
+package devstripe
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"billing/internal/stripeevents"
+	"billing/internal/stripetest"
 )
 
 // The dev Stripe's catalog (products, prices, features, promotion codes), what its invoices bill
@@ -29,7 +30,7 @@ const (
 )
 
 // seedDevCatalog puts the dev loop's plans in c, created at created.
-func seedDevCatalog(c *Catalog, created time.Time) {
+func seedDevCatalog(c *stripetest.Catalog, created time.Time) {
 	c.PutProduct(stripeevents.Product{ID: DevProductPro, Name: "Pro", Created: created})
 	c.PutProduct(stripeevents.Product{ID: DevProductTeam, Name: "Team", Created: created})
 	c.SetProductFeatures(DevProductPro, "api")
@@ -43,8 +44,8 @@ func seedDevCatalog(c *Catalog, created time.Time) {
 		p.Currency, p.IntervalCount, p.Created = "usd", 1, created
 		c.PutPrice(p)
 	}
-	c.PutPromotionCode(PromotionCodeSpec{ID: DevPromoWelcome20, Code: "WELCOME20", PercentOff: 20, CouponID: "dev_welcome20", Created: created})
-	c.PutPromotionCode(PromotionCodeSpec{ID: DevPromoTenOff, Code: "TENOFF", AmountOff: 1000, Currency: "usd", CouponID: "dev_tenoff", Created: created})
+	c.PutPromotionCode(stripetest.PromotionCodeSpec{ID: DevPromoWelcome20, Code: "WELCOME20", PercentOff: 20, CouponID: "dev_welcome20", Created: created})
+	c.PutPromotionCode(stripetest.PromotionCodeSpec{ID: DevPromoTenOff, Code: "TENOFF", AmountOff: 1000, Currency: "usd", CouponID: "dev_tenoff", Created: created})
 }
 
 // CatalogEvents are the events that tell the service the catalog: product.created for every
@@ -53,10 +54,10 @@ func (d *DevStripe) CatalogEvents() [][]byte {
 	now := d.Account.Now()
 	var events [][]byte
 	for _, p := range d.Catalog.Products() {
-		events = append(events, stripeevents.ProductEvent(d.Proxy.newID("evt_"), "product.created", now, false, p))
+		events = append(events, stripeevents.ProductEvent(d.Proxy.NewID("evt_"), "product.created", now, false, p))
 	}
 	for _, p := range d.Catalog.Prices() {
-		events = append(events, stripeevents.PriceEvent(d.Proxy.newID("evt_"), "price.created", now, false, p))
+		events = append(events, stripeevents.PriceEvent(d.Proxy.NewID("evt_"), "price.created", now, false, p))
 	}
 	return events
 }
@@ -86,7 +87,7 @@ func (d *DevStripe) devDiscount(form map[string][]string, sessionID, subID, cust
 		return nil
 	}
 	// The session's create checked the code; it applies even if it expired since.
-	coupon := d.Catalog.coupon(promo)
+	coupon := d.Catalog.Coupon(promo)
 	if coupon == nil {
 		return nil
 	}
@@ -101,8 +102,8 @@ func (d *DevStripe) devDiscount(form map[string][]string, sessionID, subID, cust
 // customer's balance applied (a net credit makes amount_due 0 and is kept as the customer's
 // balance, which the next invoice uses, as at Stripe); sets inv.AmountDue and the invoice's
 // lines and totals.
-func (d *DevStripe) bill(subID, customer string, inv *InvoiceSpec, lines []invoiceLine) {
-	sub := d.Account.subscriptionFields(subID)
+func (d *DevStripe) bill(subID, customer string, inv *stripetest.InvoiceSpec, lines []stripetest.InvoiceLine) {
+	sub := d.Account.SubscriptionFields(subID)
 	var discount map[string]any
 	if obj, ok := sub["discount"].(map[string]any); ok {
 		discount = obj
@@ -111,11 +112,11 @@ func (d *DevStripe) bill(subID, customer string, inv *InvoiceSpec, lines []invoi
 	if m, ok := sub["automatic_tax"].(map[string]any); ok && m["enabled"] == true {
 		autoTax = true
 	}
-	t := totalsOf(lines, couponOf(discount), d.Account.Balance(customer))
-	d.Account.setBalance(customer, t.EndingBalance)
+	t := stripetest.TotalsOf(lines, stripetest.CouponOf(discount), d.Account.Balance(customer))
+	d.Account.SetBalance(customer, t.EndingBalance)
 	inv.AmountDue = t.AmountDue
-	d.Account.SetInvoiceFields(inv.ID, invoiceFields(inv.ID, subID, lines, t, discount, autoTax, false, func(p string) map[string]any {
-		return d.Proxy.priceObject(p, false)
+	d.Account.SetInvoiceFields(inv.ID, stripetest.InvoiceFields(inv.ID, subID, lines, t, discount, autoTax, false, func(p string) map[string]any {
+		return d.Proxy.PriceObject(p, false)
 	}))
 }
 
@@ -131,7 +132,7 @@ func (d *DevStripe) syncEntitlements(customer string, at time.Time) [][]byte {
 		if !ok || spec.Customer != customer || !liveStatus(spec.Status) {
 			continue
 		}
-		for _, k := range d.Catalog.priceFeatures(spec.PriceID) {
+		for _, k := range d.Catalog.PriceFeatures(spec.PriceID) {
 			if !slices.Contains(keys, k) {
 				keys = append(keys, k)
 			}
@@ -145,7 +146,7 @@ func (d *DevStripe) syncEntitlements(customer string, at time.Time) [][]byte {
 }
 
 // usageLine bills units of usage (DevUsageUnitAmount each) in arrears, up to at.
-func usageLine(units int64, from, at time.Time) invoiceLine {
-	return invoiceLine{Description: fmt.Sprintf("%d units of usage", units), Amount: DevUsageUnitAmount * units,
+func usageLine(units int64, from, at time.Time) stripetest.InvoiceLine {
+	return stripetest.InvoiceLine{Description: fmt.Sprintf("%d units of usage", units), Amount: DevUsageUnitAmount * units,
 		Currency: "usd", Start: from, End: at, Quantity: units}
 }
