@@ -190,5 +190,5 @@ func WaitForCount(t testing.TB, db *gorm.DB, what, query string, want int, args 
 // WaitProcessed waits until every event of ids is stored processed.
 func WaitProcessed(t testing.TB, db *gorm.DB, ids ...string) {
 	t.Helper()
-	WaitForCount(t, db, "processed events", `SELECT count(*) FROM webhook_events WHERE event_id = ANY($1) AND status = 'processed'`, len(ids), ids)
+	WaitForCount(t, db, "processed events", `/* all modes: the tests' events, by id */ SELECT count(*) FROM webhook_events WHERE event_id = ANY($1) AND status = 'processed'`, len(ids), ids)
 }
