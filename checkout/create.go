@@ -237,6 +237,13 @@ func (s *Service) create(ctx context.Context, userID string, req createRequest) 
 		// The refusals come before anything is recorded, so that the same request_id can be
 		// used again once they no longer hold. Linking first also refuses a user of the other
 		// mode (livemode_conflict); a user without a customer cannot be entitled.
+		// What Stripe would refuse is refused here, before anything is recorded or made: a price
+		// the catalog knows to be inactive, a lookup key it does not know, and below, once the
+		// customer is known, a code Stripe will not take.
+		priceID, err := s.priceOf(ctx, req)
+		if err != nil {
+			return reply{Err: err}
+		}
 		cust, err := s.customers.EnsureLinked(ctx, userID)
 		if err != nil {
 			return reply{Err: err}
@@ -245,12 +252,6 @@ func (s *Service) create(ctx context.Context, userID string, req createRequest) 
 			return reply{Err: err}
 		}
 		success, cancel, err := s.urls(req)
-		if err != nil {
-			return reply{Err: err}
-		}
-		// What Stripe would refuse is refused here, before anything is recorded: a price the
-		// catalog knows to be inactive, a lookup key it does not know, a code Stripe will not take.
-		priceID, err := s.priceOf(ctx, req)
 		if err != nil {
 			return reply{Err: err}
 		}

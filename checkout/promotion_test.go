@@ -136,6 +136,12 @@ func TestCheckoutRefusesWhatStripeWouldRefuse(t *testing.T) {
 	if n := v.rows(); n != 0 {
 		t.Errorf("%d checkout rows written by refused requests: the request_id must stay free", n)
 	}
+	// An unknown lookup key makes no Stripe customer for a user who has none yet.
+	expectError(t, v.post(checkoutPath("u_new"), map[string]any{"request_id": "r1", "price_lookup_key": "gold_monthly"}),
+		http.StatusUnprocessableEntity, "unknown_price")
+	if n := len(v.proxy.Filter(http.MethodPost, "/v1/customers")); n != 0 {
+		t.Errorf("%d Stripe customers made for a refused request", n)
+	}
 	// The customer the code is for may use it, under the request_id the refusals left free.
 	v.open("u2", map[string]any{"request_id": "r1", "price_id": "price_pro_m", "promotion_code": "carol"})
 }
