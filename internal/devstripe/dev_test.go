@@ -1,7 +1,6 @@
 package devstripe
 
 import (
-	"encoding/json"
 	"io"
 	"net/http"
 	"net/url"
@@ -14,26 +13,10 @@ import (
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
-// call sends a form-encoded request to the proxy as stripe-go would and decodes the JSON answer.
+// call is stripetest.Call, for this file's tests.
 func call(t *testing.T, p *stripetest.Proxy, method, path string, form url.Values) (int, map[string]any) {
 	t.Helper()
-	req, err := http.NewRequest(method, p.URL+path, strings.NewReader(form.Encode()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.SetBasicAuth("sk_test_123", "")
-	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	var out map[string]any
-	if err := json.Unmarshal(b, &out); err != nil {
-		t.Fatalf("%s %s: answer is not JSON: %s", method, path, b)
-	}
-	return resp.StatusCode, out
+	return stripetest.Call(t, p, method, path, form)
 }
 
 // itemID is the id of a subscription's (only) item, as the account names it.

@@ -1,8 +1,6 @@
 package stripetest
 
 import (
-	"encoding/json"
-	"io"
 	"net/http"
 	"net/url"
 	"strings"
@@ -13,26 +11,10 @@ import (
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
-// call sends a form-encoded request to the proxy as stripe-go would and decodes the JSON answer.
+// call is Call, for this file's tests.
 func call(t *testing.T, p *Proxy, method, path string, form url.Values) (int, map[string]any) {
 	t.Helper()
-	req, err := http.NewRequest(method, p.URL+path, strings.NewReader(form.Encode()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.SetBasicAuth("sk_test_123", "")
-	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	var out map[string]any
-	if err := json.Unmarshal(b, &out); err != nil {
-		t.Fatalf("%s %s: answer is not JSON: %s", method, path, b)
-	}
-	return resp.StatusCode, out
+	return Call(t, p, method, path, form)
 }
 
 // str is the string at path in a decoded object ("" when absent or not a string).
