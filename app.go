@@ -67,15 +67,23 @@ type App struct {
 	stopRescuer context.CancelFunc
 	// Reconcile runs reconciliations (periodic and admin-started); Stop ends a run going.
 	Reconcile *reconcile.Service
-	// Usage reports usage records to Stripe: its reporter runs from Start to Stop.
+	// Usage reports usage records to Stripe (its reporter is one of the loops).
 	Usage *meterusage.Service
-	// stopUsage ends the reporter's loop; usageDone is closed when it has returned.
-	stopUsage context.CancelFunc
-	usageDone chan struct{}
-	// AppEvents pushes app events (its loop runs from Start to Stop).
+	// AppEvents pushes app events (its push is one of the loops).
 	AppEvents *appevents.Service
-	stopPush  context.CancelFunc
-	pushDone  chan struct{}
+	// Notices mails the customer notices (one of the loops).
+	Notices *notices.Sender
+	loops   []*loop
+}
+
+// loop is a background loop that runs from Start to Stop and, when stopped, finishes the work
+// it has in flight and records its outcome: the usage reporter, the app events' push, the
+// notices' sender.
+type loop struct {
+	name string
+	run  func(context.Context)
+	stop context.CancelFunc
+	done chan struct{}
 }
 
 // newApp wires the service. It starts nothing: Start runs the workers, and main serves Echo.
@@ -144,7 +152,9 @@ func newApp(opts appOptions) (*App, error) {
 
 	workers := river.NewWorkers()
 	inbox.AddWorkers(workers)
-	river.AddWorker(workers, notices.NewWorker(db, mail.Config{SMTPURL: cfg.Mail.SMTPURL, From: cfg.Mail.From}, logger))
+	mailCfg := mail.Config{SMTPURL: cfg.Mail.SMTPURL, From: cfg.Mail.From}
+	// The notices' jobs queued by earlier builds still find their worker.
+	river.AddWorker(workers, notices.NewWorker(db, mailCfg, logger))
 	// Checkout's subscription reads need the checkout service, which is built after the client.
 	checkoutSync := checkout.NewSyncWorker()
 	river.AddWorker(workers, checkoutSync)
@@ -253,7 +263,7 @@ func newApp(opts appOptions) (*App, error) {
 	told.MountAdmin(adminAPI)
 
 	return &App{Echo: e, River: riverClient, Inbox: inbox, DB: db, Registry: reg, Events: registry, log: logger, Reconcile: rec,
-		Usage: meters, AppEvents: told}, nil
+		Usage: meters, AppEvents: told, Notices: notices.NewSender(notices.SenderConfig{DB: db, Mail: mailCfg, Logger: logger, Now: now})}, nil
 }
 
 // Start runs the background workers.
@@ -264,18 +274,20 @@ func (a *App) Start(ctx context.Context) error {
 	rctx, cancel := context.WithCancel(ctx)
 	a.stopRescuer = cancel
 	go a.Inbox.RunRescuer(rctx)
-	uctx, stopUsage := context.WithCancel(ctx)
-	a.stopUsage, a.usageDone = stopUsage, make(chan struct{})
-	go func() {
-		defer close(a.usageDone)
-		a.Usage.RunReporter(uctx)
-	}()
-	pctx, stopPush := context.WithCancel(ctx)
-	a.stopPush, a.pushDone = stopPush, make(chan struct{})
-	go func() {
-		defer close(a.pushDone)
-		a.AppEvents.RunPush(pctx)
-	}()
+	a.loops = []*loop{
+		{name: "usage reporter", run: a.Usage.RunReporter},
+		{name: "app events push", run: a.AppEvents.RunPush},
+		{name: "notices sender", run: a.Notices.Run},
+	}
+	for _, l := range a.loops {
+		var lctx context.Context
+		lctx, l.stop = context.WithCancel(ctx)
+		l.done = make(chan struct{})
+		go func() {
+			defer close(l.done)
+			l.run(lctx)
+		}()
+	}
 	return nil
 }
 
@@ -284,22 +296,16 @@ func (a *App) Stop(ctx context.Context) error {
 	if a.stopRescuer != nil {
 		a.stopRescuer()
 	}
-	if a.stopUsage != nil {
-		// The reporter finishes the meter events in flight and records Stripe's answers.
-		a.stopUsage()
-		select {
-		case <-a.usageDone:
-		case <-ctx.Done():
-			a.log.Warn("usage reporter did not stop in time")
-		}
+	// The loops finish what they have in flight (a meter event, a push within
+	// app_events.timeout, a batch of notices) and record the answers.
+	for _, l := range a.loops {
+		l.stop()
 	}
-	if a.stopPush != nil {
-		// The pushes in flight finish (each within app_events.timeout) and record their answers.
-		a.stopPush()
+	for _, l := range a.loops {
 		select {
-		case <-a.pushDone:
+		case <-l.done:
 		case <-ctx.Done():
-			a.log.Warn("app events push did not stop in time")
+			a.log.Warn(l.name + " did not stop in time")
 		}
 	}
 	if err := a.Reconcile.Stop(ctx); err != nil {

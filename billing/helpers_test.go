@@ -21,7 +21,6 @@ import (
 	"billing/internal/httpserver"
 	"billing/internal/testenv"
 	"billing/migrations"
-	"billing/notices"
 	"billing/webhooks"
 )
 
@@ -156,30 +155,25 @@ func (e *env) link(t *testing.T, userID, customerID, email string) {
 	}
 }
 
-// noticeCount counts notices rows and River jobs of an event and kind.
-func (e *env) noticeCount(t *testing.T, eventID, kind string) (rows, jobs int) {
+// noticeCount counts the notices rows of an event and kind, and those of them queued to be sent.
+func (e *env) noticeCount(t *testing.T, eventID, kind string) (rows, due int) {
 	t.Helper()
-	var n, j int64
-	if err := e.db.Raw(`SELECT count(*) FROM notices WHERE event_id = $1 AND kind = $2`, eventID, kind).Scan(&n).Error; err != nil {
-		t.Fatal(err)
-	}
-	if err := e.db.Raw(`SELECT count(*) FROM river_job WHERE kind = $1 AND args->>'event_id' = $2 AND args->>'kind' = $3`,
-		notices.JobKind, eventID, kind).Scan(&j).Error; err != nil {
-		t.Fatal(err)
-	}
-	return int(n), int(j)
+	return e.countNotices(t, `WHERE event_id = $1 AND kind = $2`, eventID, kind)
 }
 
-func (e *env) totalNotices(t *testing.T) (rows, jobs int) {
+func (e *env) totalNotices(t *testing.T) (rows, due int) {
 	t.Helper()
-	var n, j int64
-	if err := e.db.Raw(`SELECT count(*) FROM notices`).Scan(&n).Error; err != nil {
+	return e.countNotices(t, ``)
+}
+
+func (e *env) countNotices(t *testing.T, where string, args ...any) (rows, due int) {
+	t.Helper()
+	var n struct{ Rows, Due int }
+	if err := e.db.Raw(`SELECT count(*) AS rows, count(*) FILTER (WHERE delivery IS NULL AND next_attempt_at IS NOT NULL) AS due
+		FROM notices `+where, args...).Scan(&n).Error; err != nil {
 		t.Fatal(err)
 	}
-	if err := e.db.Raw(`SELECT count(*) FROM river_job WHERE kind = $1`, notices.JobKind).Scan(&j).Error; err != nil {
-		t.Fatal(err)
-	}
-	return int(n), int(j)
+	return n.Rows, n.Due
 }
 
 // customerView is the view GET /v1/customers/{user_id} answers.

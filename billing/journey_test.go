@@ -111,10 +111,10 @@ func TestPaymentActionRequiredHoldsAndNotifies(t *testing.T) {
 	if !ent.OnHold || ptrStr(ent.HoldReason) != HoldAuthenticationRequired || !ent.Entitled {
 		t.Errorf("entitlement: %+v (reason %s)", ent, ptrStr(ent.HoldReason))
 	}
-	if rows, jobs := e.noticeCount(t, "ar1", notices.KindPaymentActionRequired); rows != 1 || jobs != 1 {
-		t.Fatalf("notices %d, jobs %d; want 1 and 1", rows, jobs)
+	if rows, due := e.noticeCount(t, "ar1", notices.KindPaymentActionRequired); rows != 1 || due != 1 {
+		t.Fatalf("notices %d, queued %d; want 1 and 1", rows, due)
 	}
-	if a := e.jobArgs(t, "ar1", notices.KindPaymentActionRequired); a.HostedInvoiceURL != inv.URL || a.InvoiceID != "in_1" ||
+	if a := e.noticeContent(t, "ar1", notices.KindPaymentActionRequired); a.HostedInvoiceURL != inv.URL || a.InvoiceID != "in_1" ||
 		ptrInt(a.AmountDue) != "1500" || a.Currency != "eur" {
 		t.Errorf("job args: %+v", a)
 	}

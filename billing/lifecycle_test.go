@@ -290,8 +290,8 @@ func TestOneOffInvoiceIsAcknowledged(t *testing.T) {
 	if n := e.countSubs(t); n != 0 {
 		t.Errorf("one-off invoice created %d subscription rows", n)
 	}
-	if rows, jobs := e.totalNotices(t); rows != 0 || jobs != 0 {
-		t.Errorf("one-off invoice sent notices: %d rows, %d jobs", rows, jobs)
+	if rows, due := e.totalNotices(t); rows != 0 || due != 0 {
+		t.Errorf("one-off invoice sent notices: %d rows, %d queued", rows, due)
 	}
 }
 

@@ -25,14 +25,14 @@ func TestTrialWillEndNoticeOncePerEvent(t *testing.T) {
 	e.mustHandle(t, created("c1", 1, trialSub), ev)
 	// Redelivered and replayed: still one notice and one job.
 	e.mustHandle(t, ev, ev)
-	if rows, jobs := e.noticeCount(t, "evt_trial", notices.KindTrialWillEnd); rows != 1 || jobs != 1 {
-		t.Fatalf("notices %d, jobs %d; want 1 and 1", rows, jobs)
+	if rows, due := e.noticeCount(t, "evt_trial", notices.KindTrialWillEnd); rows != 1 || due != 1 {
+		t.Fatalf("notices %d, queued %d; want 1 and 1", rows, due)
 	}
-	if rows, jobs := e.totalNotices(t); rows != 1 || jobs != 1 {
-		t.Errorf("total notices %d, jobs %d", rows, jobs)
+	if rows, due := e.totalNotices(t); rows != 1 || due != 1 {
+		t.Errorf("total notices %d, queued %d", rows, due)
 	}
-	args := e.jobArgs(t, "evt_trial", notices.KindTrialWillEnd)
-	if args.SubscriptionID != "sub_t" || ptrTime(args.TrialEnd) != "2024-06-04T00:00:00Z" || args.NoticeID == 0 {
+	args := e.noticeContent(t, "evt_trial", notices.KindTrialWillEnd)
+	if args.SubscriptionID != "sub_t" || ptrTime(args.TrialEnd) != "2024-06-04T00:00:00Z" {
 		t.Errorf("job args: %+v", args)
 	}
 	var recipient string
@@ -48,8 +48,8 @@ func TestTrialWillEndNoticeOncePerEvent(t *testing.T) {
 	ext := trialSub
 	ext.TrialEnd = 10 * 86400
 	e.mustHandle(t, trialEv("evt_trial2", 20, ext))
-	if rows, jobs := e.totalNotices(t); rows != 2 || jobs != 2 {
-		t.Errorf("after a second event: notices %d, jobs %d", rows, jobs)
+	if rows, due := e.totalNotices(t); rows != 2 || due != 2 {
+		t.Errorf("after a second event: notices %d, queued %d", rows, due)
 	}
 }
 
@@ -69,8 +69,8 @@ func TestTrialWillEndSkippedWhenNoLongerTrialing(t *testing.T) {
 			e.link(t, "u_t", "cus_t", "trial.user@example.com")
 			e.mustHandle(t, tc.before...)
 			e.mustHandle(t, trialEv("evt_trial", 10, trialSub))
-			if rows, jobs := e.totalNotices(t); rows != 0 || jobs != 0 {
-				t.Errorf("notices %d, jobs %d; want none", rows, jobs)
+			if rows, due := e.totalNotices(t); rows != 0 || due != 0 {
+				t.Errorf("notices %d, queued %d; want none", rows, due)
 			}
 			if got := e.sub(t, "sub_t"); got.TrialWillEndAt == nil {
 				t.Error("trial_will_end not recorded")
@@ -105,15 +105,15 @@ func TestPaymentFailedNotice(t *testing.T) {
 			in.Email = tc.invoiceEmail
 			ev := failed("evt_f1", 100, in)
 			e.mustHandle(t, created("c1", 1, s1), ev, ev)
-			if rows, jobs := e.noticeCount(t, "evt_f1", notices.KindPaymentFailed); rows != 1 || jobs != 1 {
-				t.Fatalf("notices %d, jobs %d; want 1 and 1", rows, jobs)
+			if rows, due := e.noticeCount(t, "evt_f1", notices.KindPaymentFailed); rows != 1 || due != 1 {
+				t.Fatalf("notices %d, queued %d; want 1 and 1", rows, due)
 			}
 			var recipient string
 			e.db.Raw(`SELECT recipient FROM notices WHERE event_id = 'evt_f1'`).Scan(&recipient)
 			if recipient != tc.wantRecipient {
 				t.Errorf("recipient %q, want %q", recipient, tc.wantRecipient)
 			}
-			args := e.jobArgs(t, "evt_f1", notices.KindPaymentFailed)
+			args := e.noticeContent(t, "evt_f1", notices.KindPaymentFailed)
 			if args.HostedInvoiceURL != inv.URL || ptrInt(args.AmountDue) != "2000" || args.Currency != "usd" ||
 				args.AttemptCount != 1 || ptrTime(args.NextPaymentAttempt) != "2024-06-02T00:00:00Z" || args.InvoiceID != "in_1" {
 				t.Errorf("job args: %+v", args)
@@ -129,13 +129,13 @@ func TestPaymentFailedNoticeOnlyWhenNewest(t *testing.T) {
 	inv := invObj{ID: "in_1", Customer: "cus_1", Subscription: "sub_1", Currency: "usd", AmountDue: 2000, AttemptCount: 1}
 	// Paid at 200; the failure of 100 arrives late: no "your payment failed" mail.
 	e.mustHandle(t, created("c1", 1, s1), succeeded("p1", 200, inv), failed("f_old", 100, inv))
-	if rows, jobs := e.totalNotices(t); rows != 0 || jobs != 0 {
-		t.Errorf("stale failure: notices %d, jobs %d", rows, jobs)
+	if rows, due := e.totalNotices(t); rows != 0 || due != 0 {
+		t.Errorf("stale failure: notices %d, queued %d", rows, due)
 	}
 	// Two real retries: one notice each.
 	e.mustHandle(t, failed("f2", 300, inv), failed("f3", 400, inv))
-	if rows, jobs := e.totalNotices(t); rows != 2 || jobs != 2 {
-		t.Errorf("two failures: notices %d, jobs %d", rows, jobs)
+	if rows, due := e.totalNotices(t); rows != 2 || due != 2 {
+		t.Errorf("two failures: notices %d, queued %d", rows, due)
 	}
 	// A canceled subscription's invoice failing: no mail.
 	e.mustHandle(t, deleted("d1", 500, s1.with(StatusCanceled)), failed("f4", 600, inv))
@@ -146,14 +146,13 @@ func TestPaymentFailedNoticeOnlyWhenNewest(t *testing.T) {
 
 func ptr[T any](v T) *T { return &v }
 
-// jobArgs are the arguments of the one notice job of an event and kind.
-func (e *env) jobArgs(t *testing.T, eventID, kind string) notices.Args {
+// noticeContent is what the one notice of an event and kind will say.
+func (e *env) noticeContent(t *testing.T, eventID, kind string) notices.Args {
 	t.Helper()
 	var raw []string
-	e.db.Raw(`SELECT args::text FROM river_job WHERE kind = $1 AND args->>'event_id' = $2 AND args->>'kind' = $3`,
-		notices.JobKind, eventID, kind).Scan(&raw)
+	e.db.Raw(`SELECT content::text FROM notices WHERE event_id = $1 AND kind = $2`, eventID, kind).Scan(&raw)
 	if len(raw) != 1 {
-		t.Fatalf("%d jobs for %s/%s", len(raw), eventID, kind)
+		t.Fatalf("%d notices for %s/%s", len(raw), eventID, kind)
 	}
 	var a notices.Args
 	if err := json.Unmarshal([]byte(raw[0]), &a); err != nil {

@@ -72,8 +72,8 @@ func TestTrialWillEndAfterTheTrialEndedSendsNothing(t *testing.T) {
 			e.mustHandle(t, created("c1", 1, trialSub))
 			e.clock.Set(at(tc.nowAt))
 			e.mustHandle(t, trialEv("evt_trial", tc.eventAt, trialSub))
-			if rows, jobs := e.noticeCount(t, "evt_trial", notices.KindTrialWillEnd); rows != tc.want || jobs != tc.want {
-				t.Errorf("notices %d, jobs %d; want %d", rows, jobs, tc.want)
+			if rows, due := e.noticeCount(t, "evt_trial", notices.KindTrialWillEnd); rows != tc.want || due != tc.want {
+				t.Errorf("notices %d, queued %d; want %d", rows, due, tc.want)
 			}
 		})
 	}
@@ -169,8 +169,8 @@ func TestFailedFirstInvoiceOfASubscriptionThatNeverStarted(t *testing.T) {
 			if status == StatusIncompleteExpired {
 				e.mustHandle(t, updated("x1", 86400, s1.with(StatusIncompleteExpired)))
 			}
-			if rows, jobs := e.totalNotices(t); rows != 0 || jobs != 0 {
-				t.Errorf("notices %d, jobs %d; want none", rows, jobs)
+			if rows, due := e.totalNotices(t); rows != 0 || due != 0 {
+				t.Errorf("notices %d, queued %d; want none", rows, due)
 			}
 			if h, ok := e.holds(t)["sub_1"]; ok {
 				t.Errorf("listed as a hold: %+v", h)

@@ -20,11 +20,9 @@ import (
 
 	"billing/internal/httpserver"
 	"billing/internal/jobs"
-	"billing/internal/mail"
 	"billing/internal/stripeclient"
 	"billing/internal/stripetest"
 	"billing/internal/testenv"
-	"billing/notices"
 	"billing/webhooks"
 )
 
@@ -647,11 +645,9 @@ func TestRereadHalfwayThenAtTheEndOfTheGrace(t *testing.T) {
 	}
 }
 
-// The re-read's and the notice's jobs are written by jobs.UniqueInsert's statement, not River:
-// the row must be the one River's InsertTx writes with the same options, column by column (every
-// column River has, so that one it adds later is compared too), and each must see the other's row
-// as a duplicate. (The notice's statement, with its id merged in, has its own comparison in
-// notices.)
+// The re-read's jobs are written by jobs.UniqueInsert's statement, not River: the row must be the
+// one River's InsertTx writes with the same options, column by column (every column River has, so
+// that one it adds later is compared too), and each must see the other's row as a duplicate.
 func TestUniqueInsertWritesRiversRow(t *testing.T) {
 	t.Parallel()
 	db := testenv.DB(t)
@@ -662,7 +658,6 @@ func TestUniqueInsertWritesRiversRow(t *testing.T) {
 	// Never started: it only inserts (River checks the kind has a worker).
 	workers := river.NewWorkers()
 	river.AddWorker(workers, &rereadWorker{})
-	river.AddWorker(workers, notices.NewWorker(db, mail.Config{}, slog.New(slog.DiscardHandler)))
 	rc, err := jobs.NewClient(sqlDB, jobs.ClientOptions{Workers: workers, Logger: slog.New(slog.DiscardHandler), TestOnly: true})
 	if err != nil {
 		t.Fatal(err)
@@ -692,15 +687,11 @@ func TestUniqueInsertWritesRiversRow(t *testing.T) {
 		sub         string
 	}
 	rereadOpts := &river.InsertOpts{MaxAttempts: 3, ScheduledAt: at, UniqueOpts: river.UniqueOpts{ByArgs: true}}
-	notice := notices.Args{NoticeID: 7, EventID: "evt_eq", NoticeKind: "payment_failed", SubscriptionID: "sub_eq_notice", StripeCustomerID: "cus_eq"}
-	otherNotice := notice
-	otherNotice.NoticeID, otherNotice.Livemode = 8, true
 	for _, c := range []jobCase{
 		{"renewal", RereadArgs{SubscriptionID: "sub_eq_due", Due: 1719792000}, RereadArgs{SubscriptionID: "sub_eq_due", Due: 1719792000, Livemode: true},
 			rereadOpts, at, 3, "sub_eq_due"},
 		{"tie", RereadArgs{SubscriptionID: "sub_eq_tie", Livemode: true, Tie: 1719792001}, RereadArgs{SubscriptionID: "sub_eq_tie", Tie: 1719792001},
 			rereadOpts, at, 3, "sub_eq_tie"},
-		{"notice", notice, otherNotice, nil, time.Time{}, notice.InsertOpts().MaxAttempts, "sub_eq_notice"},
 	} {
 		byRiver := func(args river.JobArgs) (skipped bool) {
 			t.Helper()

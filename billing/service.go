@@ -96,7 +96,7 @@ func New(d Deps) *Service {
 		policy:   Policy{PastDueEntitled: d.PastDueEntitled, PeriodGrace: d.PeriodGrace},
 		rereads:  newRereads(d),
 		teller:   d.AppEvents,
-		notices:  notices.NewEnqueuer(notices.EnqueuerConfig{Jobs: d.Jobs, Logger: log, Now: d.Now, Registerer: d.Registerer}),
+		notices:  notices.NewEnqueuer(notices.EnqueuerConfig{Logger: log, Now: d.Now, Registerer: d.Registerer}),
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "billing_subscription_events_total",
 			Help: "Subscription, invoice and active-entitlement events handled, by type and outcome (applied, stale, terminal, one_off, tie). Counted per attempt: a rolled-back attempt counts too.",

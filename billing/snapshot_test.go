@@ -73,8 +73,8 @@ func TestSnapshotHoldsWithoutNotices(t *testing.T) {
 	if reason, _, ok := e.sub(t, "sub_h").Hold(); !ok || reason != HoldPaymentFailed {
 		t.Errorf("hold %q %v, want %s", reason, ok, HoldPaymentFailed)
 	}
-	if rows, jobs := e.totalNotices(t); rows != 0 || jobs != 0 {
-		t.Errorf("a snapshot sent notices: %d rows, %d jobs", rows, jobs)
+	if rows, due := e.totalNotices(t); rows != 0 || due != 0 {
+		t.Errorf("a snapshot sent notices: %d rows, %d queued", rows, due)
 	}
 	// Paid later: the hold lifts.
 	paid := []byte(`{"id":"in_h","object":"invoice","customer":"cus_h","subscription":"sub_h","status":"paid","attempt_count":3,"amount_due":500,"currency":"usd"}`)

@@ -29,7 +29,7 @@ import (
 
 // The lifecycle through the real webhook path: signed deliveries to POST /webhooks/stripe,
 // stored by the inbox, processed by its River worker (handler effects, notice jobs and the
-// "processed" mark in one transaction), and notices sent by the notices worker to an SMTP server.
+// "processed" mark in one transaction), and notices sent by the notices' sender to an SMTP server.
 
 const (
 	pathSecret     = "whsec_billing_path_test"
@@ -64,7 +64,8 @@ func newWebhookPath(t *testing.T) *webhookPath {
 	p.smtp = srv
 	workers := river.NewWorkers()
 	inbox.AddWorkers(workers)
-	river.AddWorker(workers, notices.NewWorker(db, mail.Config{SMTPURL: "smtp://" + srv.Addr(), From: "billing@example.com", RootCAs: pool}, logger))
+	sender := notices.NewSender(notices.SenderConfig{DB: db, Logger: logger,
+		Mail: mail.Config{SMTPURL: "smtp://" + srv.Addr(), From: "billing@example.com", RootCAs: pool}})
 	rc, err := jobs.NewClient(sqlDB, jobs.ClientOptions{
 		Workers:      workers,
 		Queues:       map[string]int{river.QueueDefault: 4, webhooks.QueueWebhooks: 8},
@@ -88,11 +89,14 @@ func newWebhookPath(t *testing.T) *webhookPath {
 	if err := rc.Start(ctx); err != nil {
 		t.Fatalf("start river: %v", err)
 	}
+	sent := make(chan struct{})
+	go func() { defer close(sent); sender.Run(ctx) }()
 	t.Cleanup(func() {
 		stopCtx, stop := context.WithTimeout(context.Background(), 10*time.Second)
 		defer stop()
 		_ = rc.Stop(stopCtx)
 		cancel()
+		<-sent
 	})
 	return p
 }

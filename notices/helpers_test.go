@@ -9,11 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverdatabasesql"
-	"github.com/riverqueue/river/rivertype"
 	"gorm.io/gorm"
 
+	"billing/internal/mail"
 	"billing/internal/testenv"
 	"billing/migrations"
 )
@@ -33,22 +31,48 @@ func ptr[T any](v T) *T { return &v }
 type env struct {
 	db       *gorm.DB
 	enqueuer *Enqueuer
+	clock    *clock
 }
 
-// newEnv gives a test its own migrated database and an Enqueuer on it with an insert-only River
-// client.
+// clock is the test's settable time, for the enqueuer and the sender.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+
+func (c *clock) Set(t time.Time) { c.mu.Lock(); defer c.mu.Unlock(); c.t = t }
+
+// newEnv gives a test its own migrated database and an Enqueuer on it, on a clock at at(0).
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	db := testenv.DB(t)
-	sqlDB, err := db.DB()
+	c := &clock{t: at(0)}
+	return &env{db: testenv.DB(t), clock: c, enqueuer: NewEnqueuer(EnqueuerConfig{Now: c.Now})}
+}
+
+// sender is a Sender on the test's database and clock that sends with send (nil: mail not
+// configured, so notices are logged).
+func (e *env) sender(logger *slog.Logger, send func(ctx context.Context, cfg mail.Config, to string, msg []byte) error) *Sender {
+	cfg := mail.Config{}
+	if send != nil {
+		cfg = mail.Config{SMTPURL: "smtp://127.0.0.1:1", From: "billing@example.com"}
+	}
+	s := NewSender(SenderConfig{DB: e.db, Mail: cfg, Logger: logger, Now: e.clock.Now})
+	if send != nil {
+		s.send = send
+	}
+	return s
+}
+
+// sendDue runs one SendDue and returns how many notices it took.
+func (e *env) sendDue(t *testing.T, s *Sender) int {
+	t.Helper()
+	n, err := s.SendDue(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	rc, err := river.NewClient(riverdatabasesql.New(sqlDB), &river.Config{Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatalf("river client: %v", err)
-	}
-	return &env{db: db, enqueuer: NewEnqueuer(EnqueuerConfig{Jobs: rc, Now: func() time.Time { return at(0) }})}
+	return n
 }
 
 // enqueue runs Enqueue in its own transaction, as an event handler does.
@@ -72,15 +96,13 @@ func (e *env) link(t *testing.T, userID, customerID, email string) {
 	}
 }
 
-// jobArgs are the arguments of the one queued job of an event and kind. The kind is spelled out,
-// not JobKind: jobs queued by earlier builds carry it, and it must not change.
-func (e *env) jobArgs(t *testing.T, eventID, kind string) Args {
+// content is what the notice of an event and kind will say, as stored in its row.
+func (e *env) content(t *testing.T, eventID, kind string) Args {
 	t.Helper()
 	var raw []string
-	e.db.Raw(`SELECT args::text FROM river_job WHERE kind = 'billing_notice' AND args->>'event_id' = $1 AND args->>'kind' = $2`,
-		eventID, kind).Scan(&raw)
+	e.db.Raw(`SELECT content::text FROM notices WHERE event_id = $1 AND kind = $2`, eventID, kind).Scan(&raw)
 	if len(raw) != 1 {
-		t.Fatalf("%d jobs for %s/%s", len(raw), eventID, kind)
+		t.Fatalf("%d notices for %s/%s", len(raw), eventID, kind)
 	}
 	var a Args
 	if err := json.Unmarshal([]byte(raw[0]), &a); err != nil {
@@ -89,26 +111,32 @@ func (e *env) jobArgs(t *testing.T, eventID, kind string) Args {
 	return a
 }
 
-// counts are the notices rows and River jobs of an event and kind.
-func (e *env) counts(t *testing.T, eventID, kind string) (rows, jobs int) {
-	t.Helper()
-	var n struct {
-		NoticeRows int64
-		JobRows    int64
-	}
-	if err := e.db.Raw(`SELECT
-		  (SELECT count(*) FROM notices WHERE event_id = $1 AND kind = $2) AS notice_rows,
-		  (SELECT count(*) FROM river_job WHERE kind = 'billing_notice' AND args->>'event_id' = $1 AND args->>'kind' = $2) AS job_rows`,
-		eventID, kind).Scan(&n).Error; err != nil {
-		t.Fatal(err)
-	}
-	return int(n.NoticeRows), int(n.JobRows)
+// queued is the notice of an event's state in the queue: its due time (nil: not queued),
+// attempts and last error.
+type queued struct {
+	NextAttemptAt *time.Time
+	Attempts      int
+	LastError     *string
 }
 
-func (e *env) work(t *testing.T, w *Worker, eventID, kind string) error {
+func (e *env) queued(t *testing.T, eventID string) queued {
 	t.Helper()
-	args := e.jobArgs(t, eventID, kind)
-	return w.Work(context.Background(), &river.Job[Args]{JobRow: &rivertype.JobRow{}, Args: args})
+	var rows []queued
+	e.db.Raw(`SELECT next_attempt_at, attempts, last_error FROM notices WHERE event_id = $1`, eventID).Scan(&rows)
+	if len(rows) != 1 {
+		t.Fatalf("%d notices for %s", len(rows), eventID)
+	}
+	return rows[0]
+}
+
+// count is the number of notices rows of an event and kind.
+func (e *env) count(t *testing.T, eventID, kind string) int {
+	t.Helper()
+	var n int
+	if err := e.db.Raw(`SELECT count(*) FROM notices WHERE event_id = $1 AND kind = $2`, eventID, kind).Scan(&n).Error; err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
 
 func (e *env) delivery(t *testing.T, eventID string) (delivery, recipient string, sent bool) {
@@ -126,17 +154,6 @@ func (e *env) delivery(t *testing.T, eventID string) (delivery, recipient string
 		delivery = *rows[0].Delivery
 	}
 	return delivery, rows[0].Recipient, rows[0].Sent
-}
-
-// lockWaiters counts the backends of this test's database that wait on a lock.
-func (e *env) lockWaiters(t *testing.T) int {
-	t.Helper()
-	var n int
-	if err := e.db.Raw(`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).
-		Scan(&n).Error; err != nil {
-		t.Fatal(err)
-	}
-	return n
 }
 
 type syncBuffer struct {

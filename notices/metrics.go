@@ -10,7 +10,7 @@ var Metrics = struct {
 }{
 	delivered: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "billing_notices_delivered_total",
-		Help: "Notices handled by the worker, by kind and delivery (smtp, log, no_recipient, invalid_recipient).",
+		Help: "Notices handled, by kind and delivery (smtp, log, no_recipient, invalid_recipient, failed).",
 	}, []string{"kind", "delivery"}),
 	sendFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "billing_notices_send_failures_total",

@@ -2,10 +2,8 @@ package notices
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"log/slog"
-	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -13,18 +11,16 @@ import (
 
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
-	"gorm.io/gorm"
 
-	"billing/internal/jobs"
 	"billing/internal/mail"
 	"billing/internal/mail/mailtest"
 )
 
 var errTestSMTP = errors.New("test: mail server down")
 
-// The recipient is the linked customer's email, else the event's own address; the job carries
-// what the mail will say.
-func TestEnqueueRecipientAndArgs(t *testing.T) {
+// The recipient is the linked customer's email, else the event's own address; the row carries
+// what the mail will say and is due at once.
+func TestEnqueueRecipientAndContent(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name          string
@@ -50,73 +46,47 @@ func TestEnqueueRecipientAndArgs(t *testing.T) {
 			in.FallbackEmail = tc.fallback
 			e.enqueue(t, in)
 			e.enqueue(t, in) // the same event applied again
-			if rows, jobs := e.counts(t, "evt_f", KindPaymentFailed); rows != 1 || jobs != 1 {
-				t.Fatalf("notices %d, jobs %d; want 1 and 1", rows, jobs)
+			if n := e.count(t, "evt_f", KindPaymentFailed); n != 1 {
+				t.Fatalf("%d notices, want 1", n)
 			}
 			if _, recipient, sent := e.delivery(t, "evt_f"); recipient != tc.wantRecipient || sent {
 				t.Errorf("recipient %q sent %v, want %q and not sent", recipient, sent, tc.wantRecipient)
 			}
-			a := e.jobArgs(t, "evt_f", KindPaymentFailed)
-			var noticeID int64
-			if err := e.db.Raw(`SELECT id FROM notices WHERE event_id = 'evt_f'`).Row().Scan(&noticeID); err != nil {
-				t.Fatal(err)
+			if q := e.queued(t, "evt_f"); q.NextAttemptAt == nil || !q.NextAttemptAt.Equal(at(0)) || q.Attempts != 0 {
+				t.Errorf("queue: %+v, want due at %v with no attempt", q, at(0))
 			}
-			if a.NoticeID != noticeID || a.SubscriptionID != "sub_1" || a.InvoiceID != "in_1" || a.AmountDue == nil || *a.AmountDue != 2000 ||
-				a.Currency != "usd" || a.AttemptCount != 1 || a.HostedInvoiceURL != paymentNotice.HostedInvoiceURL ||
-				a.NextPaymentAttempt == nil || !a.NextPaymentAttempt.Equal(at(86400)) {
-				t.Errorf("job args: %+v", a)
+			a := e.content(t, "evt_f", KindPaymentFailed)
+			if a.EventID != "evt_f" || a.NoticeKind != KindPaymentFailed || a.SubscriptionID != "sub_1" || a.InvoiceID != "in_1" ||
+				a.AmountDue == nil || *a.AmountDue != 2000 || a.Currency != "usd" || a.AttemptCount != 1 ||
+				a.HostedInvoiceURL != paymentNotice.HostedInvoiceURL || a.NextPaymentAttempt == nil || !a.NextPaymentAttempt.Equal(at(86400)) {
+				t.Errorf("content: %+v", a)
 			}
 		})
 	}
 }
 
-// River's unique options back up the notices table: even with the notices row gone, the same
-// event does not get a second job.
-func TestNoticeJobUniqueByEvent(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	in := trialNotice
-	in.EventID = "evt_u"
-	e.enqueue(t, in)
-	e.db.Exec(`DELETE FROM notices`)
-	e.enqueue(t, in)
-	if _, jobs := e.counts(t, "evt_u", KindTrialWillEnd); jobs != 1 {
-		t.Errorf("%d jobs, want 1", jobs)
-	}
-}
+// ---- the sender ---------------------------------------------------------------------------
 
-func TestEnqueueWithoutInserterFails(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	e.enqueuer = NewEnqueuer(EnqueuerConfig{})
-	err := e.db.Transaction(func(tx *gorm.DB) error { return e.enqueuer.Enqueue(context.Background(), tx, trialNotice) })
-	if err == nil {
-		t.Fatal("enqueued without a job inserter")
-	}
-	if rows, _ := e.counts(t, "evt_t", KindTrialWillEnd); rows != 0 {
-		t.Errorf("%d notices rows left by a failed enqueue", rows)
-	}
-}
-
-// ---- the worker ---------------------------------------------------------------------------
-
-func TestNoticeWorkerLogsWithoutSMTP(t *testing.T) {
+func TestSenderLogsWithoutSMTP(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	e.link(t, "u1", "cus_1", "jane.doe@example.com")
 	e.enqueue(t, paymentNotice)
 
 	var logs syncBuffer
-	w := NewWorker(e.db, mail.Config{}, slog.New(slog.NewTextHandler(&logs, nil)))
-	w.send = func(context.Context, mail.Config, string, []byte) error {
+	s := e.sender(slog.New(slog.NewTextHandler(&logs, nil)), nil)
+	s.send = func(context.Context, mail.Config, string, []byte) error {
 		t.Error("sent over SMTP although mail is not configured")
 		return nil
 	}
-	if err := e.work(t, w, "evt_f", KindPaymentFailed); err != nil {
-		t.Fatal(err)
+	if n := e.sendDue(t, s); n != 1 {
+		t.Fatalf("took %d notices, want 1", n)
 	}
 	if d, _, sent := e.delivery(t, "evt_f"); d != "log" || !sent {
 		t.Errorf("delivery %q sent %v", d, sent)
+	}
+	if q := e.queued(t, "evt_f"); q.NextAttemptAt != nil || q.Attempts != 1 || q.LastError != nil {
+		t.Errorf("still queued: %+v", q)
 	}
 	out := logs.String()
 	if !strings.Contains(out, "j***@example.com") || strings.Contains(out, "jane.doe@example.com") ||
@@ -125,71 +95,128 @@ func TestNoticeWorkerLogsWithoutSMTP(t *testing.T) {
 	}
 }
 
-func TestNoticeWorkerRecipients(t *testing.T) {
+func TestSenderRecipients(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	e.enqueue(t, trialNotice)
-
 	var sent []string
-	w := NewWorker(e.db, mail.Config{SMTPURL: "smtp://127.0.0.1:1", From: "Billing <billing@example.com>"}, nil)
-	w.send = func(_ context.Context, _ mail.Config, to string, msg []byte) error {
+	send := func(_ context.Context, _ mail.Config, to string, msg []byte) error {
 		sent = append(sent, to)
 		return nil
 	}
+	e := newEnv(t)
+	e.enqueue(t, trialNotice)
+	s := e.sender(nil, send)
 	// Not linked when the event came: no recipient in the row, but the customer is linked now.
 	e.link(t, "u_t", "cus_t", "later@example.com")
-	if err := e.work(t, w, "evt_t", KindTrialWillEnd); err != nil {
-		t.Fatal(err)
-	}
+	e.sendDue(t, s)
 	if d, r, ok := e.delivery(t, "evt_t"); d != "smtp" || r != "later@example.com" || !ok {
 		t.Errorf("delivery %q to %q sent %v", d, r, ok)
 	}
-	// The job running again (a retry after a lost completion) does not send twice.
-	if err := e.work(t, w, "evt_t", KindTrialWillEnd); err != nil {
-		t.Fatal(err)
-	}
-	if len(sent) != 1 || sent[0] != "later@example.com" {
-		t.Errorf("sent to %v", sent)
+	// Sent notices leave the queue: the next pass takes nothing and sends nothing.
+	if n := e.sendDue(t, s); n != 0 || len(sent) != 1 || sent[0] != "later@example.com" {
+		t.Errorf("second pass took %d; sent to %v", n, sent)
 	}
 
-	// Nobody to write to: completed without sending.
+	// Nobody to write to: handled without sending.
 	e2 := newEnv(t)
 	e2.enqueue(t, trialNotice)
-	w2 := NewWorker(e2.db, mail.Config{SMTPURL: "smtp://127.0.0.1:1", From: "billing@example.com"}, nil)
-	w2.send = w.send
-	if err := e2.work(t, w2, "evt_t", KindTrialWillEnd); err != nil {
-		t.Fatal(err)
-	}
+	e2.sendDue(t, e2.sender(nil, send))
 	if d, _, ok := e2.delivery(t, "evt_t"); d != "no_recipient" || ok || len(sent) != 1 {
 		t.Errorf("no recipient: delivery %q sent %v, mails %v", d, ok, sent)
 	}
 
-	// An address that is not one: completed without sending.
+	// An address that is not one: handled without sending.
 	e3 := newEnv(t)
 	e3.link(t, "u_t", "cus_t", "not an address")
 	e3.enqueue(t, trialNotice)
-	w3 := NewWorker(e3.db, mail.Config{SMTPURL: "smtp://127.0.0.1:1", From: "billing@example.com"}, nil)
-	w3.send = w.send
-	if err := e3.work(t, w3, "evt_t", KindTrialWillEnd); err != nil {
-		t.Fatal(err)
-	}
+	e3.sendDue(t, e3.sender(nil, send))
 	if d, _, ok := e3.delivery(t, "evt_t"); d != "invalid_recipient" || ok || len(sent) != 1 {
 		t.Errorf("invalid recipient: delivery %q sent %v, mails %v", d, ok, sent)
 	}
 }
 
-func TestNoticeWorkerRetriesOnSendFailure(t *testing.T) {
+// A failed send is due again after its backoff, not before, and then sent.
+func TestSenderRetriesOnSendFailure(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	e.link(t, "u_t", "cus_t", "user@example.com")
 	e.enqueue(t, trialNotice)
-	w := NewWorker(e.db, mail.Config{SMTPURL: "smtp://127.0.0.1:1", From: "billing@example.com"}, nil)
-	w.send = func(context.Context, mail.Config, string, []byte) error { return errTestSMTP }
-	if err := e.work(t, w, "evt_t", KindTrialWillEnd); err == nil {
-		t.Fatal("a send failure was not returned (River would not retry)")
-	}
+	fail := true
+	sends := 0
+	s := e.sender(nil, func(context.Context, mail.Config, string, []byte) error {
+		sends++
+		if fail {
+			return errTestSMTP
+		}
+		return nil
+	})
+	e.sendDue(t, s)
 	if d, _, ok := e.delivery(t, "evt_t"); d != "" || ok {
 		t.Errorf("failed send marked delivered: %q %v", d, ok)
+	}
+	q := e.queued(t, "evt_t")
+	if q.Attempts != 1 || q.NextAttemptAt == nil || !q.NextAttemptAt.Equal(at(0).Add(backoff(1))) ||
+		q.LastError == nil || !strings.Contains(*q.LastError, errTestSMTP.Error()) {
+		t.Fatalf("after a failed send: %+v", q)
+	}
+	if n := e.sendDue(t, s); n != 0 || sends != 1 {
+		t.Fatalf("retried before its backoff: took %d, %d sends", n, sends)
+	}
+	e.clock.Set(at(0).Add(backoff(1)))
+	fail = false
+	e.sendDue(t, s)
+	if d, _, ok := e.delivery(t, "evt_t"); d != "smtp" || !ok || sends != 2 {
+		t.Errorf("retry: delivery %q sent %v after %d sends", d, ok, sends)
+	}
+	if q := e.queued(t, "evt_t"); q.NextAttemptAt != nil || q.Attempts != 2 || q.LastError != nil {
+		t.Errorf("after the retry: %+v", q)
+	}
+}
+
+// A mail server that never takes the notice: after maxAttempts the notice is failed with its
+// last error, and no longer due.
+func TestSenderGivesUpAfterMaxAttempts(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.link(t, "u_t", "cus_t", "user@example.com")
+	e.enqueue(t, trialNotice)
+	sends := 0
+	s := e.sender(nil, func(context.Context, mail.Config, string, []byte) error { sends++; return errTestSMTP })
+	for range maxAttempts + 2 {
+		q := e.queued(t, "evt_t")
+		if q.NextAttemptAt == nil {
+			break
+		}
+		e.clock.Set(*q.NextAttemptAt)
+		e.sendDue(t, s)
+	}
+	if sends != maxAttempts {
+		t.Errorf("%d sends, want %d", sends, maxAttempts)
+	}
+	if d, _, ok := e.delivery(t, "evt_t"); d != "failed" || ok {
+		t.Errorf("delivery %q sent %v, want failed", d, ok)
+	}
+	if q := e.queued(t, "evt_t"); q.NextAttemptAt != nil || q.Attempts != maxAttempts || q.LastError == nil {
+		t.Errorf("queue: %+v", q)
+	}
+}
+
+// A notice that cannot be rendered will not render on a retry: failed at the first attempt.
+func TestSenderFailsANoticeItCannotRender(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.link(t, "u_t", "cus_t", "user@example.com")
+	in := trialNotice
+	in.Kind = "no_such_kind"
+	e.enqueue(t, in)
+	e.sendDue(t, e.sender(nil, func(context.Context, mail.Config, string, []byte) error {
+		t.Error("sent a notice that does not render")
+		return nil
+	}))
+	if d, _, ok := e.delivery(t, "evt_t"); d != "failed" || ok {
+		t.Errorf("delivery %q sent %v, want failed", d, ok)
+	}
+	if q := e.queued(t, "evt_t"); q.NextAttemptAt != nil || q.Attempts != 1 || q.LastError == nil || !strings.Contains(*q.LastError, "no_such_kind") {
+		t.Errorf("queue: %+v", q)
 	}
 }
 
@@ -230,9 +257,10 @@ func TestRenderNotices(t *testing.T) {
 	}
 }
 
-// River runs a job again when it looks stuck (worker.rescue_after), possibly while the first run
-// is still talking to the mail server: the second run waits for the first and sends nothing.
-func TestNoticeWorkerConcurrentRunsSendOnce(t *testing.T) {
+// Two senders (two replicas) at once: a notice one of them has taken is skipped by the other
+// while its lease lasts; a sender that never comes back (its lease ended) leaves it to be sent
+// again.
+func TestSendersTakeANoticeOnceWhileItsLeaseLasts(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	e.link(t, "u_t", "cus_t", "user@example.com")
@@ -241,8 +269,7 @@ func TestNoticeWorkerConcurrentRunsSendOnce(t *testing.T) {
 	var mu sync.Mutex
 	sends := 0
 	firstSending, release := make(chan struct{}), make(chan struct{})
-	w := NewWorker(e.db, mail.Config{SMTPURL: "smtp://127.0.0.1:1", From: "billing@example.com"}, nil)
-	w.send = func(context.Context, mail.Config, string, []byte) error {
+	send := func(context.Context, mail.Config, string, []byte) error {
 		mu.Lock()
 		sends++
 		n := sends
@@ -258,48 +285,39 @@ func TestNoticeWorkerConcurrentRunsSendOnce(t *testing.T) {
 		defer mu.Unlock()
 		return sends
 	}
-	args := e.jobArgs(t, "evt_t", KindTrialWillEnd)
-	errs := make(chan error, 2)
-	run := func() {
-		errs <- w.Work(context.Background(), &river.Job[Args]{JobRow: &rivertype.JobRow{}, Args: args})
-	}
-	go run()
+	first := make(chan error, 1)
+	go func() {
+		_, err := e.sender(nil, send).SendDue(context.Background())
+		first <- err
+	}()
 	<-firstSending
-	go run()
-	// The second run either queues on the notice's row lock or (without it) sends a second mail.
-	deadline := time.Now().Add(30 * time.Second)
-	for count() < 2 && e.lockWaiters(t) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the second run neither waits nor sends")
-		}
-		time.Sleep(time.Millisecond)
+	if n := e.sendDue(t, e.sender(nil, send)); n != 0 || count() != 1 {
+		t.Fatalf("a second sender took %d notices while the first was sending (%d sends)", n, count())
+	}
+	// The first sender is gone for longer than its lease: the notice is due again.
+	e.clock.Set(at(0).Add(lease))
+	if n := e.sendDue(t, e.sender(nil, send)); n != 1 || count() != 2 {
+		t.Fatalf("after the lease: took %d notices, %d sends; want 1 and 2", n, count())
 	}
 	close(release)
-	for range 2 {
-		if err := <-errs; err != nil {
-			t.Fatal(err)
-		}
-	}
-	if n := count(); n != 1 {
-		t.Errorf("%d mails sent, want 1", n)
+	if err := <-first; err != nil {
+		t.Fatal(err)
 	}
 	if d, _, ok := e.delivery(t, "evt_t"); d != "smtp" || !ok {
 		t.Errorf("delivery %q sent %v", d, ok)
 	}
 }
 
-// The worker end to end over SMTP: render, build, send, mark.
-func TestNoticeWorkerSendsOverSMTP(t *testing.T) {
+// The sender end to end over SMTP: render, build, send, record.
+func TestSenderSendsOverSMTP(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	e.link(t, "u1", "cus_1", "jane@example.com")
 	e.enqueue(t, paymentNotice)
 
 	srv, pool := mailtest.NewServer(t, false, true)
-	w := NewWorker(e.db, mail.Config{SMTPURL: "smtp://" + srv.Addr(), From: "billing@example.com", RootCAs: pool}, nil)
-	if err := e.work(t, w, "evt_f", KindPaymentFailed); err != nil {
-		t.Fatal(err)
-	}
+	s := NewSender(SenderConfig{DB: e.db, Mail: mail.Config{SMTPURL: "smtp://" + srv.Addr(), From: "billing@example.com", RootCAs: pool}, Now: e.clock.Now})
+	e.sendDue(t, s)
 	got := srv.Received()
 	if len(got) != 1 {
 		t.Fatalf("%d mails", len(got))
@@ -317,66 +335,54 @@ func TestNoticeWorkerSendsOverSMTP(t *testing.T) {
 	}
 }
 
-// The job Enqueue writes in its one statement (the notice's id merged into the args in SQL) is
-// the row River's InsertTx writes for the same Args, column by column, and each sees the
-// other's as a duplicate.
-func TestEnqueuedJobIsTheRowRiverWouldInsert(t *testing.T) {
+// Run, as serve runs it, sends a notice written after it started, and returns when stopped.
+func TestRunSendsNoticesAsTheyAreWritten(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	row := func() string {
-		t.Helper()
-		// scheduled_at is the insert's now() for an available job: not compared.
-		var cols []string
-		if err := e.db.Raw(`SELECT CAST(to_jsonb(j) - 'id' - 'created_at' - 'scheduled_at' AS text) FROM river_job j
-			WHERE kind = 'billing_notice' AND args->>'event_id' = 'evt_f'`).Scan(&cols).Error; err != nil || len(cols) != 1 {
-			t.Fatalf("jobs: %v, %v; want one", cols, err)
-		}
-		return cols[0]
-	}
-	byRiver := func(a Args) (skipped bool) {
-		t.Helper()
-		if err := e.db.Transaction(func(tx *gorm.DB) error {
-			sqlTx, err := jobs.SQLTx(tx)
-			if err != nil {
-				return err
-			}
-			res, err := e.enqueuer.jobs.InsertTx(context.Background(), sqlTx, a, nil)
-			if err == nil {
-				skipped = res.UniqueSkippedAsDuplicate
-			}
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
-		return skipped
-	}
-
+	e.link(t, "u1", "cus_1", "jane@example.com")
+	s := e.sender(nil, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); s.Run(ctx) }()
 	e.enqueue(t, paymentNotice)
-	ours := row()
-	a := e.jobArgs(t, "evt_f", KindPaymentFailed)
-	if !byRiver(a) {
-		t.Error("River did not see the enqueued job as a duplicate")
+	deadline := time.Now().Add(30 * time.Second)
+	for d, _, _ := e.delivery(t, "evt_f"); d != "log"; d, _, _ = e.delivery(t, "evt_f") {
+		if time.Now().After(deadline) {
+			t.Fatalf("not sent within 30 s: delivery %q", d)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
-	if err := e.db.Exec(`DELETE FROM river_job`).Error; err != nil {
-		t.Fatal(err)
-	}
-	if byRiver(a) {
-		t.Fatal("River skipped its insert on an empty table")
-	}
-	if river := row(); !jsonEqual(t, ours, river) {
-		t.Errorf("Enqueue's job:\nours  %s\nRiver %s", ours, river)
-	}
+	cancel()
+	<-done
 }
 
-// jsonEqual reports whether two JSON texts hold the same value.
-func jsonEqual(t *testing.T, a, b string) bool {
-	t.Helper()
-	var x, y any
-	if err := json.Unmarshal([]byte(a), &x); err != nil {
+// Notices written before the sender (no due time) were queued as River jobs: the worker still
+// sends them, once, and the sender never takes them.
+func TestJobsOfEarlierBuildsStillSend(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.link(t, "u1", "cus_1", "jane@example.com")
+	var id int64
+	if err := e.db.Raw(`INSERT INTO notices (event_id, kind, subscription_id, stripe_customer_id, recipient)
+		VALUES ('evt_old', 'payment_failed', 'sub_1', 'cus_1', 'jane@example.com') RETURNING id`).Row().Scan(&id); err != nil {
 		t.Fatal(err)
 	}
-	if err := json.Unmarshal([]byte(b), &y); err != nil {
-		t.Fatal(err)
+	var sent []string
+	send := func(_ context.Context, _ mail.Config, to string, _ []byte) error { sent = append(sent, to); return nil }
+	if n := e.sendDue(t, e.sender(nil, send)); n != 0 {
+		t.Fatalf("the sender took %d notices of River jobs", n)
 	}
-	return reflect.DeepEqual(x, y)
+	w := NewWorker(e.db, mail.Config{SMTPURL: "smtp://127.0.0.1:1", From: "billing@example.com"}, nil)
+	w.send = send
+	args := paymentNotice
+	job := &river.Job[Args]{JobRow: &rivertype.JobRow{}, Args: Args{NoticeID: id, EventID: "evt_old", NoticeKind: KindPaymentFailed,
+		SubscriptionID: "sub_1", StripeCustomerID: "cus_1", AmountDue: args.AmountDue, Currency: "usd"}}
+	for range 2 { // the second run: a retry after a lost completion
+		if err := w.Work(context.Background(), job); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if d, r, ok := e.delivery(t, "evt_old"); d != "smtp" || r != "jane@example.com" || !ok || len(sent) != 1 {
+		t.Errorf("delivery %q to %q sent %v; mails %v", d, r, ok, sent)
+	}
 }
