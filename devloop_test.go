@@ -21,7 +21,7 @@ import (
 	"billing/config"
 	"billing/internal/apitest"
 	"billing/internal/devstripe"
-	"billing/internal/stripetest"
+	"billing/internal/stripeemu"
 	"billing/internal/testenv"
 	"billing/openapi"
 	"billing/webhooks"
@@ -35,14 +35,14 @@ type devService struct {
 	t      *testing.T
 	dbURL  string
 	app    *App
-	proxy  *stripetest.Proxy
+	proxy  *stripeemu.Proxy
 	stripe *devstripe.DevStripe
 	server *httptest.Server
 }
 
 func newDevService(t *testing.T) *devService {
 	t.Helper()
-	proxy := stripetest.New(t, testenv.StripeMockURL(t))
+	proxy := stripeemu.New(t, testenv.StripeMockURL(t))
 	dev := devstripe.NewDevStripe(proxy)
 	cfg, err := config.Load("")
 	if err != nil {

@@ -14,7 +14,7 @@ import (
 	"billing/internal/apitest"
 	"billing/internal/database"
 	"billing/internal/stripeclient"
-	"billing/internal/stripetest"
+	"billing/internal/stripeemu"
 	"billing/internal/testenv"
 )
 
@@ -123,11 +123,11 @@ func TestDoctorFailsEachCheck(t *testing.T) {
 			e.opts.Config.Stripe.WebhookSecrets.Live = []string{"whsec_live_0123456789abcdef0123456789abcdef"}
 		}, map[string]string{"stripe secret key": "not a live-mode key", endpointCheck: "not checked", "customer portal": "not checked"}},
 		{"Stripe answers in the other mode", func(t *testing.T, e *doctorEnv) {
-			e.proxy.Mutate(http.MethodGet, "/v1/balance", -1, func(_ stripetest.Request, obj map[string]any) { obj["livemode"] = true })
+			e.proxy.Mutate(http.MethodGet, "/v1/balance", -1, func(_ stripeemu.Request, obj map[string]any) { obj["livemode"] = true })
 		}, map[string]string{"stripe secret key": "live mode", endpointCheck: "not checked", "customer portal": "not checked"}},
 		{"key refused", func(t *testing.T, e *doctorEnv) {
-			e.proxy.Respond(http.MethodGet, "/v1/balance", -1, func(stripetest.Request) stripetest.Answer {
-				return stripetest.Answer{Status: 401, Body: map[string]any{"error": map[string]any{
+			e.proxy.Respond(http.MethodGet, "/v1/balance", -1, func(stripeemu.Request) stripeemu.Answer {
+				return stripeemu.Answer{Status: 401, Body: map[string]any{"error": map[string]any{
 					"type": "invalid_request_error", "message": "Invalid API Key provided: sk_test_****etup"}}}
 			})
 		}, map[string]string{"stripe secret key": "Stripe refused the key", endpointCheck: "not checked", "customer portal": "not checked"}},
@@ -135,7 +135,7 @@ func TestDoctorFailsEachCheck(t *testing.T) {
 			e.opts.Config.Stripe.SecretKey = ""
 		}, map[string]string{"stripe secret key": "not set", endpointCheck: "not checked", "customer portal": "not checked"}},
 		{"Stripe unreachable", func(t *testing.T, e *doctorEnv) {
-			e.proxy.InjectFault(http.MethodGet, "/v1/balance", stripetest.FaultDrop, stripeclient.Retries+1)
+			e.proxy.InjectFault(http.MethodGet, "/v1/balance", stripeemu.FaultDrop, stripeclient.Retries+1)
 		}, map[string]string{"stripe secret key": "cannot reach Stripe", endpointCheck: "not checked", "customer portal": "not checked"}},
 		{"no webhook secret", func(t *testing.T, e *doctorEnv) {
 			e.opts.Config.Stripe.WebhookSecrets.Test = nil
@@ -205,8 +205,8 @@ func TestDoctorFailsEachCheck(t *testing.T) {
 func TestDoctorAcceptsARestrictedKeyWithoutBalanceAccess(t *testing.T) {
 	e := newDoctorEnv(t)
 	e.opts.Config.Stripe.SecretKey = "rk_test_setup"
-	e.proxy.Respond(http.MethodGet, "/v1/balance", -1, func(stripetest.Request) stripetest.Answer {
-		return stripetest.Answer{Status: 403, Body: map[string]any{"error": map[string]any{
+	e.proxy.Respond(http.MethodGet, "/v1/balance", -1, func(stripeemu.Request) stripeemu.Answer {
+		return stripeemu.Answer{Status: 403, Body: map[string]any{"error": map[string]any{
 			"type": "invalid_request_error", "message": "The provided key does not have the required permissions for this endpoint."}}}
 	})
 	if code, _, out := e.run(t); code != 0 {

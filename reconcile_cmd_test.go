@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"billing/billing"
+	"billing/internal/stripeemu"
 	"billing/internal/stripeevents"
-	"billing/internal/stripetest"
 	"billing/internal/testenv"
 )
 
@@ -20,15 +20,15 @@ import (
 // of the catalog), 0 once repaired, 2 for a mode that is not the key's and for a run Stripe
 // stopped.
 func TestReconcileCommand(t *testing.T) {
-	proxy := stripetest.New(t, testenv.StripeMockURL(t))
-	acct := stripetest.NewAccount(proxy, false)
-	cat := stripetest.NewCatalog(proxy, false)
+	proxy := stripeemu.New(t, testenv.StripeMockURL(t))
+	acct := stripeemu.NewAccount(proxy, false)
+	cat := stripeemu.NewCatalog(proxy, false)
 	cat.PutProduct(stripeevents.Product{ID: "prod_a", Name: "Plan A"})
 	cat.PutPrice(stripeevents.Price{ID: "price_a", Product: "prod_a", UnitAmount: 1000, Interval: "month", LookupKey: "a_monthly"})
 	cat.SetProductFeatures("prod_a", "reports")
-	cus := acct.AddCustomer(stripetest.CustomerSpec{Email: "u1@example.com", Metadata: map[string]string{"user_id": "u1"}})
+	cus := acct.AddCustomer(stripeemu.CustomerSpec{Email: "u1@example.com", Metadata: map[string]string{"user_id": "u1"}})
 	now := time.Now().UTC().Truncate(time.Second)
-	acct.PutSubscription(stripetest.SubscriptionSpec{Customer: cus, Status: "active", PriceID: "price_a",
+	acct.PutSubscription(stripeemu.SubscriptionSpec{Customer: cus, Status: "active", PriceID: "price_a",
 		CurrentPeriodStart: now.Add(-time.Hour), CurrentPeriodEnd: now.AddDate(0, 1, 0)})
 	url := testenv.DatabaseURL(t)
 	for k, v := range map[string]string{
@@ -108,8 +108,8 @@ func TestReconcileCommand(t *testing.T) {
 		t.Fatalf("--mode live on a test key: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 
-	proxy.Respond(http.MethodGet, "/v1/subscriptions", 1, func(stripetest.Request) stripetest.Answer {
-		return stripetest.Answer{Status: http.StatusUnauthorized, Body: map[string]any{"error": map[string]any{
+	proxy.Respond(http.MethodGet, "/v1/subscriptions", 1, func(stripeemu.Request) stripeemu.Answer {
+		return stripeemu.Answer{Status: http.StatusUnauthorized, Body: map[string]any{"error": map[string]any{
 			"type": "invalid_request_error", "message": "Invalid API Key provided"}}}
 	})
 	code, out, errOut = run()

@@ -16,7 +16,7 @@ import (
 	"billing/config"
 	"billing/internal/devstripe"
 	"billing/internal/runenv"
-	"billing/internal/stripetest"
+	"billing/internal/stripeemu"
 	"billing/internal/testenv"
 )
 
@@ -56,11 +56,11 @@ func TestDevRunEnvWritesSecretsOfTestModeOnly(t *testing.T) {
 // posts a correctly signed event to the service.
 func TestToolsUseTheRunningDevService(t *testing.T) {
 	t.Parallel()
-	proxy := stripetest.New(t, testenv.StripeMockURL(t))
+	proxy := stripeemu.New(t, testenv.StripeMockURL(t))
 	devstripe.Dev(proxy)
 	proxy.PortalConfigurations().Add(true, true, true)
-	stripetest.NewAccount(proxy, false)
-	stripetest.NewCatalog(proxy, false) // an empty catalog: nothing for reconcile to backfill
+	stripeemu.NewAccount(proxy, false)
+	stripeemu.NewCatalog(proxy, false) // an empty catalog: nothing for reconcile to backfill
 	var got struct {
 		sync.Mutex
 		sig, body string

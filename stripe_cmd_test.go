@@ -16,7 +16,7 @@ import (
 	"billing/config"
 	"billing/internal/apitest"
 	"billing/internal/stripeclient"
-	"billing/internal/stripetest"
+	"billing/internal/stripeemu"
 	"billing/internal/testenv"
 )
 
@@ -25,15 +25,15 @@ const setupURL = "https://billing.example/webhooks/stripe"
 // stripeAccount is an account behind the test double: webhook endpoints and portal configurations
 // kept by the test, the rest answered by stripe-mock.
 type stripeAccount struct {
-	proxy     *stripetest.Proxy
-	endpoints *stripetest.WebhookEndpoints
-	portal    *stripetest.PortalConfigurations
+	proxy     *stripeemu.Proxy
+	endpoints *stripeemu.WebhookEndpoints
+	portal    *stripeemu.PortalConfigurations
 	client    *client.API
 }
 
 func newStripeAccount(t *testing.T) *stripeAccount {
 	t.Helper()
-	p := stripetest.New(t, testenv.StripeMockURL(t))
+	p := stripeemu.New(t, testenv.StripeMockURL(t))
 	return &stripeAccount{
 		proxy:     p,
 		endpoints: p.WebhookEndpoints(),
@@ -43,8 +43,8 @@ func newStripeAccount(t *testing.T) *stripeAccount {
 }
 
 // endpointWrites are the requests that would change the account's webhook endpoints.
-func (a *stripeAccount) endpointWrites() []stripetest.Request {
-	var out []stripetest.Request
+func (a *stripeAccount) endpointWrites() []stripeemu.Request {
+	var out []stripeemu.Request
 	for _, r := range a.proxy.Requests() {
 		if r.Method != http.MethodGet && strings.HasPrefix(r.Path, "/v1/webhook_endpoints") {
 			out = append(out, r)
@@ -386,8 +386,8 @@ func TestSetupRefusesABadURL(t *testing.T) {
 // An error from Stripe is an exit 2 with what Stripe said.
 func TestSetupReportsStripeErrors(t *testing.T) {
 	a := newStripeAccount(t)
-	a.proxy.Respond(http.MethodPost, "/v1/webhook_endpoints", 1, func(stripetest.Request) stripetest.Answer {
-		return stripetest.Answer{Status: 400, Body: map[string]any{"error": map[string]any{
+	a.proxy.Respond(http.MethodPost, "/v1/webhook_endpoints", 1, func(stripeemu.Request) stripeemu.Answer {
+		return stripeemu.Answer{Status: 400, Body: map[string]any{"error": map[string]any{
 			"type": "invalid_request_error", "message": "Invalid URL: URL must be publicly accessible.",
 		}}}
 	})

@@ -26,8 +26,8 @@ import (
 	"billing/internal/auth"
 	"billing/internal/httpserver"
 	"billing/internal/stripeclient"
+	"billing/internal/stripeemu"
 	"billing/internal/stripeevents"
-	"billing/internal/stripetest"
 	"billing/internal/testenv"
 	"billing/ledger"
 	"billing/reconcile"
@@ -55,7 +55,7 @@ type console struct {
 	reg    *webhooks.Registry
 	inbox  *webhooks.Inbox
 	rec    *reconcile.Service
-	acct   *stripetest.Account
+	acct   *stripeemu.Account
 	echo   *echo.Echo
 	server *httptest.Server
 }
@@ -88,8 +88,8 @@ func newConsole(t *testing.T) *console {
 	c.inbox.MountWebhook(c.echo)
 	// A reconciler of test mode against an account of the Stripe double (empty unless a test
 	// fills it).
-	proxy := stripetest.New(t, testenv.StripeMockURL(t))
-	c.acct = stripetest.NewAccount(proxy, false)
+	proxy := stripeemu.New(t, testenv.StripeMockURL(t))
+	c.acct = stripeemu.NewAccount(proxy, false)
 	c.rec = reconcile.New(reconcile.Deps{DB: db, Stripe: stripeclient.New(proxy.URL, "sk_test_console", logger),
 		Billing: c.svc, Logger: logger})
 	t.Cleanup(func() {

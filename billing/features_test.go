@@ -12,7 +12,7 @@ import (
 	"github.com/stripe/stripe-go/v79"
 	"github.com/stripe/stripe-go/v79/client"
 
-	"billing/internal/stripetest"
+	"billing/internal/stripeemu"
 	"billing/internal/testenv"
 	"billing/webhooks"
 )
@@ -20,14 +20,14 @@ import (
 // featuresEnv is an env whose service reads active entitlements from a stateful Stripe account.
 type featuresEnv struct {
 	*env
-	proxy *stripetest.Proxy
-	acct  *stripetest.Account
+	proxy *stripeemu.Proxy
+	acct  *stripeemu.Account
 }
 
 func newFeaturesEnv(t *testing.T) *featuresEnv {
 	t.Helper()
-	proxy := stripetest.New(t, testenv.StripeMockURL(t))
-	acct := stripetest.NewAccount(proxy, false)
+	proxy := stripeemu.New(t, testenv.StripeMockURL(t))
+	acct := stripeemu.NewAccount(proxy, false)
 	backend := stripe.GetBackendWithConfig(stripe.APIBackend, &stripe.BackendConfig{
 		URL: stripe.String(proxy.URL), MaxNetworkRetries: stripe.Int64(0),
 		LeveledLogger: &stripe.LeveledLogger{Level: stripe.LevelNull},

@@ -21,7 +21,7 @@ import (
 	"billing/internal/httpserver"
 	"billing/internal/jobs"
 	"billing/internal/stripeclient"
-	"billing/internal/stripetest"
+	"billing/internal/stripeemu"
 	"billing/internal/testenv"
 	"billing/webhooks"
 )
@@ -184,7 +184,7 @@ func TestRenewalRereadIsQueuedOncePerRenewal(t *testing.T) {
 type rereadEnv struct {
 	*env
 	rc     *river.Client[*sql.Tx]
-	proxy  *stripetest.Proxy
+	proxy  *stripeemu.Proxy
 	logs   *logRecorder
 	events <-chan *river.Event
 	now    time.Time // the real time the test started, whole seconds
@@ -204,7 +204,7 @@ func newRereadEnv(t *testing.T, retrying bool) *rereadEnv {
 		t.Fatal(err)
 	}
 	r := &rereadEnv{
-		proxy:  stripetest.New(t, testenv.StripeMockURL(t)),
+		proxy:  stripeemu.New(t, testenv.StripeMockURL(t)),
 		logs:   &logRecorder{},
 		now:    time.Now().UTC().Truncate(time.Second),
 		stripe: map[string]json.RawMessage{},
@@ -283,13 +283,13 @@ func (r *rereadEnv) setStripe(s subObj, latestInvoice map[string]any) {
 	r.stripe[s.ID] = b
 }
 
-func (r *rereadEnv) serveSubscription(req stripetest.Request) stripetest.Answer {
+func (r *rereadEnv) serveSubscription(req stripeemu.Request) stripeemu.Answer {
 	id := strings.TrimPrefix(req.Path, "/v1/subscriptions/")
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	obj, ok := r.stripe[id]
 	if req.Method != http.MethodGet || !ok {
-		return stripetest.Answer{Status: http.StatusNotFound, Body: map[string]any{"error": map[string]any{
+		return stripeemu.Answer{Status: http.StatusNotFound, Body: map[string]any{"error": map[string]any{
 			"type": "invalid_request_error", "code": "resource_missing", "message": "No such subscription: " + id}}}
 	}
 	// Stripe expands latest_invoice only when asked.
@@ -299,9 +299,9 @@ func (r *rereadEnv) serveSubscription(req stripetest.Request) stripetest.Answer 
 		if inv, ok := m["latest_invoice"].(map[string]any); ok {
 			m["latest_invoice"] = inv["id"]
 		}
-		return stripetest.Answer{Status: http.StatusOK, Body: m}
+		return stripeemu.Answer{Status: http.StatusOK, Body: m}
 	}
-	return stripetest.Answer{Status: http.StatusOK, Body: obj}
+	return stripeemu.Answer{Status: http.StatusOK, Body: obj}
 }
 
 // runNow makes a scheduled job run now: the moment it was scheduled for has come.
@@ -482,7 +482,7 @@ func TestRereadStripeUnreachable(t *testing.T) {
 	r := newRereadEnv(t, false)
 	s, end := r.activeSubscription(t, "sub_down", "u_down")
 	job := r.onlyJob(t, "sub_down")
-	r.proxy.InjectFault(http.MethodGet, "/v1/subscriptions/sub_down", stripetest.FaultDrop, 3)
+	r.proxy.InjectFault(http.MethodGet, "/v1/subscriptions/sub_down", stripeemu.FaultDrop, 3)
 
 	r.clock.Set(end.Add(grace))
 	r.runNow(t, job.ID)

@@ -22,8 +22,8 @@ import (
 	"billing/internal/apierr"
 	"billing/internal/apitest"
 	"billing/internal/stripeclient"
+	"billing/internal/stripeemu"
 	"billing/internal/stripeevents"
-	"billing/internal/stripetest"
 	"billing/internal/testenv"
 	"billing/migrations"
 	"billing/webhooks"
@@ -57,15 +57,15 @@ type env struct {
 	http *echo.Echo
 	jobs *recordedJobs
 	// stripe is Stripe's catalog, which the features read reads.
-	stripe *stripetest.Catalog
+	stripe *stripeemu.Catalog
 }
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	db := testenv.DB(t)
 	e := &env{db: db, reg: webhooks.NewRegistry(), jobs: &recordedJobs{}}
-	proxy := stripetest.New(t, testenv.StripeMockURL(t))
-	e.stripe = stripetest.NewCatalog(proxy, false)
+	proxy := stripeemu.New(t, testenv.StripeMockURL(t))
+	e.stripe = stripeemu.NewCatalog(proxy, false)
 	api := stripeclient.New(proxy.URL, "sk_test_123", apitest.Logger(t, 0))
 	e.s = New(Deps{DB: db, Features: api.ProductFeatures, Jobs: e.jobs, Logger: apitest.Logger(t, 0), Now: func() time.Time { return t0 }})
 	e.s.Register(e.reg)

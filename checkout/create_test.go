@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"billing/internal/apitest"
-	"billing/internal/stripetest"
+	"billing/internal/stripeemu"
 )
 
 func body(requestID string) map[string]any {
@@ -49,7 +49,7 @@ func TestCheckoutKeyIsRecordedBeforeTheCallAndReused(t *testing.T) {
 	v.link("u1", "cus_u1", false)
 
 	arrived, release := v.proxy.Gate(http.MethodPost, sessionsPath)
-	v.proxy.InjectFault(http.MethodPost, sessionsPath, stripetest.FaultDropAfter, 3) // stripe-go retries twice
+	v.proxy.InjectFault(http.MethodPost, sessionsPath, stripeemu.FaultDropAfter, 3) // stripe-go retries twice
 	done := make(chan int)
 	go func() { done <- v.post(checkoutPath("u1"), body("r1")).Code }()
 	<-arrived
@@ -287,7 +287,7 @@ func TestCheckoutPastTheKeyWindowFindsTheEarlierSession(t *testing.T) {
 	v := defaultEnv(t)
 	v.link("u1", "cus_u1", false)
 	v.link("u2", "cus_u2", false)
-	v.proxy.InjectFault(http.MethodPost, sessionsPath, stripetest.FaultDropAfter, 3)
+	v.proxy.InjectFault(http.MethodPost, sessionsPath, stripeemu.FaultDropAfter, 3)
 	expectStatus(t, v.post(checkoutPath("u1"), body("r1")), http.StatusServiceUnavailable)
 	made := v.sessions.Len()
 	// Another user's session with the same request_id must not be taken for it.
@@ -312,7 +312,7 @@ func TestCheckoutPastTheKeyWindowFindsTheEarlierSession(t *testing.T) {
 	}
 
 	// Nothing made by the earlier attempt: the lookup finds nothing, and the create follows.
-	v.proxy.InjectFault(http.MethodPost, sessionsPath, stripetest.Fault500, 3)
+	v.proxy.InjectFault(http.MethodPost, sessionsPath, stripeemu.Fault500, 3)
 	expectStatus(t, v.post(checkoutPath("u1"), body("r3")), http.StatusServiceUnavailable)
 	v.clock.Add(24 * time.Hour)
 	v.open("u1", body("r3"))
@@ -326,8 +326,8 @@ func TestCheckoutRefusalIsRecorded(t *testing.T) {
 	t.Parallel()
 	v := defaultEnv(t)
 	v.link("u1", "cus_u1", false)
-	v.proxy.Respond(http.MethodPost, sessionsPath, 1, func(stripetest.Request) stripetest.Answer {
-		return stripetest.Answer{Status: http.StatusBadRequest, Body: map[string]any{"error": map[string]any{
+	v.proxy.Respond(http.MethodPost, sessionsPath, 1, func(stripeemu.Request) stripeemu.Answer {
+		return stripeemu.Answer{Status: http.StatusBadRequest, Body: map[string]any{"error": map[string]any{
 			"type": "invalid_request_error", "code": "resource_missing", "param": "line_items[0][price]",
 			"message": "No such price: 'price_pro'"}}}
 	})

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"billing/internal/stripeemu"
 	"billing/internal/stripeevents"
-	"billing/internal/stripetest"
 	"billing/webhooks"
 )
 
@@ -224,7 +224,7 @@ func TestEventBeforeTheRequestIsFinished(t *testing.T) {
 	t.Parallel()
 	v := defaultEnv(t)
 	v.link("u1", "cus_u1", false)
-	v.proxy.InjectFault(http.MethodPost, sessionsPath, stripetest.FaultDropAfter, 3)
+	v.proxy.InjectFault(http.MethodPost, sessionsPath, stripeemu.FaultDropAfter, 3)
 	expectStatus(t, v.post(checkoutPath("u1"), body("r1")), http.StatusServiceUnavailable)
 	if v.sessions.Len() != 1 {
 		t.Fatalf("%d sessions", v.sessions.Len())

@@ -22,8 +22,8 @@ import (
 	"billing/internal/apitest"
 	"billing/internal/jobs"
 	"billing/internal/stripeclient"
+	"billing/internal/stripeemu"
 	"billing/internal/stripeevents"
-	"billing/internal/stripetest"
 	"billing/internal/testenv"
 	"billing/migrations"
 	"billing/webhooks"
@@ -60,8 +60,8 @@ func (c *clock) Add(d time.Duration) { c.mu.Lock(); defer c.mu.Unlock(); c.t = c
 type env struct {
 	t        *testing.T
 	db       *gorm.DB
-	proxy    *stripetest.Proxy
-	sessions *stripetest.CheckoutSessions
+	proxy    *stripeemu.Proxy
+	sessions *stripeemu.CheckoutSessions
 	e        *echo.Echo
 	svc      *Service
 	billing  *billing.Service
@@ -83,9 +83,9 @@ type envOpts struct {
 func newEnv(t *testing.T, o envOpts) *env {
 	t.Helper()
 	v := &env{t: t, db: testenv.DB(t), clock: &clock{t: time.Now()}, subs: map[string]map[string]any{}}
-	v.proxy = stripetest.New(t, testenv.StripeMockURL(t))
+	v.proxy = stripeemu.New(t, testenv.StripeMockURL(t))
 	if !o.stripeMock {
-		v.sessions = stripetest.NewCheckoutSessions(v.proxy, o.livemode)
+		v.sessions = stripeemu.NewCheckoutSessions(v.proxy, o.livemode)
 	}
 	v.proxy.Handle("/v1/subscriptions", v.serveSubscription)
 
@@ -200,14 +200,14 @@ func (v *env) putSubscription(s stripeevents.Subscription) {
 	v.subs[s.ID] = ev.Data.Object
 }
 
-func (v *env) serveSubscription(r stripetest.Request) stripetest.Answer {
+func (v *env) serveSubscription(r stripeemu.Request) stripeemu.Answer {
 	id := strings.TrimPrefix(r.Path, "/v1/subscriptions/")
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if s := v.subs[id]; s != nil && r.Method == http.MethodGet {
-		return stripetest.Answer{Status: http.StatusOK, Body: s}
+		return stripeemu.Answer{Status: http.StatusOK, Body: s}
 	}
-	return stripetest.Answer{Status: http.StatusNotFound, Body: map[string]any{"error": map[string]any{
+	return stripeemu.Answer{Status: http.StatusNotFound, Body: map[string]any{"error": map[string]any{
 		"type": "invalid_request_error", "code": "resource_missing", "message": "No such subscription: '" + id + "'"}}}
 }
 
@@ -281,7 +281,7 @@ func activeSub(id, customer string) stripeevents.Subscription {
 		CurrentPeriodStart: now.Add(-time.Minute), CurrentPeriodEnd: now.AddDate(0, 1, 0)}
 }
 
-func expectForm(t *testing.T, r stripetest.Request, want map[string]string) {
+func expectForm(t *testing.T, r stripeemu.Request, want map[string]string) {
 	t.Helper()
 	for k, w := range want {
 		if got := r.Form.Get(k); got != w {

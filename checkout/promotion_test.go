@@ -10,8 +10,8 @@ import (
 	"gorm.io/gorm"
 
 	"billing/catalog"
+	"billing/internal/stripeemu"
 	"billing/internal/stripeevents"
-	"billing/internal/stripetest"
 )
 
 // sell puts prices in the local catalog as their events would.
@@ -52,7 +52,7 @@ func TestCheckoutTakesALookupKeyAndATypedPromotionCode(t *testing.T) {
 	v := newEnv(t, envOpts{successURL: successURL, cancelURL: cancelURL, stripeMock: true})
 	v.link("u1", "cus_u1", false)
 	v.sell(proMonthly)
-	promo := stripetest.NewCatalog(v.proxy, false).PutPromotionCode(stripetest.PromotionCodeSpec{Code: "WELCOME20", PercentOff: 20})
+	promo := stripeemu.NewCatalog(v.proxy, false).PutPromotionCode(stripeemu.PromotionCodeSpec{Code: "WELCOME20", PercentOff: 20})
 
 	v.open("u1", map[string]any{"request_id": "r1", "price_lookup_key": "pro_monthly", "promotion_code": "welcome20"})
 	reqs := v.proxy.Filter(http.MethodPost, sessionsPath)
@@ -101,11 +101,11 @@ func TestCheckoutRefusesWhatStripeWouldRefuse(t *testing.T) {
 	old := proMonthly
 	old.ID, old.LookupKey, old.Inactive = "price_old", "old_monthly", true
 	v.sell(proMonthly, old)
-	codes := stripetest.NewCatalog(v.proxy, false)
-	codes.PutPromotionCode(stripetest.PromotionCodeSpec{Code: "OFF", PercentOff: 10, Inactive: true})
-	codes.PutPromotionCode(stripetest.PromotionCodeSpec{Code: "GONE", PercentOff: 10, ExpiresAt: time.Now().Add(-time.Hour)})
-	codes.PutPromotionCode(stripetest.PromotionCodeSpec{Code: "CAROL", AmountOff: 500, Customer: "cus_u2"})
-	codes.PutPromotionCode(stripetest.PromotionCodeSpec{Code: "USEDUP", AmountOff: 500, MaxRedemptions: 1, TimesRedeemed: 1})
+	codes := stripeemu.NewCatalog(v.proxy, false)
+	codes.PutPromotionCode(stripeemu.PromotionCodeSpec{Code: "OFF", PercentOff: 10, Inactive: true})
+	codes.PutPromotionCode(stripeemu.PromotionCodeSpec{Code: "GONE", PercentOff: 10, ExpiresAt: time.Now().Add(-time.Hour)})
+	codes.PutPromotionCode(stripeemu.PromotionCodeSpec{Code: "CAROL", AmountOff: 500, Customer: "cus_u2"})
+	codes.PutPromotionCode(stripeemu.PromotionCodeSpec{Code: "USEDUP", AmountOff: 500, MaxRedemptions: 1, TimesRedeemed: 1})
 	for _, tc := range []struct {
 		name   string
 		body   map[string]any

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"billing/internal/stripetest"
+	"billing/internal/stripeemu"
 )
 
 type sessionAnswer struct {
@@ -133,7 +133,7 @@ func TestSuccessPageQueuesTheReadWhenStripeFails(t *testing.T) {
 	v := defaultEnv(t)
 	session := openAndPay(t, v)
 	id := session["id"].(string)
-	v.proxy.InjectFault(http.MethodGet, "/v1/subscriptions/sub_1", stripetest.Fault500, 3) // stripe-go tries three times
+	v.proxy.InjectFault(http.MethodGet, "/v1/subscriptions/sub_1", stripeemu.Fault500, 3) // stripe-go tries three times
 	a, _ := v.success(id)
 	if deref(a.Status) != "complete" {
 		t.Fatalf("read %+v", a)

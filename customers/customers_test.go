@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"billing/internal/apitest"
-	"billing/internal/stripetest"
+	"billing/internal/stripeemu"
 )
 
 const customersPath = "/v1/customers"
@@ -148,7 +148,7 @@ func TestUnfinishedLinkIsFinished(t *testing.T) {
 		t.Parallel()
 		v := newEnv(t, false)
 		for range 3 {
-			v.proxy.InjectFault(http.MethodPost, customersPath, stripetest.FaultDropAfter, 1)
+			v.proxy.InjectFault(http.MethodPost, customersPath, stripeemu.FaultDropAfter, 1)
 		}
 		expectError(t, v.put("u1", body{"email": "a@example.com"}), http.StatusServiceUnavailable, "stripe_unavailable")
 		v.exec(`UPDATE customers SET created_at = now() - interval '2 days'`)
@@ -169,7 +169,7 @@ func TestUnfinishedLinkIsFinished(t *testing.T) {
 	t.Run("outage: 503, then the next PUT links", func(t *testing.T) {
 		t.Parallel()
 		v := newEnv(t, false)
-		for _, f := range []stripetest.Fault{stripetest.Fault500, stripetest.FaultDrop, stripetest.Fault500} {
+		for _, f := range []stripeemu.Fault{stripeemu.Fault500, stripeemu.FaultDrop, stripeemu.Fault500} {
 			v.proxy.InjectFault(http.MethodPost, customersPath, f, 1)
 		}
 		expectError(t, v.put("u1", body{"email": "a@example.com"}), http.StatusServiceUnavailable, "stripe_unavailable")
@@ -270,8 +270,8 @@ func TestLookupsSeeOnlyLinkedCustomers(t *testing.T) {
 func TestRefusedCreateCanBeCorrected(t *testing.T) {
 	t.Parallel()
 	v := newEnv(t, false)
-	v.proxy.Respond(http.MethodPost, customersPath, 1, func(stripetest.Request) stripetest.Answer {
-		return stripetest.Answer{Status: http.StatusBadRequest, Body: map[string]any{"error": map[string]any{
+	v.proxy.Respond(http.MethodPost, customersPath, 1, func(stripeemu.Request) stripeemu.Answer {
+		return stripeemu.Answer{Status: http.StatusBadRequest, Body: map[string]any{"error": map[string]any{
 			"type": "invalid_request_error", "code": "email_invalid", "param": "email", "message": "Invalid email address: a@bad.example",
 		}}}
 	})
@@ -313,8 +313,8 @@ func TestPutAnswers503WhenTheDatabaseIsDown(t *testing.T) {
 func TestRefusedCallKeepsTheLinkPending(t *testing.T) {
 	t.Parallel()
 	v := newEnv(t, false)
-	v.proxy.Respond(http.MethodPost, customersPath, 1, func(stripetest.Request) stripetest.Answer {
-		return stripetest.Answer{Status: http.StatusUnauthorized, Body: map[string]any{"error": map[string]any{
+	v.proxy.Respond(http.MethodPost, customersPath, 1, func(stripeemu.Request) stripeemu.Answer {
+		return stripeemu.Answer{Status: http.StatusUnauthorized, Body: map[string]any{"error": map[string]any{
 			"type": "invalid_request_error", "message": "Invalid API Key provided",
 		}}}
 	})

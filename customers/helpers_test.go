@@ -12,7 +12,7 @@ import (
 	"billing/billing"
 	"billing/internal/apitest"
 	"billing/internal/stripeclient"
-	"billing/internal/stripetest"
+	"billing/internal/stripeemu"
 	"billing/internal/testenv"
 	"billing/migrations"
 )
@@ -30,14 +30,14 @@ func TestMain(m *testing.M) {
 type env struct {
 	t        *testing.T
 	db       *gorm.DB
-	proxy    *stripetest.Proxy
+	proxy    *stripeemu.Proxy
 	e        *echo.Echo
 	livemode bool
 }
 
 func newEnv(t *testing.T, livemode bool) *env {
 	t.Helper()
-	v := &env{t: t, db: testenv.DB(t), proxy: stripetest.New(t, testenv.StripeMockURL(t)), livemode: livemode}
+	v := &env{t: t, db: testenv.DB(t), proxy: stripeemu.New(t, testenv.StripeMockURL(t)), livemode: livemode}
 	v.mount(v.db)
 	return v
 }

@@ -6,18 +6,18 @@ import (
 	"testing"
 
 	"billing/internal/apitest"
-	"billing/internal/stripetest"
+	"billing/internal/stripeemu"
 )
 
 // stripeCustomer makes Stripe's answer to reads of a customer carry the given metadata and mode.
 func (v *env) stripeCustomer(id string, metadata map[string]any, livemode bool) {
-	v.proxy.Mutate(http.MethodGet, customersPath+"/"+id, -1, func(_ stripetest.Request, obj map[string]any) {
+	v.proxy.Mutate(http.MethodGet, customersPath+"/"+id, -1, func(_ stripeemu.Request, obj map[string]any) {
 		obj["id"], obj["metadata"], obj["livemode"] = id, metadata, livemode
 		obj["email"], obj["name"] = "owner@example.com", "Owner"
 	})
 }
 
-func (v *env) updates(id string) []stripetest.Request {
+func (v *env) updates(id string) []stripeemu.Request {
 	return v.proxy.Filter(http.MethodPost, customersPath+"/"+id)
 }
 
@@ -74,7 +74,7 @@ func TestLinkExistingCustomerIsUndoneWhenTheMetadataFails(t *testing.T) {
 	t.Parallel()
 	v := newEnv(t, false)
 	v.stripeCustomer("cus_bare", map[string]any{}, false)
-	v.proxy.InjectFault(http.MethodPost, customersPath+"/cus_bare", stripetest.Fault500, 3)
+	v.proxy.InjectFault(http.MethodPost, customersPath+"/cus_bare", stripeemu.Fault500, 3)
 	expectError(t, v.put("u1", body{"stripe_customer_id": "cus_bare"}), http.StatusServiceUnavailable, "stripe_unavailable")
 	if row := v.row("u1"); row.UserID != "" {
 		t.Fatalf("link kept: %+v", row)
@@ -87,12 +87,12 @@ func TestLinkExistingCustomerRefusals(t *testing.T) {
 	v := newEnv(t, false)
 	v.stripeCustomer("cus_foreign", map[string]any{"user_id": "u2"}, false)
 	v.stripeCustomer("cus_live", map[string]any{}, true)
-	v.proxy.Respond(http.MethodGet, customersPath+"/cus_gone", -1, func(stripetest.Request) stripetest.Answer {
-		return stripetest.Answer{Status: http.StatusNotFound, Body: map[string]any{"error": map[string]any{
+	v.proxy.Respond(http.MethodGet, customersPath+"/cus_gone", -1, func(stripeemu.Request) stripeemu.Answer {
+		return stripeemu.Answer{Status: http.StatusNotFound, Body: map[string]any{"error": map[string]any{
 			"type": "invalid_request_error", "code": "resource_missing", "message": "No such customer: 'cus_gone'"}}}
 	})
-	v.proxy.Respond(http.MethodGet, customersPath+"/cus_deleted", -1, func(stripetest.Request) stripetest.Answer {
-		return stripetest.Answer{Status: http.StatusOK, Body: map[string]any{"id": "cus_deleted", "object": "customer", "deleted": true}}
+	v.proxy.Respond(http.MethodGet, customersPath+"/cus_deleted", -1, func(stripeemu.Request) stripeemu.Answer {
+		return stripeemu.Answer{Status: http.StatusOK, Body: map[string]any{"id": "cus_deleted", "object": "customer", "deleted": true}}
 	})
 	v.exec(`INSERT INTO customers (user_id, stripe_customer_id, email) VALUES ('u3', 'cus_taken', 'u3@example.com')`)
 	v.exec(`INSERT INTO customers (user_id, stripe_customer_id, email) VALUES ('u4', 'cus_u4', 'u4@example.com')`)

@@ -15,7 +15,7 @@ import (
 	"billing/appevents"
 	"billing/internal/apitest"
 	"billing/internal/stripeclient"
-	"billing/internal/stripetest"
+	"billing/internal/stripeemu"
 	"billing/internal/testenv"
 	"billing/webhooks"
 )
@@ -25,7 +25,7 @@ func newTellingEnv(t *testing.T) *env {
 	t.Helper()
 	logger := apitest.Logger(t, slog.LevelWarn)
 	db := testenv.DB(t)
-	proxy := stripetest.New(t, testenv.StripeMockURL(t))
+	proxy := stripeemu.New(t, testenv.StripeMockURL(t))
 	svc := New(Deps{
 		DB:        db,
 		Stripe:    stripeclient.New(proxy.URL, "sk_test_ledger", logger),
@@ -114,8 +114,8 @@ func TestChargeUpdatedIsToldByTheRequests(t *testing.T) {
 	}
 	expectStatus(t, v.refund("o1", map[string]any{"refund_id": "r1", "amount": 400}), http.StatusOK)
 	// One that Stripe refuses never counted.
-	v.proxy.Respond(http.MethodPost, refundsPath, 1, func(stripetest.Request) stripetest.Answer {
-		return stripetest.Answer{Status: 400, Body: map[string]any{"error": map[string]any{
+	v.proxy.Respond(http.MethodPost, refundsPath, 1, func(stripeemu.Request) stripeemu.Answer {
+		return stripeemu.Answer{Status: 400, Body: map[string]any{"error": map[string]any{
 			"type": "invalid_request_error", "code": "charge_disputed", "message": "This charge is disputed.",
 		}}}
 	})
@@ -157,7 +157,7 @@ func TestChargeUpdatedIsToldByEventsOnce(t *testing.T) {
 
 	// Refunds settled by events: a refund pending at Stripe counts from its answer; its failure
 	// releases it; Stripe's charge.refunded figure (a Dashboard refund) raises it.
-	v.proxy.Mutate(http.MethodPost, refundsPath, 1, func(_ stripetest.Request, obj map[string]any) { obj["status"] = "pending" })
+	v.proxy.Mutate(http.MethodPost, refundsPath, 1, func(_ stripeemu.Request, obj map[string]any) { obj["status"] = "pending" })
 	rec := v.refund("o1", map[string]any{"refund_id": "r1", "amount": 200})
 	expectStatus(t, rec, http.StatusCreated)
 	re := decode(t, rec)["stripe_refund_id"].(string)

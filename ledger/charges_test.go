@@ -13,7 +13,7 @@ import (
 	"sync"
 	"testing"
 
-	"billing/internal/stripetest"
+	"billing/internal/stripeemu"
 )
 
 const piPath = "/v1/payment_intents"
@@ -163,23 +163,23 @@ func TestChargeSurvivesStripeFailures(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name   string
-		faults []stripetest.Fault
+		faults []stripeemu.Fault
 		// wantFirst is the first request's status; 503 leaves the row pending for the second.
 		wantFirst      int
 		wantRequests   int // PaymentIntent creates received in all
 		wantSameAsLost bool
 	}{
-		{name: "500 then success", faults: []stripetest.Fault{stripetest.Fault500}, wantFirst: 201, wantRequests: 2},
-		{name: "dropped connection then success", faults: []stripetest.Fault{stripetest.FaultDrop}, wantFirst: 201, wantRequests: 2},
-		{name: "answer lost after Stripe charged", faults: []stripetest.Fault{stripetest.FaultDropAfter}, wantFirst: 201, wantRequests: 2, wantSameAsLost: true},
+		{name: "500 then success", faults: []stripeemu.Fault{stripeemu.Fault500}, wantFirst: 201, wantRequests: 2},
+		{name: "dropped connection then success", faults: []stripeemu.Fault{stripeemu.FaultDrop}, wantFirst: 201, wantRequests: 2},
+		{name: "answer lost after Stripe charged", faults: []stripeemu.Fault{stripeemu.FaultDropAfter}, wantFirst: 201, wantRequests: 2, wantSameAsLost: true},
 		{
 			name:      "outage outlasting stripe-go's retries",
-			faults:    []stripetest.Fault{stripetest.Fault500, stripetest.FaultDrop, stripetest.Fault500},
+			faults:    []stripeemu.Fault{stripeemu.Fault500, stripeemu.FaultDrop, stripeemu.Fault500},
 			wantFirst: 503, wantRequests: 4,
 		},
 		{
 			name:      "answer lost on every retry",
-			faults:    []stripetest.Fault{stripetest.FaultDropAfter, stripetest.FaultDropAfter, stripetest.FaultDropAfter},
+			faults:    []stripeemu.Fault{stripeemu.FaultDropAfter, stripeemu.FaultDropAfter, stripeemu.FaultDropAfter},
 			wantFirst: 503, wantRequests: 4, wantSameAsLost: true,
 		},
 	} {
@@ -247,7 +247,7 @@ func TestPendingChargeLeftByCrashIsFinished(t *testing.T) {
 		v.addCustomer("u1")
 		// The crashed attempt: Stripe charged, we never learnt it.
 		for range 3 {
-			v.proxy.InjectFault(http.MethodPost, piPath, stripetest.FaultDropAfter, 1)
+			v.proxy.InjectFault(http.MethodPost, piPath, stripeemu.FaultDropAfter, 1)
 		}
 		expectError(t, v.charge("o1", "u1", 300, "usd"), http.StatusServiceUnavailable, "stripe_unavailable")
 		// A day later Stripe has forgotten the key.
@@ -283,7 +283,7 @@ func TestChargeRefusals(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name        string
-		setup       func(p *stripetest.Proxy)
+		setup       func(p *stripeemu.Proxy)
 		status      int
 		code        string
 		declineCode string
@@ -291,25 +291,25 @@ func TestChargeRefusals(t *testing.T) {
 	}{
 		{
 			name:   "card declined",
-			setup:  func(p *stripetest.Proxy) { p.CardError(piPath, "card_declined", "insufficient_funds", 1) },
+			setup:  func(p *stripeemu.Proxy) { p.CardError(piPath, "card_declined", "insufficient_funds", 1) },
 			status: http.StatusPaymentRequired, code: "card_declined", declineCode: "insufficient_funds", rowStatus: "declined",
 		},
 		{
 			name:   "expired card without decline code",
-			setup:  func(p *stripetest.Proxy) { p.CardError(piPath, "expired_card", "", 1) },
+			setup:  func(p *stripeemu.Proxy) { p.CardError(piPath, "expired_card", "", 1) },
 			status: http.StatusPaymentRequired, code: "card_declined", declineCode: "expired_card", rowStatus: "declined",
 		},
 		{
 			name: "authentication required (card error)",
-			setup: func(p *stripetest.Proxy) {
+			setup: func(p *stripeemu.Proxy) {
 				p.CardError(piPath, "authentication_required", "authentication_required", 1)
 			},
 			status: http.StatusPaymentRequired, code: "authentication_required", rowStatus: "requires_action",
 		},
 		{
 			name: "requires_action",
-			setup: func(p *stripetest.Proxy) {
-				p.Mutate(http.MethodPost, piPath, 1, func(_ stripetest.Request, pi map[string]any) {
+			setup: func(p *stripeemu.Proxy) {
+				p.Mutate(http.MethodPost, piPath, 1, func(_ stripeemu.Request, pi map[string]any) {
 					pi["status"] = "requires_action"
 					pi["next_action"] = map[string]any{"type": "use_stripe_sdk"}
 				})
@@ -318,9 +318,9 @@ func TestChargeRefusals(t *testing.T) {
 		},
 		{
 			name: "other refusal",
-			setup: func(p *stripetest.Proxy) {
-				p.Respond(http.MethodPost, piPath, 1, func(stripetest.Request) stripetest.Answer {
-					return stripetest.Answer{Status: 400, Body: map[string]any{"error": map[string]any{
+			setup: func(p *stripeemu.Proxy) {
+				p.Respond(http.MethodPost, piPath, 1, func(stripeemu.Request) stripeemu.Answer {
+					return stripeemu.Answer{Status: 400, Body: map[string]any{"error": map[string]any{
 						"type": "invalid_request_error", "code": "amount_too_small", "message": "Amount must be at least $0.50 usd",
 					}}}
 				})
@@ -366,7 +366,7 @@ func TestChargeSendsTheCustomersDefaultPaymentMethod(t *testing.T) {
 	t.Parallel()
 	v := newEnv(t)
 	cus := v.addCustomer("u1")
-	v.proxy.Mutate(http.MethodGet, "/v1/customers/"+cus, -1, func(_ stripetest.Request, c map[string]any) {
+	v.proxy.Mutate(http.MethodGet, "/v1/customers/"+cus, -1, func(_ stripeemu.Request, c map[string]any) {
 		c["invoice_settings"] = map[string]any{"default_payment_method": "pm_card_visa"}
 	})
 	expectStatus(t, v.charge("o1", "u1", 100, "usd"), http.StatusCreated)
@@ -469,9 +469,9 @@ func TestStripeErrorObjectsStayOutOfLogs(t *testing.T) {
 	var mu sync.Mutex
 	v := newEnvLogging(t, slog.New(slog.NewTextHandler(lockedWriter{&mu, &logs}, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	v.addCustomer("u1")
-	leaky := func(status int, typ string) func(stripetest.Request) stripetest.Answer {
-		return func(stripetest.Request) stripetest.Answer {
-			return stripetest.Answer{Status: status, Body: map[string]any{"error": map[string]any{
+	leaky := func(status int, typ string) func(stripeemu.Request) stripeemu.Answer {
+		return func(stripeemu.Request) stripeemu.Answer {
+			return stripeemu.Answer{Status: status, Body: map[string]any{"error": map[string]any{
 				"type": typ, "code": "some_code", "message": "Something went wrong.",
 				"payment_intent": map[string]any{"id": "pi_leak", "object": "payment_intent", "client_secret": "pi_leak_secret_XYZ"},
 				"payment_method": map[string]any{"id": "pm_leak", "object": "payment_method",

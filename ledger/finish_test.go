@@ -12,7 +12,7 @@ import (
 	"billing/internal/apitest"
 	"billing/internal/database"
 	"billing/internal/jobs"
-	"billing/internal/stripetest"
+	"billing/internal/stripeemu"
 )
 
 // insertPendingCharge writes the row exactly as POST /v1/charges commits it before calling
@@ -84,7 +84,7 @@ func TestLedgerFinishesPendingChargesPastTheKeyWindow(t *testing.T) {
 		v := newEnv(t)
 		v.addCustomer("u1")
 		for range 3 {
-			v.proxy.InjectFault(http.MethodPost, piPath, stripetest.FaultDropAfter, 1)
+			v.proxy.InjectFault(http.MethodPost, piPath, stripeemu.FaultDropAfter, 1)
 		}
 		expectError(t, v.charge("o1", "u1", 300, "usd"), http.StatusServiceUnavailable, "stripe_unavailable")
 		v.exec(`UPDATE charges SET created_at = now() - interval '25 hours'`)
@@ -123,7 +123,7 @@ func TestLedgerFinisherRetriesAfterAnOutage(t *testing.T) {
 	v.addCustomer("u1")
 	v.insertPendingCharge("o1", "u1", 300, 5*time.Minute)
 	for range 3 {
-		v.proxy.InjectFault(http.MethodPost, piPath, stripetest.Fault500, 1)
+		v.proxy.InjectFault(http.MethodPost, piPath, stripeemu.Fault500, 1)
 	}
 	if res := v.finishPending(); res.Charges != 1 || res.Finished != 0 {
 		t.Fatalf("run during the outage: %+v", res)

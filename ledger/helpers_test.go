@@ -12,7 +12,7 @@ import (
 
 	"billing/internal/apitest"
 	"billing/internal/stripeclient"
-	"billing/internal/stripetest"
+	"billing/internal/stripeemu"
 	"billing/internal/testenv"
 	"billing/migrations"
 )
@@ -32,7 +32,7 @@ func TestMain(m *testing.M) {
 type env struct {
 	t     *testing.T
 	db    *gorm.DB
-	proxy *stripetest.Proxy
+	proxy *stripeemu.Proxy
 	e     *echo.Echo
 	svc   *Service
 }
@@ -46,7 +46,7 @@ func newEnv(t *testing.T) *env {
 func newEnvLogging(t *testing.T, logger *slog.Logger) *env {
 	t.Helper()
 	db := testenv.DB(t)
-	proxy := stripetest.New(t, testenv.StripeMockURL(t))
+	proxy := stripeemu.New(t, testenv.StripeMockURL(t))
 	svc := New(Deps{
 		DB:     db,
 		Stripe: stripeclient.New(proxy.URL, "sk_test_ledger", logger),
@@ -140,7 +140,7 @@ func (v *env) expectStripeHeaders() {
 }
 
 // expectKeys checks the idempotency keys of every request to method+path.
-func (v *env) expectKeys(method, path, key string, wantRequests int) []stripetest.Request {
+func (v *env) expectKeys(method, path, key string, wantRequests int) []stripeemu.Request {
 	v.t.Helper()
 	reqs := v.proxy.Filter(method, path)
 	if len(reqs) != wantRequests {

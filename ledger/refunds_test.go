@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"billing/internal/stripetest"
+	"billing/internal/stripeemu"
 )
 
 const refundsPath = "/v1/refunds"
@@ -148,7 +148,7 @@ func TestRefundOutageKeepsTheReservation(t *testing.T) {
 	v := newEnv(t)
 	v.addCustomer("u1")
 	v.mustCharge("o1", "u1", 100)
-	for _, f := range []stripetest.Fault{stripetest.FaultDropAfter, stripetest.Fault500, stripetest.FaultDrop} {
+	for _, f := range []stripeemu.Fault{stripeemu.FaultDropAfter, stripeemu.Fault500, stripeemu.FaultDrop} {
 		v.proxy.InjectFault(http.MethodPost, refundsPath, f, 1)
 	}
 	expectError(t, v.refund("o1", map[string]any{"refund_id": "r1", "amount": 70}), http.StatusServiceUnavailable, "stripe_unavailable")
@@ -173,7 +173,7 @@ func TestPendingRefundBeyondTheKeyWindowIsFoundOnStripe(t *testing.T) {
 	v.addCustomer("u1")
 	piID := v.mustCharge("o1", "u1", 100)
 	for range 3 {
-		v.proxy.InjectFault(http.MethodPost, refundsPath, stripetest.FaultDropAfter, 1)
+		v.proxy.InjectFault(http.MethodPost, refundsPath, stripeemu.FaultDropAfter, 1)
 	}
 	expectError(t, v.refund("o1", map[string]any{"refund_id": "r1"}), http.StatusServiceUnavailable, "stripe_unavailable")
 	v.exec(`UPDATE refunds SET created_at = now() - interval '30 hours'`)
@@ -196,8 +196,8 @@ func TestRefundRefusedByStripeReleasesTheAmount(t *testing.T) {
 	v := newEnv(t)
 	v.addCustomer("u1")
 	v.mustCharge("o1", "u1", 100)
-	v.proxy.Respond(http.MethodPost, refundsPath, 1, func(stripetest.Request) stripetest.Answer {
-		return stripetest.Answer{Status: 400, Body: map[string]any{"error": map[string]any{
+	v.proxy.Respond(http.MethodPost, refundsPath, 1, func(stripeemu.Request) stripeemu.Answer {
+		return stripeemu.Answer{Status: 400, Body: map[string]any{"error": map[string]any{
 			"type": "invalid_request_error", "code": "charge_disputed", "message": "This charge is disputed.",
 		}}}
 	})

@@ -11,7 +11,7 @@ import (
 	"github.com/stripe/stripe-go/v79"
 	"gorm.io/gorm"
 
-	"billing/internal/stripetest"
+	"billing/internal/stripeemu"
 	"billing/webhooks"
 )
 
@@ -153,7 +153,7 @@ func TestProcessingChargeSettlesInEventOrder(t *testing.T) {
 	t.Parallel()
 	v := newEnv(t)
 	cus := v.addCustomer("u1")
-	v.proxy.Mutate(http.MethodPost, piPath, 1, func(_ stripetest.Request, obj map[string]any) { obj["status"] = "processing" })
+	v.proxy.Mutate(http.MethodPost, piPath, 1, func(_ stripeemu.Request, obj map[string]any) { obj["status"] = "processing" })
 	rec := v.charge("o1", "u1", 900, "usd")
 	expectStatus(t, rec, http.StatusCreated)
 	pi := decode(t, rec)["payment_intent_id"].(string)
@@ -166,7 +166,7 @@ func TestProcessingChargeSettlesInEventOrder(t *testing.T) {
 		t.Errorf("status %s, want succeeded", s)
 	}
 	// In one second, the later stage wins whatever the order.
-	v.proxy.Mutate(http.MethodPost, piPath, 1, func(_ stripetest.Request, obj map[string]any) { obj["status"] = "processing" })
+	v.proxy.Mutate(http.MethodPost, piPath, 1, func(_ stripeemu.Request, obj map[string]any) { obj["status"] = "processing" })
 	expectStatus(t, v.charge("o2", "u1", 900, "usd"), http.StatusCreated)
 	pi2 := v.chargeRow("o2").PaymentIntentID
 	v.mustHandle(piEvent("f2", EventPaymentIntentCanceled, 40, *pi2, "canceled", "o2", cus),
@@ -209,7 +209,7 @@ func TestRefundIsSettledByEvents(t *testing.T) {
 	v := newEnv(t)
 	v.addCustomer("u1")
 	v.mustCharge("o1", "u1", 1000)
-	v.proxy.Mutate(http.MethodPost, "/v1/refunds", 1, func(_ stripetest.Request, obj map[string]any) { obj["status"] = "pending" })
+	v.proxy.Mutate(http.MethodPost, "/v1/refunds", 1, func(_ stripeemu.Request, obj map[string]any) { obj["status"] = "pending" })
 	rec := v.refund("o1", map[string]any{"refund_id": "r1", "amount": 1000})
 	expectStatus(t, rec, http.StatusCreated)
 	re := decode(t, rec)["stripe_refund_id"].(string)
@@ -239,7 +239,7 @@ func TestChargeRefundedEvent(t *testing.T) {
 	v := newEnv(t)
 	v.addCustomer("u1")
 	pi := v.mustCharge("o1", "u1", 1000)
-	v.proxy.Mutate(http.MethodPost, "/v1/refunds", 1, func(_ stripetest.Request, obj map[string]any) { obj["status"] = "pending" })
+	v.proxy.Mutate(http.MethodPost, "/v1/refunds", 1, func(_ stripeemu.Request, obj map[string]any) { obj["status"] = "pending" })
 	rec := v.refund("o1", map[string]any{"refund_id": "r1", "amount": 400})
 	expectStatus(t, rec, http.StatusCreated)
 	re := decode(t, rec)["stripe_refund_id"].(string)
@@ -379,8 +379,8 @@ func TestGetCharge(t *testing.T) {
 	if got := v.getCharge("o_refunded"); got["amount_refunded"] != float64(250) {
 		t.Errorf("after a refund of 250: amount_refunded %v", got["amount_refunded"])
 	}
-	v.proxy.Respond(http.MethodPost, refundsPath, 1, func(stripetest.Request) stripetest.Answer {
-		return stripetest.Answer{Status: 400, Body: map[string]any{"error": map[string]any{
+	v.proxy.Respond(http.MethodPost, refundsPath, 1, func(stripeemu.Request) stripeemu.Answer {
+		return stripeemu.Answer{Status: 400, Body: map[string]any{"error": map[string]any{
 			"type": "invalid_request_error", "code": "charge_disputed", "message": "This charge is disputed.",
 		}}}
 	})

@@ -6,7 +6,7 @@ import (
 	"sync"
 	"testing"
 
-	"billing/internal/stripetest"
+	"billing/internal/stripeemu"
 )
 
 func changePath(user, sub string) string {
@@ -25,13 +25,13 @@ type stripeSubs struct {
 
 func (v *env) stripeSubscriptions() *stripeSubs {
 	ss := &stripeSubs{items: map[string][]string{}, owner: map[string]string{}, seats: map[string]int64{}}
-	v.proxy.Handle("/v1/subscriptions", func(r stripetest.Request) stripetest.Answer {
+	v.proxy.Handle("/v1/subscriptions", func(r stripeemu.Request) stripeemu.Answer {
 		id := strings.TrimPrefix(r.Path, "/v1/subscriptions/")
 		ss.mu.Lock()
 		defer ss.mu.Unlock()
 		prices, ok := ss.items[id]
 		if !ok || r.Method != http.MethodGet {
-			return stripetest.Answer{Status: http.StatusNotFound, Body: map[string]any{"error": map[string]any{
+			return stripeemu.Answer{Status: http.StatusNotFound, Body: map[string]any{"error": map[string]any{
 				"type": "invalid_request_error", "code": "resource_missing", "message": "No such subscription: '" + id + "'"}}}
 		}
 		data := []any{}
@@ -40,7 +40,7 @@ func (v *env) stripeSubscriptions() *stripeSubs {
 			data = append(data, map[string]any{"id": "si_" + id + "_" + string(rune('a'+i)), "object": "subscription_item",
 				"price": map[string]any{"id": p, "object": "price"}, "quantity": seats})
 		}
-		return stripetest.Answer{Status: http.StatusOK, Body: map[string]any{"id": id, "object": "subscription",
+		return stripeemu.Answer{Status: http.StatusOK, Body: map[string]any{"id": id, "object": "subscription",
 			"customer": ss.owner[id], "status": "active", "items": map[string]any{"object": "list", "data": data}}}
 	})
 	return ss

@@ -17,7 +17,7 @@ import (
 	"billing/catalog"
 	"billing/internal/apitest"
 	"billing/internal/stripeclient"
-	"billing/internal/stripetest"
+	"billing/internal/stripeemu"
 	"billing/internal/testenv"
 	"billing/migrations"
 )
@@ -57,7 +57,7 @@ func (failingSubscriptions) CustomerSubscriptionStatus(context.Context, string, 
 type env struct {
 	t     *testing.T
 	db    *gorm.DB
-	proxy *stripetest.Proxy
+	proxy *stripeemu.Proxy
 	e     *echo.Echo
 }
 
@@ -86,7 +86,7 @@ func newEnv(t *testing.T, returnURL string, subs SubscriptionLookup) *env {
 // newEnvOn serves the endpoints on db, which may be down.
 func newEnvOn(t *testing.T, db *gorm.DB, returnURL string, subs SubscriptionLookup) *env {
 	t.Helper()
-	proxy := stripetest.New(t, testenv.StripeMockURL(t))
+	proxy := stripeemu.New(t, testenv.StripeMockURL(t))
 	logger := slog.New(slog.DiscardHandler)
 	if subs == nil {
 		subs = sqlSubscriptions{db}
@@ -124,7 +124,7 @@ var (
 	expectError  = apitest.ExpectError
 )
 
-func expectForm(t *testing.T, r stripetest.Request, want map[string]string) {
+func expectForm(t *testing.T, r stripeemu.Request, want map[string]string) {
 	t.Helper()
 	for k, w := range want {
 		if got := r.Form.Get(k); got != w {
@@ -227,7 +227,7 @@ func TestCancelFailures(t *testing.T) {
 	t.Run("Stripe unavailable", func(t *testing.T) {
 		t.Parallel()
 		v := newEnv(t, defaultURL, nil)
-		v.proxy.InjectFault(http.MethodPost, sessionsPath, stripetest.Fault500, 3)
+		v.proxy.InjectFault(http.MethodPost, sessionsPath, stripeemu.Fault500, 3)
 		expectError(t, v.post(appToken, cancelPath("u1", "sub_active"), ""), http.StatusServiceUnavailable, "stripe_unavailable")
 	})
 }

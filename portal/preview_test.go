@@ -10,8 +10,8 @@ import (
 	"gorm.io/gorm"
 
 	"billing/catalog"
+	"billing/internal/stripeemu"
 	"billing/internal/stripeevents"
-	"billing/internal/stripetest"
 )
 
 // previewNow is the clock of the portal under test: the proration date it sends.
@@ -52,8 +52,8 @@ func TestPreviewAsksStripeForTheProratedInvoiceAndChangesNothing(t *testing.T) {
 			"proration": proration, "quantity": 2, "period": map[string]any{"start": from.Unix(), "end": to.Unix()},
 			"price": map[string]any{"id": "price_team", "object": "price"}}
 	}
-	v.proxy.Respond(http.MethodPost, previewPath, 1, func(stripetest.Request) stripetest.Answer {
-		return stripetest.Answer{Status: http.StatusOK, Body: map[string]any{"object": "invoice", "currency": "usd",
+	v.proxy.Respond(http.MethodPost, previewPath, 1, func(stripeemu.Request) stripeemu.Answer {
+		return stripeemu.Answer{Status: http.StatusOK, Body: map[string]any{"object": "invoice", "currency": "usd",
 			"amount_due": 16667, "subtotal": 16667, "total": 16667, "tax": nil, "next_payment_attempt": end.Unix(),
 			"subscription_proration_date": previewNow.Add(time.Hour).Unix(),
 			"lines": map[string]any{"object": "list", "has_more": false, "data": []any{

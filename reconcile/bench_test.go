@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"billing/billing"
-	"billing/internal/stripetest"
+	"billing/internal/stripeemu"
 	"billing/internal/testenv"
 )
 
@@ -29,12 +29,12 @@ func BenchmarkBackfill(b *testing.B) {
 	var customer string
 	for i := range objects {
 		if i%100 == 0 {
-			customer = e.acct.AddCustomer(stripetest.CustomerSpec{Email: fmt.Sprintf("u%d@example.com", i),
+			customer = e.acct.AddCustomer(stripeemu.CustomerSpec{Email: fmt.Sprintf("u%d@example.com", i),
 				Metadata: map[string]string{"user_id": fmt.Sprintf("user_%d", i)}})
 		}
-		e.acct.PutSubscription(stripetest.SubscriptionSpec{Customer: customer, Status: "active", PriceID: "price_bench",
+		e.acct.PutSubscription(stripeemu.SubscriptionSpec{Customer: customer, Status: "active", PriceID: "price_bench",
 			CurrentPeriodStart: start, CurrentPeriodEnd: end,
-			LatestInvoice: &stripetest.InvoiceSpec{Status: "paid", AttemptCount: 1, AmountDue: 2000}})
+			LatestInvoice: &stripeemu.InvoiceSpec{Status: "paid", AttemptCount: 1, AmountDue: 2000}})
 	}
 	var statements int64
 	var elapsed time.Duration

@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"billing/catalog"
+	"billing/internal/stripeemu"
 	"billing/internal/stripeevents"
-	"billing/internal/stripetest"
 )
 
 // stepClock is a clock a second apart at each reading, from now: each run's reads are of a
@@ -140,7 +140,7 @@ func TestCatalogBackfillFromStripeMock(t *testing.T) {
 func TestCatalogEveryPageAndGoneAtStripe(t *testing.T) {
 	e, cat := newCatalogEnv(t)
 	ctx := context.Background()
-	sc := stripetest.NewCatalog(e.proxy, false)
+	sc := stripeemu.NewCatalog(e.proxy, false)
 	sc.PutProduct(stripeevents.Product{ID: "prod_basic", Name: "Basic", Description: "The basic plan"})
 	sc.PutProduct(stripeevents.Product{ID: "prod_pro", Name: "Pro"})
 	sc.PutProduct(stripeevents.Product{ID: "prod_old", Name: "Old", Inactive: true})
@@ -289,7 +289,7 @@ func TestCatalogEveryPageAndGoneAtStripe(t *testing.T) {
 // says it could not repair the field (the next run compares again).
 func TestCatalogEventNewerThanTheReadIsKept(t *testing.T) {
 	e, cat := newCatalogEnv(t)
-	sc := stripetest.NewCatalog(e.proxy, false)
+	sc := stripeemu.NewCatalog(e.proxy, false)
 	sc.PutProduct(stripeevents.Product{ID: "prod_pro", Name: "Pro"})
 	sc.PutPrice(stripeevents.Price{ID: "price_pro", Product: "prod_pro", UnitAmount: 900, Interval: "month", Nickname: "at Stripe"})
 	wantCatalog(t, e.run(false), 2, 2, 2, ExitClean)
@@ -316,8 +316,8 @@ func TestCatalogEventNewerThanTheReadIsKept(t *testing.T) {
 // A catalog that Stripe refuses to list stops the run, as the subscriptions' listing does.
 func TestCatalogListRefusedStopsTheRun(t *testing.T) {
 	e, _ := newCatalogEnv(t)
-	e.proxy.Respond(http.MethodGet, "/v1/prices", 1, func(stripetest.Request) stripetest.Answer {
-		return stripetest.Answer{Status: http.StatusUnauthorized, Body: map[string]any{"error": map[string]any{
+	e.proxy.Respond(http.MethodGet, "/v1/prices", 1, func(stripeemu.Request) stripeemu.Answer {
+		return stripeemu.Answer{Status: http.StatusUnauthorized, Body: map[string]any{"error": map[string]any{
 			"type": "invalid_request_error", "message": "Invalid API Key provided"}}}
 	})
 	sum := e.run(false)
@@ -343,7 +343,7 @@ func TestCatalogSummaryLine(t *testing.T) {
 	}
 }
 
-func expansionsOf(r stripetest.Request) []string {
+func expansionsOf(r stripeemu.Request) []string {
 	var out []string
 	for k, v := range r.Query {
 		if strings.HasPrefix(k, "expand[") {
@@ -368,11 +368,11 @@ func TestCatalogUnreadableObjectIsAnErrorOfItsOwn(t *testing.T) {
 	e, cat := newCatalogEnv(t)
 	good := stripeevents.Product{ID: "prod_good", Name: "Good"}.Object(false)
 	bad := stripeevents.Product{ID: "prod_bad", Name: "Bad\x00name"}.Object(false)
-	e.proxy.Respond(http.MethodGet, "/v1/products", 1, func(stripetest.Request) stripetest.Answer {
-		return stripetest.Answer{Status: http.StatusOK, Body: map[string]any{"object": "list", "url": "/v1/products",
+	e.proxy.Respond(http.MethodGet, "/v1/products", 1, func(stripeemu.Request) stripeemu.Answer {
+		return stripeemu.Answer{Status: http.StatusOK, Body: map[string]any{"object": "list", "url": "/v1/products",
 			"has_more": false, "data": []any{bad, good}}}
 	})
-	stripetest.NewCatalog(e.proxy, false) // no prices, no features; a retrieve of prod_bad is a 404
+	stripeemu.NewCatalog(e.proxy, false) // no prices, no features; a retrieve of prod_bad is a 404
 	// Known locally from an event: listed (if unreadable), it is not missing at Stripe.
 	if _, err := cat.PutProduct(context.Background(), e.db, catalog.Product{ID: "prod_bad", Name: "Bad", Active: true},
 		catalog.Write{Source: newEventID(), Created: ago(time.Hour)}); err != nil {

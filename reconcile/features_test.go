@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"billing/billing"
-	"billing/internal/stripetest"
+	"billing/internal/stripeemu"
 )
 
 // A missed seat change and a missed summary: the run finds both, repairs them, the entitlement
@@ -15,9 +15,9 @@ import (
 func TestMissedQuantityAndFeaturesAreRepaired(t *testing.T) {
 	e := newEnv(t)
 	start, end := period()
-	c := e.acct.AddCustomer(stripetest.CustomerSpec{Email: "seats@example.com", Metadata: map[string]string{"user_id": "useats"}})
+	c := e.acct.AddCustomer(stripeemu.CustomerSpec{Email: "seats@example.com", Metadata: map[string]string{"user_id": "useats"}})
 	e.linkUser("useats", c)
-	id := e.acct.PutSubscription(stripetest.SubscriptionSpec{Customer: c, Status: "active", PriceID: "price_team",
+	id := e.acct.PutSubscription(stripeemu.SubscriptionSpec{Customer: c, Status: "active", PriceID: "price_team",
 		Quantity: 3, CurrentPeriodStart: start, CurrentPeriodEnd: end})
 	e.deliverSub(billing.EventSubscriptionCreated, id, ago(2*time.Hour))
 	// Stripe: 8 seats now, and features the service never heard of (more than a page).
@@ -65,8 +65,8 @@ func TestMissedQuantityAndFeaturesAreRepaired(t *testing.T) {
 func TestFeaturesRemovedAtStripeAreRemoved(t *testing.T) {
 	e := newEnv(t)
 	start, end := period()
-	c := e.acct.AddCustomer(stripetest.CustomerSpec{Email: "f@example.com"})
-	id := e.acct.PutSubscription(stripetest.SubscriptionSpec{Customer: c, Status: "active", PriceID: "price_team",
+	c := e.acct.AddCustomer(stripeemu.CustomerSpec{Email: "f@example.com"})
+	id := e.acct.PutSubscription(stripeemu.SubscriptionSpec{Customer: c, Status: "active", PriceID: "price_team",
 		CurrentPeriodStart: start, CurrentPeriodEnd: end})
 	e.deliverSub(billing.EventSubscriptionCreated, id, ago(2*time.Hour))
 	e.acct.SetActiveEntitlements(c, "kept", "dropped")
@@ -78,8 +78,8 @@ func TestFeaturesRemovedAtStripeAreRemoved(t *testing.T) {
 		t.Fatalf("features %+v %v", f, err)
 	}
 
-	ended := e.acct.AddCustomer(stripetest.CustomerSpec{Email: "ended@example.com"})
-	e.acct.PutSubscription(stripetest.SubscriptionSpec{Customer: ended, Status: "canceled", PriceID: "price_team",
+	ended := e.acct.AddCustomer(stripeemu.CustomerSpec{Email: "ended@example.com"})
+	e.acct.PutSubscription(stripeemu.SubscriptionSpec{Customer: ended, Status: "canceled", PriceID: "price_team",
 		CurrentPeriodStart: start, CurrentPeriodEnd: end, CanceledAt: start, EndedAt: start})
 	before := e.acct.Stats().EntitlementPages
 	e.run(false)

@@ -20,7 +20,7 @@ import (
 
 	"billing/billing"
 	"billing/internal/stripeclient"
-	"billing/internal/stripetest"
+	"billing/internal/stripeemu"
 	"billing/internal/testenv"
 	"billing/migrations"
 	"billing/webhooks"
@@ -39,8 +39,8 @@ var testLimits = Limits{ReadsPerSecond: 10000, Burst: 10000, MaxAttempts: 5, Bas
 type env struct {
 	t     testing.TB
 	db    *gorm.DB
-	proxy *stripetest.Proxy
-	acct  *stripetest.Account
+	proxy *stripeemu.Proxy
+	acct  *stripeemu.Account
 	subs  *billing.Service
 	jobs  *river.Client[*sql.Tx]
 	reg   *webhooks.Registry
@@ -76,8 +76,8 @@ func newEnvOn(t testing.TB, db *gorm.DB, opts ...envOpt) *env {
 	e := &env{t: t, db: db, jobs: rc, reg: webhooks.NewRegistry(), prom: prometheus.NewRegistry()}
 	e.subs = billing.New(billing.Deps{DB: db, Jobs: rc, Logger: slog.New(slog.DiscardHandler), PastDueEntitled: true})
 	e.subs.Register(e.reg)
-	e.proxy = stripetest.New(t, testenv.StripeMockURL(t))
-	e.acct = stripetest.NewAccount(e.proxy, false)
+	e.proxy = stripeemu.New(t, testenv.StripeMockURL(t))
+	e.acct = stripeemu.NewAccount(e.proxy, false)
 	e.rec = e.reconciler(opts...)
 	return e
 }

@@ -12,7 +12,7 @@ import (
 	"gorm.io/gorm"
 
 	"billing/billing"
-	"billing/internal/stripetest"
+	"billing/internal/stripeemu"
 	"billing/internal/testenv"
 	"billing/webhooks"
 )
@@ -24,27 +24,27 @@ func TestMissedEventsAreRepairedThroughTheEventCode(t *testing.T) {
 	e := newEnv(t)
 	start, end := period()
 	customer := func(user string) string {
-		c := e.acct.AddCustomer(stripetest.CustomerSpec{Email: user + "@example.com", Metadata: map[string]string{"user_id": user}})
+		c := e.acct.AddCustomer(stripeemu.CustomerSpec{Email: user + "@example.com", Metadata: map[string]string{"user_id": user}})
 		e.linkUser(user, c)
 		return c
 	}
 
 	// created missed: Stripe has it, the local state never heard of it.
 	cA := customer("ua")
-	a := e.acct.PutSubscription(stripetest.SubscriptionSpec{Customer: cA, Status: "active", PriceID: "price_basic",
-		CurrentPeriodStart: start, CurrentPeriodEnd: end, LatestInvoice: &stripetest.InvoiceSpec{Status: "paid", AttemptCount: 1}})
+	a := e.acct.PutSubscription(stripeemu.SubscriptionSpec{Customer: cA, Status: "active", PriceID: "price_basic",
+		CurrentPeriodStart: start, CurrentPeriodEnd: end, LatestInvoice: &stripeemu.InvoiceSpec{Status: "paid", AttemptCount: 1}})
 
 	// updated missed: trialing locally; at Stripe active on another price, canceling at period end.
 	cB := customer("ub")
-	b := e.acct.PutSubscription(stripetest.SubscriptionSpec{Customer: cB, Status: "trialing", PriceID: "price_basic",
+	b := e.acct.PutSubscription(stripeemu.SubscriptionSpec{Customer: cB, Status: "trialing", PriceID: "price_basic",
 		CurrentPeriodStart: start, CurrentPeriodEnd: end, TrialStart: start, TrialEnd: end})
 	e.deliverSub(billing.EventSubscriptionCreated, b, ago(2*time.Hour))
-	e.acct.PutSubscription(stripetest.SubscriptionSpec{ID: b, Customer: cB, Status: "active", PriceID: "price_pro",
+	e.acct.PutSubscription(stripeemu.SubscriptionSpec{ID: b, Customer: cB, Status: "active", PriceID: "price_pro",
 		CurrentPeriodStart: start, CurrentPeriodEnd: end, TrialStart: start, TrialEnd: end, CancelAtPeriodEnd: true, CancelAt: end})
 
 	// deleted missed: active locally, canceled at Stripe.
 	cC := customer("uc")
-	c := e.acct.PutSubscription(stripetest.SubscriptionSpec{Customer: cC, Status: "active", PriceID: "price_basic",
+	c := e.acct.PutSubscription(stripeemu.SubscriptionSpec{Customer: cC, Status: "active", PriceID: "price_basic",
 		CurrentPeriodStart: start, CurrentPeriodEnd: end})
 	e.deliverSub(billing.EventSubscriptionCreated, c, ago(2*time.Hour))
 	e.acct.UpdateSubscription(c, func(o map[string]any) {
@@ -53,10 +53,10 @@ func TestMissedEventsAreRepairedThroughTheEventCode(t *testing.T) {
 
 	// payment failure missed: past_due at Stripe with an open, attempted invoice.
 	cD := customer("ud")
-	d := e.acct.PutSubscription(stripetest.SubscriptionSpec{Customer: cD, Status: "active", PriceID: "price_basic",
-		CurrentPeriodStart: start, CurrentPeriodEnd: end, LatestInvoice: &stripetest.InvoiceSpec{Status: "paid", AttemptCount: 1}})
+	d := e.acct.PutSubscription(stripeemu.SubscriptionSpec{Customer: cD, Status: "active", PriceID: "price_basic",
+		CurrentPeriodStart: start, CurrentPeriodEnd: end, LatestInvoice: &stripeemu.InvoiceSpec{Status: "paid", AttemptCount: 1}})
 	e.deliverSub(billing.EventSubscriptionCreated, d, ago(2*time.Hour))
-	e.acct.SetLatestInvoice(d, stripetest.InvoiceSpec{Status: "open", AttemptCount: 1, AmountDue: 1500})
+	e.acct.SetLatestInvoice(d, stripeemu.InvoiceSpec{Status: "open", AttemptCount: 1, AmountDue: 1500})
 	e.acct.UpdateSubscription(d, func(o map[string]any) { o["status"] = "past_due" })
 
 	if e.entitled("ua") || !e.entitled("uc") {
@@ -119,11 +119,11 @@ func TestMissedEventsAreRepairedThroughTheEventCode(t *testing.T) {
 func TestLocalSubscriptionMissingAtStripe(t *testing.T) {
 	e := newEnv(t)
 	start, end := period()
-	cus := e.acct.AddCustomer(stripetest.CustomerSpec{})
-	gone := e.acct.PutSubscription(stripetest.SubscriptionSpec{Customer: cus, Status: "active", PriceID: "price_a", CurrentPeriodStart: start, CurrentPeriodEnd: end})
+	cus := e.acct.AddCustomer(stripeemu.CustomerSpec{})
+	gone := e.acct.PutSubscription(stripeemu.SubscriptionSpec{Customer: cus, Status: "active", PriceID: "price_a", CurrentPeriodStart: start, CurrentPeriodEnd: end})
 	e.deliverSub(billing.EventSubscriptionCreated, gone, ago(time.Hour))
 	e.acct.RemoveSubscription(gone)
-	kept := e.acct.PutSubscription(stripetest.SubscriptionSpec{Customer: cus, Status: "active", PriceID: "price_a", CurrentPeriodStart: start, CurrentPeriodEnd: end})
+	kept := e.acct.PutSubscription(stripeemu.SubscriptionSpec{Customer: cus, Status: "active", PriceID: "price_a", CurrentPeriodStart: start, CurrentPeriodEnd: end})
 	e.deliverSub(billing.EventSubscriptionCreated, kept, ago(time.Hour))
 
 	sum := e.run(false)
@@ -143,9 +143,9 @@ func TestLocalSubscriptionMissingAtStripe(t *testing.T) {
 func TestEventAppliedWhileThePageIsOnItsWay(t *testing.T) {
 	e := newEnv(t)
 	start, end := period()
-	cus := e.acct.AddCustomer(stripetest.CustomerSpec{})
+	cus := e.acct.AddCustomer(stripeemu.CustomerSpec{})
 	e.linkUser("u1", cus)
-	id := e.acct.PutSubscription(stripetest.SubscriptionSpec{Customer: cus, Status: "trialing", PriceID: "price_a",
+	id := e.acct.PutSubscription(stripeemu.SubscriptionSpec{Customer: cus, Status: "trialing", PriceID: "price_a",
 		CurrentPeriodStart: start, CurrentPeriodEnd: end, TrialStart: start, TrialEnd: end})
 	e.deliverSub(billing.EventSubscriptionCreated, id, ago(2*time.Hour))
 	e.acct.UpdateSubscription(id, func(o map[string]any) { o["status"] = "active" }) // missed
@@ -181,8 +181,8 @@ func TestEventAppliedWhileThePageIsOnItsWay(t *testing.T) {
 func TestOlderEventsAfterTheRepairChangeNothing(t *testing.T) {
 	e := newEnv(t)
 	start, end := period()
-	cus := e.acct.AddCustomer(stripetest.CustomerSpec{})
-	id := e.acct.PutSubscription(stripetest.SubscriptionSpec{Customer: cus, Status: "trialing", PriceID: "price_a",
+	cus := e.acct.AddCustomer(stripeemu.CustomerSpec{})
+	id := e.acct.PutSubscription(stripeemu.SubscriptionSpec{Customer: cus, Status: "trialing", PriceID: "price_a",
 		CurrentPeriodStart: start, CurrentPeriodEnd: end, TrialStart: start, TrialEnd: end})
 	created := e.acct.Subscription(id)
 	e.deliver(billing.EventSubscriptionCreated, created, ago(3*time.Hour))
@@ -209,11 +209,11 @@ func TestOlderEventsAfterTheRepairChangeNothing(t *testing.T) {
 func TestDryRunReportsAndChangesNothing(t *testing.T) {
 	e := newEnv(t)
 	start, end := period()
-	cA := e.acct.AddCustomer(stripetest.CustomerSpec{Email: "ua@example.com", Metadata: map[string]string{"user_id": "ua"}})
-	a := e.acct.PutSubscription(stripetest.SubscriptionSpec{Customer: cA, Status: "active", PriceID: "price_a", CurrentPeriodStart: start, CurrentPeriodEnd: end})
-	cB := e.acct.AddCustomer(stripetest.CustomerSpec{})
+	cA := e.acct.AddCustomer(stripeemu.CustomerSpec{Email: "ua@example.com", Metadata: map[string]string{"user_id": "ua"}})
+	a := e.acct.PutSubscription(stripeemu.SubscriptionSpec{Customer: cA, Status: "active", PriceID: "price_a", CurrentPeriodStart: start, CurrentPeriodEnd: end})
+	cB := e.acct.AddCustomer(stripeemu.CustomerSpec{})
 	e.linkUser("ub", cB)
-	b := e.acct.PutSubscription(stripetest.SubscriptionSpec{Customer: cB, Status: "active", PriceID: "price_a", CurrentPeriodStart: start, CurrentPeriodEnd: end})
+	b := e.acct.PutSubscription(stripeemu.SubscriptionSpec{Customer: cB, Status: "active", PriceID: "price_a", CurrentPeriodStart: start, CurrentPeriodEnd: end})
 	e.deliverSub(billing.EventSubscriptionCreated, b, ago(time.Hour))
 	e.acct.UpdateSubscription(b, func(o map[string]any) { o["status"] = "unpaid" })
 
@@ -254,17 +254,17 @@ func TestDryRunReportsAndChangesNothing(t *testing.T) {
 func TestEmptyDatabaseBackfill(t *testing.T) {
 	e := newEnv(t)
 	start, end := period()
-	c1 := e.acct.AddCustomer(stripetest.CustomerSpec{Email: "one@example.com", Name: "One", Metadata: map[string]string{"user_id": "u1"}})
-	c2 := e.acct.AddCustomer(stripetest.CustomerSpec{Email: "two@example.com", Metadata: map[string]string{"user_id": "u2"}})
-	c3 := e.acct.AddCustomer(stripetest.CustomerSpec{Email: "nobody@example.com"})
-	c4 := e.acct.AddCustomer(stripetest.CustomerSpec{Metadata: map[string]string{"user_id": "not a user id!"}})
-	c5 := e.acct.AddCustomer(stripetest.CustomerSpec{Metadata: map[string]string{"user_id": "u5"}})
+	c1 := e.acct.AddCustomer(stripeemu.CustomerSpec{Email: "one@example.com", Name: "One", Metadata: map[string]string{"user_id": "u1"}})
+	c2 := e.acct.AddCustomer(stripeemu.CustomerSpec{Email: "two@example.com", Metadata: map[string]string{"user_id": "u2"}})
+	c3 := e.acct.AddCustomer(stripeemu.CustomerSpec{Email: "nobody@example.com"})
+	c4 := e.acct.AddCustomer(stripeemu.CustomerSpec{Metadata: map[string]string{"user_id": "not a user id!"}})
+	c5 := e.acct.AddCustomer(stripeemu.CustomerSpec{Metadata: map[string]string{"user_id": "u5"}})
 	e.linkUser("u5", "cus_elsewhere")
-	spec := func(c, status string) stripetest.SubscriptionSpec {
-		return stripetest.SubscriptionSpec{Customer: c, Status: status, PriceID: "price_a", CurrentPeriodStart: start, CurrentPeriodEnd: end,
-			LatestInvoice: &stripetest.InvoiceSpec{Status: "paid", AttemptCount: 1}}
+	spec := func(c, status string) stripeemu.SubscriptionSpec {
+		return stripeemu.SubscriptionSpec{Customer: c, Status: status, PriceID: "price_a", CurrentPeriodStart: start, CurrentPeriodEnd: end,
+			LatestInvoice: &stripeemu.InvoiceSpec{Status: "paid", AttemptCount: 1}}
 	}
-	old := e.acct.PutSubscription(stripetest.SubscriptionSpec{Customer: c1, Status: "canceled", PriceID: "price_old",
+	old := e.acct.PutSubscription(stripeemu.SubscriptionSpec{Customer: c1, Status: "canceled", PriceID: "price_old",
 		CanceledAt: ago(48 * time.Hour), EndedAt: ago(48 * time.Hour)})
 	s1 := e.acct.PutSubscription(spec(c1, "active"))
 	s2 := e.acct.PutSubscription(spec(c2, "trialing"))
@@ -324,8 +324,8 @@ func TestCustomersOfTheOtherModeAreNotTouched(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	cT := e.acct.AddCustomer(stripetest.CustomerSpec{Metadata: map[string]string{"user_id": "u9"}})
-	sT := e.acct.PutSubscription(stripetest.SubscriptionSpec{Customer: cT, Status: "active", PriceID: "price_a", CurrentPeriodStart: start, CurrentPeriodEnd: end})
+	cT := e.acct.AddCustomer(stripeemu.CustomerSpec{Metadata: map[string]string{"user_id": "u9"}})
+	sT := e.acct.PutSubscription(stripeemu.SubscriptionSpec{Customer: cT, Status: "active", PriceID: "price_a", CurrentPeriodStart: start, CurrentPeriodEnd: end})
 
 	sum := e.run(false)
 	wantSummary(t, sum, 1, 1, 1, 0, 0, ExitClean)
@@ -369,10 +369,10 @@ func TestComparingCostsStatementsPerPageNotPerSubscription(t *testing.T) {
 	var customer string
 	for i := range objects {
 		if i%10 == 0 {
-			customer = e.acct.AddCustomer(stripetest.CustomerSpec{Metadata: map[string]string{"user_id": fmt.Sprintf("u%d", i)}})
+			customer = e.acct.AddCustomer(stripeemu.CustomerSpec{Metadata: map[string]string{"user_id": fmt.Sprintf("u%d", i)}})
 		}
-		e.acct.PutSubscription(stripetest.SubscriptionSpec{Customer: customer, Status: "active", PriceID: "price_a",
-			CurrentPeriodStart: start, CurrentPeriodEnd: end, LatestInvoice: &stripetest.InvoiceSpec{Status: "paid", AttemptCount: 1}})
+		e.acct.PutSubscription(stripeemu.SubscriptionSpec{Customer: customer, Status: "active", PriceID: "price_a",
+			CurrentPeriodStart: start, CurrentPeriodEnd: end, LatestInvoice: &stripeemu.InvoiceSpec{Status: "paid", AttemptCount: 1}})
 	}
 	// Per page: the local rows, the links, the listed ids, and the drift rows with the counts in
 	// one transaction. Per run: the lock, the run's record, the temporary table, the ids missing

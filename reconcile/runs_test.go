@@ -16,17 +16,17 @@ import (
 
 	"billing/internal/httpserver"
 	"billing/internal/stripeclient"
-	"billing/internal/stripetest"
+	"billing/internal/stripeemu"
 )
 
 // addSubscriptions puts n active subscriptions of one customer into the account.
 func (e *env) addSubscriptions(n int) []string {
 	start, end := period()
-	cus := e.acct.AddCustomer(stripetest.CustomerSpec{})
+	cus := e.acct.AddCustomer(stripeemu.CustomerSpec{})
 	ids := make([]string, n)
 	for i := range ids {
-		ids[i] = e.acct.PutSubscription(stripetest.SubscriptionSpec{Customer: cus, Status: "active", PriceID: "price_a",
-			CurrentPeriodStart: start, CurrentPeriodEnd: end, LatestInvoice: &stripetest.InvoiceSpec{Status: "paid", AttemptCount: 1}})
+		ids[i] = e.acct.PutSubscription(stripeemu.SubscriptionSpec{Customer: cus, Status: "active", PriceID: "price_a",
+			CurrentPeriodStart: start, CurrentPeriodEnd: end, LatestInvoice: &stripeemu.InvoiceSpec{Status: "paid", AttemptCount: 1}})
 	}
 	return ids
 }
@@ -174,8 +174,8 @@ func TestThrottledForeverStopsAfterBoundedRequests(t *testing.T) {
 func TestUnauthorizedStopsAtOnce(t *testing.T) {
 	e := newEnv(t)
 	e.addSubscriptions(1)
-	e.proxy.Respond(http.MethodGet, "/v1/subscriptions", 1, func(stripetest.Request) stripetest.Answer {
-		return stripetest.Answer{Status: http.StatusUnauthorized, Body: map[string]any{"error": map[string]any{
+	e.proxy.Respond(http.MethodGet, "/v1/subscriptions", 1, func(stripeemu.Request) stripeemu.Answer {
+		return stripeemu.Answer{Status: http.StatusUnauthorized, Body: map[string]any{"error": map[string]any{
 			"type": "invalid_request_error", "message": "Invalid API Key provided"}}}
 	})
 	sum := e.run(false)
@@ -355,16 +355,16 @@ func TestPagesInFlightShareNoCustomer(t *testing.T) {
 	start, end := period()
 	add := func(customer string, n int) {
 		for range n {
-			e.acct.PutSubscription(stripetest.SubscriptionSpec{Customer: customer, Status: "active", PriceID: "price_a",
+			e.acct.PutSubscription(stripeemu.SubscriptionSpec{Customer: customer, Status: "active", PriceID: "price_a",
 				CurrentPeriodStart: start, CurrentPeriodEnd: end})
 		}
 	}
 	// Newest first: page 1 holds b's 50 and a's newest 50, page 2 a's other 100, page 3 c's 30.
-	cc := e.acct.AddCustomer(stripetest.CustomerSpec{Metadata: map[string]string{"user_id": "uc"}})
+	cc := e.acct.AddCustomer(stripeemu.CustomerSpec{Metadata: map[string]string{"user_id": "uc"}})
 	add(cc, 30)
-	ca := e.acct.AddCustomer(stripetest.CustomerSpec{Metadata: map[string]string{"user_id": "ua"}})
+	ca := e.acct.AddCustomer(stripeemu.CustomerSpec{Metadata: map[string]string{"user_id": "ua"}})
 	add(ca, 150)
-	cb := e.acct.AddCustomer(stripetest.CustomerSpec{Metadata: map[string]string{"user_id": "ub"}})
+	cb := e.acct.AddCustomer(stripeemu.CustomerSpec{Metadata: map[string]string{"user_id": "ub"}})
 	add(cb, 50)
 
 	sum := e.run(false)

@@ -29,8 +29,8 @@ import (
 	"testing"
 	"time"
 
+	"billing/internal/stripeemu"
 	"billing/internal/stripeevents"
-	"billing/internal/stripetest"
 	"billing/internal/testenv"
 )
 
@@ -1339,7 +1339,7 @@ func TestAttackSharesAndBudget(t *testing.T) {
 	t.Parallel()
 	dbURL := testenv.DatabaseURL(t)
 	db := openDB(t, dbURL)
-	proxy := stripetest.New(t, testenv.StripeMockURL(t))
+	proxy := stripeemu.New(t, testenv.StripeMockURL(t))
 	debugPort := freeAddr(t)[len("127.0.0.1:"):]
 	const calls = 24 // stripe.max_concurrent_calls at its maximum
 	p := start(t, t.TempDir(), map[string]string{

@@ -22,8 +22,8 @@ import (
 	"testing"
 	"time"
 
+	"billing/internal/stripeemu"
 	"billing/internal/stripeevents"
-	"billing/internal/stripetest"
 	"billing/internal/testenv"
 )
 
@@ -483,7 +483,7 @@ type e2eCharge struct {
 
 // BenchmarkIsolation: webhook receipt (16 senders of the e2eMix events) and entitlement reads (16
 // clients) for 20 s, then the same for 20 s while 64 POST /v1/charges arrive at once and Stripe
-// answers every PaymentIntent create after 30 s (the stripetest double in front of stripe-mock).
+// answers every PaymentIntent create after 30 s (the emulator of internal/stripeemu in front of stripe-mock).
 // Reported: the p99 of receipt and reads during the charges over their p99 before (target ≤ 2),
 // their failures (target 0), how many charges were answered 503 busy with Retry-After and how many
 // were let through; and that no busy order left a ledger row.
@@ -492,7 +492,7 @@ func BenchmarkIsolation(b *testing.B) {
 	d := startBenchDB(b)
 	benchSeedUsers(b, d)
 	gen := newE2EEvents(b, benchUsers)
-	stripe := stripetest.New(b, testenv.StripeMockURL(b))
+	stripe := stripeemu.New(b, testenv.StripeMockURL(b))
 	p := startBenchService(b, d, map[string]string{
 		"BILLING_STRIPE_API_URL":    stripe.URL,
 		"BILLING_STRIPE_SECRET_KEY": "sk_test_bench",

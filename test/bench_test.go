@@ -37,8 +37,8 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
 
 	"billing/internal/pgcluster"
+	"billing/internal/stripeemu"
 	"billing/internal/stripeevents"
-	"billing/internal/stripetest"
 	"billing/internal/testenv"
 )
 
@@ -1083,18 +1083,18 @@ func BenchmarkReconcile(b *testing.B) {
 	ceiling := pageObjects / pageDelay.Seconds()
 	d := startBenchDB(b)
 	// Every path the command calls is the account's: nothing reaches the upstream.
-	proxy := stripetest.New(b, "http://127.0.0.1:9")
-	acct := stripetest.NewAccount(proxy, false)
+	proxy := stripeemu.New(b, "http://127.0.0.1:9")
+	acct := stripeemu.NewAccount(proxy, false)
 	start := time.Now().Add(-24 * time.Hour).Truncate(time.Second)
 	var customer string
 	for i := range subs {
 		if i%100 == 0 {
-			customer = acct.AddCustomer(stripetest.CustomerSpec{Email: fmt.Sprintf("u%d@example.com", i),
+			customer = acct.AddCustomer(stripeemu.CustomerSpec{Email: fmt.Sprintf("u%d@example.com", i),
 				Metadata: map[string]string{"user_id": fmt.Sprintf("user_%d", i)}})
 		}
-		acct.PutSubscription(stripetest.SubscriptionSpec{Customer: customer, Status: "active", PriceID: "price_bench",
+		acct.PutSubscription(stripeemu.SubscriptionSpec{Customer: customer, Status: "active", PriceID: "price_bench",
 			CurrentPeriodStart: start, CurrentPeriodEnd: start.AddDate(0, 1, 0),
-			LatestInvoice: &stripetest.InvoiceSpec{Status: "paid", AttemptCount: 1, AmountDue: 2000}})
+			LatestInvoice: &stripeemu.InvoiceSpec{Status: "paid", AttemptCount: 1, AmountDue: 2000}})
 	}
 	acct.SetPageDelay(pageDelay)
 	env := map[string]string{

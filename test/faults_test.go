@@ -21,19 +21,19 @@ import (
 	"testing"
 	"time"
 
+	"billing/internal/stripeemu"
 	"billing/internal/stripeevents"
-	"billing/internal/stripetest"
 	"billing/internal/testenv"
 )
 
-var faultClasses = []stripetest.Fault{stripetest.Fault429, stripetest.Fault500, stripetest.FaultDropAfter, stripetest.FaultDrop}
+var faultClasses = []stripeemu.Fault{stripeemu.Fault429, stripeemu.Fault500, stripeemu.FaultDropAfter, stripeemu.FaultDrop}
 
 // faultOps is the number of operations per path: each class of fault on a quarter of them.
 const faultOps = 24
 
 // faultOf is the fault of operation i of a path, and how many requests in a row meet it: each
 // class on every fourth operation, half of them once, half three times in a row.
-func faultOf(i int) (stripetest.Fault, int) {
+func faultOf(i int) (stripeemu.Fault, int) {
 	times := 1
 	if (i/len(faultClasses))%2 == 1 {
 		times = 3
@@ -43,7 +43,7 @@ func faultOf(i int) (stripetest.Fault, int) {
 
 // faultPlan injects, before operation i of a path, its fault on the next requests to method and
 // path.
-func faultPlan(p *stripetest.Proxy, method, path string, i int) {
+func faultPlan(p *stripeemu.Proxy, method, path string, i int) {
 	f, times := faultOf(i)
 	p.InjectFault(method, path, f, times)
 }
@@ -88,7 +88,7 @@ func (a *faultApp) final(method, path string, body any) (int, []byte) {
 
 // executedPerKey counts, per idempotency key, the requests to method and path that Stripe
 // executed (not replays, not faulted before it).
-func executedPerKey(p *stripetest.Proxy, method, path string) map[string]int {
+func executedPerKey(p *stripeemu.Proxy, method, path string) map[string]int {
 	n := map[string]int{}
 	for _, r := range p.Filter(method, path) {
 		if r.Executed {
@@ -102,13 +102,13 @@ func TestStripeFaultsOnEveryOutboundPath(t *testing.T) {
 	t.Parallel()
 	url := testenv.DatabaseURL(t)
 	db := openDB(t, url)
-	proxy := stripetest.New(t, testenv.StripeMockURL(t))
-	acct := stripetest.NewAccount(proxy, false)
-	sessions := stripetest.NewCheckoutSessions(proxy, false)
+	proxy := stripeemu.New(t, testenv.StripeMockURL(t))
+	acct := stripeemu.NewAccount(proxy, false)
+	sessions := stripeemu.NewCheckoutSessions(proxy, false)
 	env := relEnv(t, url)
 	env["BILLING_STRIPE_API_URL"] = proxy.URL
 	app := &faultApp{t: t, svc: newService(t, "faults", env), client: &http.Client{Timeout: 2 * time.Minute}}
-	faulted := func(step string, before map[stripetest.Fault]int) {
+	faulted := func(step string, before map[stripeemu.Fault]int) {
 		t.Helper()
 		after := proxy.Faulted()
 		for _, f := range faultClasses {
@@ -116,9 +116,9 @@ func TestStripeFaultsOnEveryOutboundPath(t *testing.T) {
 				t.Errorf("%s: no %s fault was injected", step, f)
 			}
 		}
-		t.Logf("%s: faults injected %v", step, map[string]int{"429": after[stripetest.Fault429] - before[stripetest.Fault429],
-			"500": after[stripetest.Fault500] - before[stripetest.Fault500], "lost_after_applied": after[stripetest.FaultDropAfter] - before[stripetest.FaultDropAfter],
-			"reset": after[stripetest.FaultDrop] - before[stripetest.FaultDrop]})
+		t.Logf("%s: faults injected %v", step, map[string]int{"429": after[stripeemu.Fault429] - before[stripeemu.Fault429],
+			"500": after[stripeemu.Fault500] - before[stripeemu.Fault500], "lost_after_applied": after[stripeemu.FaultDropAfter] - before[stripeemu.FaultDropAfter],
+			"reset": after[stripeemu.FaultDrop] - before[stripeemu.FaultDrop]})
 	}
 
 	// Customers: PUT /v1/customers/{user_id} → POST /v1/customers.
@@ -220,10 +220,10 @@ func TestStripeFaultsOnEveryOutboundPath(t *testing.T) {
 	subOf := map[string]string{}
 	for i, u := range users {
 		sub := "sub_fault_" + u
-		subOf[u] = acct.PutSubscription(stripetest.SubscriptionSpec{ID: sub, Customer: customers[u], Status: "active", PriceID: "price_basic",
+		subOf[u] = acct.PutSubscription(stripeemu.SubscriptionSpec{ID: sub, Customer: customers[u], Status: "active", PriceID: "price_basic",
 			CurrentPeriodStart: now.Add(-time.Hour), CurrentPeriodEnd: now.AddDate(0, 1, 0)})
 		f, times := faultOf(i)
-		if f == stripetest.Fault429 {
+		if f == stripeemu.Fault429 {
 			// stripe-go leaves a rate limit to the caller: the read's job tries again on River's
 			// backoff (1 s, then 16 s), so one 429 per read keeps the test short.
 			times = 1
@@ -249,7 +249,7 @@ func TestStripeFaultsOnEveryOutboundPath(t *testing.T) {
 	// lists them page by page (GET /v1/subscriptions), each page meeting a fault.
 	for i, u := range users {
 		if i%3 == 0 {
-			acct.PutSubscription(stripetest.SubscriptionSpec{ID: subOf[u], Customer: customers[u], Status: "past_due", PriceID: "price_basic",
+			acct.PutSubscription(stripeemu.SubscriptionSpec{ID: subOf[u], Customer: customers[u], Status: "past_due", PriceID: "price_basic",
 				CurrentPeriodStart: now.Add(-time.Hour), CurrentPeriodEnd: now.AddDate(0, 1, 0)})
 		}
 	}

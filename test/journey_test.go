@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"billing/internal/stripeemu"
 	"billing/internal/stripeevents"
-	"billing/internal/stripetest"
 	"billing/internal/testenv"
 )
 
@@ -39,9 +39,9 @@ func TestOneUsersWholeLife(t *testing.T) {
 	t.Parallel()
 	url := testenv.DatabaseURL(t)
 	db := openDB(t, url)
-	proxy := stripetest.New(t, testenv.StripeMockURL(t))
-	acct := stripetest.NewAccount(proxy, false)
-	sessions := stripetest.NewCheckoutSessions(proxy, false)
+	proxy := stripeemu.New(t, testenv.StripeMockURL(t))
+	acct := stripeemu.NewAccount(proxy, false)
+	sessions := stripeemu.NewCheckoutSessions(proxy, false)
 	env := relEnv(t, url)
 	env["BILLING_STRIPE_API_URL"] = proxy.URL
 	env["BILLING_PORTAL_RETURN_URL"] = jnyReturnURL
@@ -256,8 +256,8 @@ type journey struct {
 	t        *testing.T
 	svc      *service
 	client   *http.Client
-	proxy    *stripetest.Proxy
-	acct     *stripetest.Account
+	proxy    *stripeemu.Proxy
+	acct     *stripeemu.Account
 	db       *sql.DB
 	customer string
 	// sub is the subscription as Stripe holds it now (latest_invoice as an id, as events carry it).

@@ -5,7 +5,7 @@ import (
 	"net/http"
 	"time"
 
-	"billing/internal/stripetest"
+	"billing/internal/stripeemu"
 )
 
 // usage is the journey's metered use: the app records two uses in the current period (one of
@@ -13,7 +13,7 @@ import (
 // period with nothing pending.
 func (j *journey) usage(step string, periodStart, periodEnd time.Time) {
 	j.t.Helper()
-	meters := stripetest.NewMeterEvents(j.proxy, false)
+	meters := stripeemu.NewMeterEvents(j.proxy, false)
 	at := periodStart.Add(time.Second).Unix()
 	uses := []map[string]any{
 		{"usage_id": "journey-use-1", "meter": "api_calls", "value": 12, "timestamp": at},

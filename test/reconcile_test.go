@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"billing/internal/stripetest"
+	"billing/internal/stripeemu"
 	"billing/internal/testenv"
 )
 
@@ -57,8 +57,8 @@ func TestStormWithDroppedEventsThenReconcile(t *testing.T) {
 
 	// Stripe's truth: each subscription as its newest subscription event shows it, with its
 	// newest invoice, as the newest event about it shows it, as latest_invoice.
-	proxy := stripetest.New(t, testenv.StripeMockURL(t))
-	acct := stripetest.NewAccount(proxy, false)
+	proxy := stripeemu.New(t, testenv.StripeMockURL(t))
+	acct := stripeemu.NewAccount(proxy, false)
 	for _, sub := range plan.Subs {
 		acct.PutSubscriptionJSON(truthOf(t, sub))
 	}

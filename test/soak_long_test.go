@@ -20,7 +20,7 @@ import (
 	"testing"
 	"time"
 
-	"billing/internal/stripetest"
+	"billing/internal/stripeemu"
 	"billing/internal/testenv"
 )
 
@@ -50,9 +50,9 @@ func TestSoakLong(t *testing.T) {
 	rng := rand.New(rand.NewPCG(seed, 29))
 	url := testenv.DatabaseURL(t)
 	db := openDB(t, url)
-	proxy := stripetest.New(t, testenv.StripeMockURL(t))
-	stripetest.NewAccount(proxy, false)
-	stripetest.NewCheckoutSessions(proxy, false)
+	proxy := stripeemu.New(t, testenv.StripeMockURL(t))
+	stripeemu.NewAccount(proxy, false)
+	stripeemu.NewCheckoutSessions(proxy, false)
 	env := relEnv(t, url)
 	env["BILLING_STRIPE_API_URL"] = proxy.URL
 	// Retention on, at its shortest: the pruner runs, though nothing of a run this short is old

@@ -27,7 +27,7 @@ import (
 	"testing"
 	"time"
 
-	"billing/internal/stripetest"
+	"billing/internal/stripeemu"
 	"billing/internal/testenv"
 )
 
@@ -38,8 +38,8 @@ var soakOutbound = []string{"/v1/customers", "/v1/payment_intents", "/v1/refunds
 // soakRun is what a soak hook gets: the replicas' base URLs, the Stripe double and the database.
 type soakRun struct {
 	Targets []string
-	Proxy   *stripetest.Proxy
-	Account *stripetest.Account
+	Proxy   *stripeemu.Proxy
+	Account *stripeemu.Account
 	// URL is the database's.
 	URL   string
 	Scale float64
@@ -83,9 +83,9 @@ func TestSoak(t *testing.T) {
 	nKills, nOps := max(int(50*scale), 6), max(int(300*scale), 24)
 
 	cluster, url, db := dedicatedCluster(t)
-	proxy := stripetest.New(t, testenv.StripeMockURL(t))
-	acct := stripetest.NewAccount(proxy, false)
-	stripetest.NewCheckoutSessions(proxy, false)
+	proxy := stripeemu.New(t, testenv.StripeMockURL(t))
+	acct := stripeemu.NewAccount(proxy, false)
+	stripeemu.NewCheckoutSessions(proxy, false)
 	env := relEnv(t, url)
 	env["BILLING_STRIPE_API_URL"] = proxy.URL
 	// Production's rescue delay, so that the recovery figure is the one production gets.
@@ -113,7 +113,7 @@ func TestSoak(t *testing.T) {
 	}
 	deliveries := slices.DeleteFunc(plan.deliveries(rng), func(ev *relEvent) bool { return dropped[ev.ID] })
 
-	proxy.SetChaos(&stripetest.Chaos{Prefixes: soakOutbound, Rate: 0.10, Seed: seed})
+	proxy.SetChaos(&stripeemu.Chaos{Prefixes: soakOutbound, Rate: 0.10, Seed: seed})
 	run := &soakRun{Targets: targets, Proxy: proxy, Account: acct, URL: url, Scale: scale, Rng: rand.New(rand.NewPCG(seed, 28))}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -214,8 +214,8 @@ func TestSoak(t *testing.T) {
 	line := fmt.Sprintf("soak: events=%d dropped=%d deliveries=%d kills=%d postgres_outage=%s faults_injected=%d (429=%d 500=%d lost_after_applied=%d reset=%d) "+
 		"lost=%d wrong_states=%d duplicate_notices=%d %s recovery_worst=%s peak_rss=[%s] elapsed=%s",
 		len(plan.Events), len(dropped), f.Deliveries, f.Kills, outage.Round(time.Millisecond),
-		faults[stripetest.Fault429]+faults[stripetest.Fault500]+faults[stripetest.FaultDropAfter]+faults[stripetest.FaultDrop],
-		faults[stripetest.Fault429], faults[stripetest.Fault500], faults[stripetest.FaultDropAfter], faults[stripetest.FaultDrop],
+		faults[stripeemu.Fault429]+faults[stripeemu.Fault500]+faults[stripeemu.FaultDropAfter]+faults[stripeemu.FaultDrop],
+		faults[stripeemu.Fault429], faults[stripeemu.Fault500], faults[stripeemu.FaultDropAfter], faults[stripeemu.FaultDrop],
 		f.Lost, f.WrongStates, f.DuplicateNotices, oneEach, recovery.Round(time.Millisecond), strings.Join(rss, " "),
 		time.Since(t0).Round(time.Second))
 	t.Log(line)
@@ -260,14 +260,14 @@ func soakRestartPostgres(t *testing.T, cluster interface {
 // soakPutTruth puts into the Stripe double what Stripe holds after the plan: each subscription as
 // its newest subscription event's object, with the latest invoice the model's hold says (open and
 // attempted while held, paid otherwise), and each customer (with metadata.user_id when linked).
-func soakPutTruth(t *testing.T, acct *stripetest.Account, plan *relPlan) {
+func soakPutTruth(t *testing.T, acct *stripeemu.Account, plan *relPlan) {
 	t.Helper()
 	for _, s := range plan.Subs {
 		md := map[string]string{}
 		if s.User != "" {
 			md["user_id"] = s.User
 		}
-		acct.AddCustomer(stripetest.CustomerSpec{ID: s.Customer, Email: s.ID + "@example.com", Metadata: md})
+		acct.AddCustomer(stripeemu.CustomerSpec{ID: s.Customer, Email: s.ID + "@example.com", Metadata: md})
 		want := s.expected()
 		var newest *relEvent
 		for _, ev := range s.Events {
@@ -398,7 +398,7 @@ func (a *soakApp) final(method, path string, body any) (int, string) {
 // check counts what Stripe made for the app's traffic: exactly one customer per user, one
 // PaymentIntent per order, one refund per refund id, one Checkout session per request. It
 // returns the figures.
-func (a *soakApp) check(t *testing.T, p *stripetest.Proxy) string {
+func (a *soakApp) check(t *testing.T, p *stripeemu.Proxy) string {
 	t.Helper()
 	count := func(method, path string) map[string]int { return executedPerKey(p, method, path) }
 	customers, pis, refunds, sessions := count(http.MethodPost, "/v1/customers"), count(http.MethodPost, "/v1/payment_intents"),

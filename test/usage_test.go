@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"billing/internal/stripetest"
+	"billing/internal/stripeemu"
 	"billing/internal/testenv"
 )
 
@@ -65,13 +65,13 @@ func TestUsageReportedExactlyOnce(t *testing.T) {
 	rng := rand.New(rand.NewPCG(seed, 23))
 	url := testenv.DatabaseURL(t)
 	db := openDB(t, url)
-	proxy := stripetest.New(t, testenv.StripeMockURL(t))
-	meters := stripetest.NewMeterEvents(proxy, false)
+	proxy := stripeemu.New(t, testenv.StripeMockURL(t))
+	meters := stripeemu.NewMeterEvents(proxy, false)
 	proxy.Seed(seed)
 	const path = "/v1/billing/meter_events"
-	proxy.InjectFaultShare(http.MethodPost, path, stripetest.Fault429, 0.08, 200*time.Millisecond)
-	proxy.InjectFaultShare(http.MethodPost, path, stripetest.Fault500, 0.08, 0)
-	proxy.InjectFaultShare(http.MethodPost, path, stripetest.FaultDropAfter, 0.05, 0)
+	proxy.InjectFaultShare(http.MethodPost, path, stripeemu.Fault429, 0.08, 200*time.Millisecond)
+	proxy.InjectFaultShare(http.MethodPost, path, stripeemu.Fault500, 0.08, 0)
+	proxy.InjectFaultShare(http.MethodPost, path, stripeemu.FaultDropAfter, 0.05, 0)
 	// Stripe takes a moment to answer, so that a kill finds the reporter inside its calls.
 	proxy.Delay(http.MethodPost, path, 20*time.Millisecond, -1)
 
@@ -286,7 +286,7 @@ func TestUsageReportedExactlyOnce(t *testing.T) {
 		if r.Replayed && answeredBefore[r.IdempotencyKey] {
 			faults["resent after a kill"]++
 		}
-		if r.Status == http.StatusOK && r.Fault != stripetest.FaultDropAfter {
+		if r.Status == http.StatusOK && r.Fault != stripeemu.FaultDropAfter {
 			answeredBefore[r.IdempotencyKey] = true
 		}
 		switch {
@@ -294,7 +294,7 @@ func TestUsageReportedExactlyOnce(t *testing.T) {
 			faults["429"]++
 		case r.Status == http.StatusInternalServerError:
 			faults["500"]++
-		case r.Fault == stripetest.FaultDropAfter:
+		case r.Fault == stripeemu.FaultDropAfter:
 			faults["dropped after"]++
 		case r.Replayed:
 			faults["replayed"]++

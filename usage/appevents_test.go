@@ -12,7 +12,7 @@ import (
 	"billing/billing"
 	"billing/internal/apitest"
 	"billing/internal/stripeclient"
-	"billing/internal/stripetest"
+	"billing/internal/stripeemu"
 )
 
 // newTellingEnv is newEnv with a teller of app events (not pushed), as main wires it.
@@ -91,7 +91,7 @@ func TestNeedsReviewIsTold(t *testing.T) {
 		t.Fatalf("b: %+v, want reported", r)
 	}
 	v.post("u1", map[string]any{"usage_id": "a", "meter": "api_calls", "value": 5})
-	v.proxy.InjectFault(http.MethodPost, meterPath, stripetest.FaultDrop, 3)
+	v.proxy.InjectFault(http.MethodPost, meterPath, stripeemu.FaultDrop, 3)
 	v.report()
 	v.expectReviewEvents()
 	v.clock.Add(DefaultReviewAfter)
@@ -116,8 +116,8 @@ func TestRefusedIsTold(t *testing.T) {
 	v := newTellingEnv(t)
 	v.addCustomer("u1", false)
 	v.post("u1", map[string]any{"usage_id": "a", "meter": "api_calls", "value": 5})
-	v.proxy.Respond(http.MethodPost, meterPath, 1, func(stripetest.Request) stripetest.Answer {
-		return stripetest.Answer{Status: http.StatusBadRequest, Body: map[string]any{"error": map[string]any{
+	v.proxy.Respond(http.MethodPost, meterPath, 1, func(stripeemu.Request) stripeemu.Answer {
+		return stripeemu.Answer{Status: http.StatusBadRequest, Body: map[string]any{"error": map[string]any{
 			"type": "invalid_request_error", "code": "parameter_invalid", "message": "No such meter."}}}
 	})
 	v.report()
@@ -142,7 +142,7 @@ func TestNeedsReviewRollsBackWithTheMove(t *testing.T) {
 	v := newTellingEnv(t)
 	v.addCustomer("u1", false)
 	v.post("u1", map[string]any{"usage_id": "a", "meter": "api_calls", "value": 5})
-	v.proxy.InjectFault(http.MethodPost, meterPath, stripetest.FaultDrop, 3)
+	v.proxy.InjectFault(http.MethodPost, meterPath, stripeemu.FaultDrop, 3)
 	v.report()
 	v.clock.Add(DefaultReviewAfter)
 	v.exec(`CREATE FUNCTION fail_commit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'commit refused'; END $$`)

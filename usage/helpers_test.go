@@ -16,7 +16,7 @@ import (
 	"billing/internal/apitest"
 	"billing/internal/auth"
 	"billing/internal/stripeclient"
-	"billing/internal/stripetest"
+	"billing/internal/stripeemu"
 	"billing/internal/testenv"
 	"billing/migrations"
 )
@@ -41,8 +41,8 @@ func (c *clock) Add(d time.Duration) { c.mu.Lock(); defer c.mu.Unlock(); c.t = c
 type env struct {
 	t      *testing.T
 	db     *gorm.DB
-	proxy  *stripetest.Proxy
-	meters *stripetest.MeterEvents
+	proxy  *stripeemu.Proxy
+	meters *stripeemu.MeterEvents
 	clock  *clock
 	svc    *Service
 	e      *echo.Echo
@@ -57,8 +57,8 @@ func newEnvMode(t *testing.T, livemode bool) *env {
 	t.Helper()
 	logger := apitest.Logger(t, slog.LevelWarn)
 	db := testenv.DB(t)
-	proxy := stripetest.New(t, testenv.StripeMockURL(t))
-	v := &env{t: t, db: db, proxy: proxy, meters: stripetest.NewMeterEvents(proxy, livemode),
+	proxy := stripeemu.New(t, testenv.StripeMockURL(t))
+	v := &env{t: t, db: db, proxy: proxy, meters: stripeemu.NewMeterEvents(proxy, livemode),
 		clock: &clock{t: time.Now().UTC().Truncate(time.Second)}}
 	key := "sk_test_usage"
 	if livemode {

@@ -12,7 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"billing/internal/apitest"
-	"billing/internal/stripetest"
+	"billing/internal/stripeemu"
 )
 
 const meterPath = "/v1/billing/meter_events"
@@ -221,7 +221,7 @@ func TestReporterBacksOff(t *testing.T) {
 		t.Errorf("a round before Retry-After took %d records", n)
 	}
 	v.clock.Add(7 * time.Second)
-	v.proxy.InjectFault(http.MethodPost, meterPath, stripetest.Fault500, 3) // the try and stripe-go's 2 retries
+	v.proxy.InjectFault(http.MethodPost, meterPath, stripeemu.Fault500, 3) // the try and stripe-go's 2 retries
 	v.report()
 	if r := v.row("u1", "a"); r.Status != statePending || r.Attempts != 2 || !r.NextAttemptAt.Equal(v.clock.Now().Add(2*time.Second)) {
 		t.Fatalf("after a 500: %+v, want pending, due in 2 s (second attempt)", r)
@@ -245,7 +245,7 @@ func TestLostAnswersAreResentUnderTheSameIdentifier(t *testing.T) {
 			t.Fatalf("post %s: %d %s", id, rec.Code, rec.Body)
 		}
 	}
-	v.proxy.InjectFault(http.MethodPost, meterPath, stripetest.FaultDropAfter, 6)
+	v.proxy.InjectFault(http.MethodPost, meterPath, stripeemu.FaultDropAfter, 6)
 	v.report()
 	for _, id := range []string{"a", "b"} {
 		if r := v.row("u1", id); r.Status != statePending || r.ErrorCode == nil || *r.ErrorCode != "no_answer" {
@@ -285,7 +285,7 @@ func TestPastTheWindowNeedsReview(t *testing.T) {
 		}
 	}
 	v.exec(`UPDATE usage_records SET next_attempt_at = $1 WHERE usage_id = 'old-unsent'`, v.clock.Now().Add(30*time.Hour))
-	v.proxy.InjectFault(http.MethodPost, meterPath, stripetest.FaultDrop, 3)
+	v.proxy.InjectFault(http.MethodPost, meterPath, stripeemu.FaultDrop, 3)
 	v.report() // old-tried: tried, no answer
 	v.clock.Add(DefaultReviewAfter)
 	v.report()
@@ -354,7 +354,7 @@ func TestOperatorMarksAReviewedRecordReported(t *testing.T) {
 	v := newEnv(t)
 	v.addCustomer("u1", false)
 	v.post("u1", map[string]any{"usage_id": "a", "meter": "api_calls", "value": 5})
-	v.proxy.InjectFault(http.MethodPost, meterPath, stripetest.FaultDrop, 3)
+	v.proxy.InjectFault(http.MethodPost, meterPath, stripeemu.FaultDrop, 3)
 	v.report()
 	v.clock.Add(DefaultReviewAfter)
 	v.report()
@@ -382,8 +382,8 @@ func TestRefusedRecordIsKeptOutOfTheTotals(t *testing.T) {
 	v := newEnv(t)
 	v.addCustomer("u1", false)
 	v.post("u1", map[string]any{"usage_id": "a", "meter": "api_calls", "value": 5})
-	v.proxy.Respond(http.MethodPost, meterPath, 1, func(stripetest.Request) stripetest.Answer {
-		return stripetest.Answer{Status: http.StatusBadRequest, Body: map[string]any{"error": map[string]any{
+	v.proxy.Respond(http.MethodPost, meterPath, 1, func(stripeemu.Request) stripeemu.Answer {
+		return stripeemu.Answer{Status: http.StatusBadRequest, Body: map[string]any{"error": map[string]any{
 			"type": "invalid_request_error", "code": "parameter_invalid", "message": "No such meter."}}}
 	})
 	v.report()

@@ -1,5 +1,5 @@
 // Command devstripe is the Stripe API of `make run`: the emulator of the tests
-// (internal/stripetest) in front of stripe-mock, with the dev product's hooks and an account's
+// (internal/stripeemu) in front of stripe-mock, with the dev product's hooks and an account's
 // state (internal/devstripe), so that charges behave as in Stripe's test mode (pm_card_visa succeeds,
 // pm_card_chargeDeclined… decline, 3-D Secure cards need authentication), portal sessions open a
 // local page, and what the service creates is what it reads back. It is a separate program so
@@ -22,7 +22,7 @@ import (
 	"time"
 
 	"billing/internal/devstripe"
-	"billing/internal/stripetest"
+	"billing/internal/stripeemu"
 )
 
 func main() {
@@ -59,7 +59,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "devstripe: "+err.Error())
 		return 1
 	}
-	p, stop, err := stripetest.Listen(*listen, *upstream)
+	p, stop, err := stripeemu.Listen(*listen, *upstream)
 	if err != nil {
 		fmt.Fprintln(stderr, "devstripe: "+err.Error())
 		return 1
@@ -75,7 +75,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	// allowed, so that `billing doctor` and serve's start-up checks pass offline as they do
 	// against an account that `billing stripe setup` prepared.
 	p.PortalConfigurations().Add(true, true, true)
-	p.OnRequest(func(r stripetest.Request) {
+	p.OnRequest(func(r stripeemu.Request) {
 		line := fmt.Sprintf("%s %s %s -> %d", time.Now().Format(time.TimeOnly), r.Method, r.Path, r.Status)
 		if r.Replayed {
 			line += " (idempotent replay)"

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"billing/internal/stripetest"
+	"billing/internal/stripeemu"
 )
 
 // DefaultCard is the default payment method the proxy gives a new customer in Dev mode.
@@ -34,11 +34,11 @@ const devPortalPath = "/dev-portal/"
 //
 // It does so through the proxy's Hooks and SetIDTag: the emulator itself has no dev mode. Tests
 // leave it off: they state every answer they depend on.
-func Dev(p *stripetest.Proxy) {
+func Dev(p *stripeemu.Proxy) {
 	p.SetIDTag(strconv.FormatInt(time.Now().UnixNano(), 36))
-	p.SetHooks(stripetest.Hooks{
-		Created:  func(req stripetest.Request, obj map[string]any) { devCreated(p, req, obj) },
-		Answered: func(req stripetest.Request, obj map[string]any) map[string]any { return devCustomer(p, req, obj) },
+	p.SetHooks(stripeemu.Hooks{
+		Created:  func(req stripeemu.Request, obj map[string]any) { devCreated(p, req, obj) },
+		Answered: func(req stripeemu.Request, obj map[string]any) map[string]any { return devCustomer(p, req, obj) },
 		Pages:    portalPages(p, false), PagePrefixes: []string{devPortalPath},
 		// What every dev price cost before there was a catalog.
 		UnknownPriceAmount: DevUnitAmount,
@@ -47,7 +47,7 @@ func Dev(p *stripetest.Proxy) {
 
 // PortalBase is the base of the local portal pages: the proxy's URL, named localhost for a
 // browser.
-func PortalBase(p *stripetest.Proxy) string {
+func PortalBase(p *stripeemu.Proxy) string {
 	u, err := url.Parse(p.URL)
 	if err != nil {
 		return p.URL
@@ -59,7 +59,7 @@ func PortalBase(p *stripetest.Proxy) string {
 }
 
 // devCreated completes an object created through the proxy in Dev mode.
-func devCreated(p *stripetest.Proxy, req stripetest.Request, obj map[string]any) {
+func devCreated(p *stripeemu.Proxy, req stripeemu.Request, obj map[string]any) {
 	switch req.Path {
 	case "/v1/customers":
 		settings, _ := obj["invoice_settings"].(map[string]any)
@@ -130,7 +130,7 @@ func flowOf(form url.Values) any {
 
 // devCustomer answers a retrieve or an update of a kept customer in Dev mode (after stripe-mock
 // accepted the request); anything else is left as stripe-mock answered it.
-func devCustomer(p *stripetest.Proxy, req stripetest.Request, obj map[string]any) map[string]any {
+func devCustomer(p *stripeemu.Proxy, req stripeemu.Request, obj map[string]any) map[string]any {
 	id, ok := strings.CutPrefix(req.Path, "/v1/customers/")
 	if !ok || id == "" || strings.Contains(id, "/") {
 		return obj
@@ -214,7 +214,7 @@ In test mode at Stripe, this session would open the real portal.</p>{{end}}
 `))
 
 // portalSession is a portal session made through the proxy (nil when unknown).
-func portalSession(p *stripetest.Proxy, id string) map[string]any {
+func portalSession(p *stripeemu.Proxy, id string) map[string]any {
 	for _, s := range p.Objects("/v1/billing_portal/sessions") {
 		if s["id"] == id {
 			return s
@@ -225,7 +225,7 @@ func portalSession(p *stripetest.Proxy, id string) map[string]any {
 
 // portalReturnURL is where the portal sends the customer after a session's flow: its
 // after_completion redirect, else its return_url ("" when neither is a web URL).
-func portalReturnURL(p *stripetest.Proxy, id string) string {
+func portalReturnURL(p *stripeemu.Proxy, id string) string {
 	sess := portalSession(p, id)
 	if u := webURL(str(sess, "flow", "after_completion", "redirect", "return_url")); u != "" {
 		return u
@@ -235,11 +235,11 @@ func portalReturnURL(p *stripetest.Proxy, id string) string {
 
 // portalPages serves the local stand-in of a portal session's page; with apply (the dev Stripe's
 // state, NewDevStripe), its forms apply a cancellation or a plan change.
-func portalPages(p *stripetest.Proxy, apply bool) http.Handler {
+func portalPages(p *stripeemu.Proxy, apply bool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, hr *http.Request) { portalPage(p, w, hr, apply) })
 }
 
-func portalPage(p *stripetest.Proxy, w http.ResponseWriter, hr *http.Request, apply bool) {
+func portalPage(p *stripeemu.Proxy, w http.ResponseWriter, hr *http.Request, apply bool) {
 	id := strings.TrimPrefix(hr.URL.Path, devPortalPath)
 	sess := portalSession(p, id)
 	if sess == nil || hr.Method != http.MethodGet {

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"billing/internal/stripeemu"
 	"billing/internal/stripetest"
 	"billing/internal/testenv"
 )
@@ -14,9 +15,9 @@ import (
 func TestMain(m *testing.M) { testenv.Main(m) }
 
 // call is stripetest.Call, for this file's tests.
-func call(t *testing.T, p *stripetest.Proxy, method, path string, form url.Values) (int, map[string]any) {
+func call(t *testing.T, p *stripeemu.Proxy, method, path string, form url.Values) (int, map[string]any) {
 	t.Helper()
-	return stripetest.Call(t, p, method, path, form)
+	return stripetest.Call(t, p.URL, method, path, form)
 }
 
 // itemID is the id of a subscription's (only) item, as the account names it.
@@ -28,13 +29,13 @@ func itemID(subscriptionID string) string {
 // charges use; without one a new customer charges the default test card. The same holds whether
 // the proxy keeps the customers itself or the dev loop's account does (DevStripe).
 func TestDevCustomersChooseTheirTestCard(t *testing.T) {
-	for name, setup := range map[string]func(*stripetest.Proxy){"proxy": Dev, "account": func(p *stripetest.Proxy) { NewDevStripe(p) }} {
+	for name, setup := range map[string]func(*stripeemu.Proxy){"proxy": Dev, "account": func(p *stripeemu.Proxy) { NewDevStripe(p) }} {
 		t.Run(name, func(t *testing.T) { testDevCustomersChooseTheirTestCard(t, setup) })
 	}
 }
 
-func testDevCustomersChooseTheirTestCard(t *testing.T, setup func(*stripetest.Proxy)) {
-	p := stripetest.New(t, testenv.StripeMockURL(t))
+func testDevCustomersChooseTheirTestCard(t *testing.T, setup func(*stripeemu.Proxy)) {
+	p := stripeemu.New(t, testenv.StripeMockURL(t))
 	setup(p)
 
 	_, c := call(t, p, http.MethodPost, "/v1/customers", url.Values{"email": {"a@example.com"}, "metadata[user_id]": {"u1"}})
@@ -54,7 +55,7 @@ func testDevCustomersChooseTheirTestCard(t *testing.T, setup func(*stripetest.Pr
 	}
 
 	// Another dev Stripe (a restart of make run) never hands out the same ids.
-	again := stripetest.New(t, testenv.StripeMockURL(t))
+	again := stripeemu.New(t, testenv.StripeMockURL(t))
 	setup(again)
 	if _, c := call(t, again, http.MethodPost, "/v1/customers", url.Values{"email": {"a@example.com"}}); str(c, "id") == id {
 		t.Errorf("a second dev proxy reused customer id %s", id)
@@ -75,7 +76,7 @@ func testDevCustomersChooseTheirTestCard(t *testing.T, setup func(*stripetest.Pr
 // In Dev mode a portal session's URL is a local page that exists, never stripe-mock's
 // placeholder.
 func TestDevPortalSessionsAreLocalPages(t *testing.T) {
-	p := stripetest.New(t, testenv.StripeMockURL(t))
+	p := stripeemu.New(t, testenv.StripeMockURL(t))
 	Dev(p)
 	_, s := call(t, p, http.MethodPost, "/v1/billing_portal/sessions", url.Values{
 		"customer": {"cus_1"}, "return_url": {"http://localhost:8080/account"},

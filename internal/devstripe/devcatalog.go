@@ -7,8 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"billing/internal/stripeemu"
 	"billing/internal/stripeevents"
-	"billing/internal/stripetest"
 )
 
 // The dev Stripe's catalog (products, prices, features, promotion codes), what its invoices bill
@@ -30,7 +30,7 @@ const (
 )
 
 // seedDevCatalog puts the dev loop's plans in c, created at created.
-func seedDevCatalog(c *stripetest.Catalog, created time.Time) {
+func seedDevCatalog(c *stripeemu.Catalog, created time.Time) {
 	c.PutProduct(stripeevents.Product{ID: DevProductPro, Name: "Pro", Created: created})
 	c.PutProduct(stripeevents.Product{ID: DevProductTeam, Name: "Team", Created: created})
 	c.SetProductFeatures(DevProductPro, "api")
@@ -44,8 +44,8 @@ func seedDevCatalog(c *stripetest.Catalog, created time.Time) {
 		p.Currency, p.IntervalCount, p.Created = "usd", 1, created
 		c.PutPrice(p)
 	}
-	c.PutPromotionCode(stripetest.PromotionCodeSpec{ID: DevPromoWelcome20, Code: "WELCOME20", PercentOff: 20, CouponID: "dev_welcome20", Created: created})
-	c.PutPromotionCode(stripetest.PromotionCodeSpec{ID: DevPromoTenOff, Code: "TENOFF", AmountOff: 1000, Currency: "usd", CouponID: "dev_tenoff", Created: created})
+	c.PutPromotionCode(stripeemu.PromotionCodeSpec{ID: DevPromoWelcome20, Code: "WELCOME20", PercentOff: 20, CouponID: "dev_welcome20", Created: created})
+	c.PutPromotionCode(stripeemu.PromotionCodeSpec{ID: DevPromoTenOff, Code: "TENOFF", AmountOff: 1000, Currency: "usd", CouponID: "dev_tenoff", Created: created})
 }
 
 // CatalogEvents are the events that tell the service the catalog: product.created for every
@@ -102,7 +102,7 @@ func (d *DevStripe) devDiscount(form map[string][]string, sessionID, subID, cust
 // customer's balance applied (a net credit makes amount_due 0 and is kept as the customer's
 // balance, which the next invoice uses, as at Stripe); sets inv.AmountDue and the invoice's
 // lines and totals.
-func (d *DevStripe) bill(subID, customer string, inv *stripetest.InvoiceSpec, lines []stripetest.InvoiceLine) {
+func (d *DevStripe) bill(subID, customer string, inv *stripeemu.InvoiceSpec, lines []stripeemu.InvoiceLine) {
 	sub := d.Account.SubscriptionFields(subID)
 	var discount map[string]any
 	if obj, ok := sub["discount"].(map[string]any); ok {
@@ -112,10 +112,10 @@ func (d *DevStripe) bill(subID, customer string, inv *stripetest.InvoiceSpec, li
 	if m, ok := sub["automatic_tax"].(map[string]any); ok && m["enabled"] == true {
 		autoTax = true
 	}
-	t := stripetest.TotalsOf(lines, stripetest.CouponOf(discount), d.Account.Balance(customer))
+	t := stripeemu.TotalsOf(lines, stripeemu.CouponOf(discount), d.Account.Balance(customer))
 	d.Account.SetBalance(customer, t.EndingBalance)
 	inv.AmountDue = t.AmountDue
-	d.Account.SetInvoiceFields(inv.ID, stripetest.InvoiceFields(inv.ID, subID, lines, t, discount, autoTax, false, func(p string) map[string]any {
+	d.Account.SetInvoiceFields(inv.ID, stripeemu.InvoiceFields(inv.ID, subID, lines, t, discount, autoTax, false, func(p string) map[string]any {
 		return d.Proxy.PriceObject(p, false)
 	}))
 }
@@ -146,7 +146,7 @@ func (d *DevStripe) syncEntitlements(customer string, at time.Time) [][]byte {
 }
 
 // usageLine bills units of usage (DevUsageUnitAmount each) in arrears, up to at.
-func usageLine(units int64, from, at time.Time) stripetest.InvoiceLine {
-	return stripetest.InvoiceLine{Description: fmt.Sprintf("%d units of usage", units), Amount: DevUsageUnitAmount * units,
+func usageLine(units int64, from, at time.Time) stripeemu.InvoiceLine {
+	return stripeemu.InvoiceLine{Description: fmt.Sprintf("%d units of usage", units), Amount: DevUsageUnitAmount * units,
 		Currency: "usd", Start: from, End: at, Quantity: units}
 }

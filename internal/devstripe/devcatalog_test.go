@@ -19,8 +19,8 @@ import (
 	"github.com/stripe/stripe-go/v79"
 
 	"billing/internal/stripeclient"
+	"billing/internal/stripeemu"
 	"billing/internal/stripeevents"
-	"billing/internal/stripetest"
 	"billing/internal/testenv"
 )
 
@@ -273,7 +273,7 @@ func TestDevSendsTheSeededCatalog(t *testing.T) {
 		got = append(got, ev)
 	}))
 	t.Cleanup(srv.Close)
-	d := NewDevStripe(stripetest.New(t, testenv.StripeMockURL(t)))
+	d := NewDevStripe(stripeemu.New(t, testenv.StripeMockURL(t)))
 	// Fewer attempts than the service's start takes: only SendWithin's patience gets through.
 	d.Webhooks = &WebhookSender{URL: srv.URL, Secret: "whsec_x", Attempts: 2, Backoff: time.Millisecond}
 	ds, err := d.SendCatalog(context.Background(), time.Minute)

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"billing/internal/stripetest"
+	"billing/internal/stripeemu"
 )
 
 // The life of a subscription at the dev Stripe, played by a person at the dev loop: completing a
@@ -98,16 +98,16 @@ func (d *DevStripe) CompleteCheckout(ctx context.Context, sessionID, card string
 		card = DefaultCard
 	}
 	now := d.Account.Now()
-	declined := stripetest.CardDeclines(card, false)
+	declined := stripeemu.CardDeclines(card, false)
 
 	var events [][]byte
 	subID, retry := d.pending[sessionID]
-	var spec stripetest.SubscriptionSpec
+	var spec stripeemu.SubscriptionSpec
 	if retry {
 		spec, _ = d.Account.Spec(subID)
 	} else {
 		form := d.Sessions.Request(sessionID)
-		var lines []stripetest.InvoiceLine
+		var lines []stripeemu.InvoiceLine
 		var err error
 		if spec, lines, err = d.checkoutSpec(form, customer, now); err != nil {
 			return DevResult{}, err
@@ -171,7 +171,7 @@ func (d *DevStripe) CompleteCheckout(ctx context.Context, sessionID, card string
 
 // checkoutSpec is the subscription a session's create asked for, starting at now, and the lines
 // of its first invoice.
-func (d *DevStripe) checkoutSpec(f map[string][]string, customer string, now time.Time) (stripetest.SubscriptionSpec, []stripetest.InvoiceLine, error) {
+func (d *DevStripe) checkoutSpec(f map[string][]string, customer string, now time.Time) (stripeemu.SubscriptionSpec, []stripeemu.InvoiceLine, error) {
 	get := func(k string) string {
 		if v := f[k]; len(v) > 0 {
 			return v[0]
@@ -180,13 +180,13 @@ func (d *DevStripe) checkoutSpec(f map[string][]string, customer string, now tim
 	}
 	price := get("line_items[0][price]")
 	if price == "" {
-		return stripetest.SubscriptionSpec{}, nil, devErrorf(http.StatusBadRequest, "the session was not created through this dev Stripe's API: its line items are unknown")
+		return stripeemu.SubscriptionSpec{}, nil, devErrorf(http.StatusBadRequest, "the session was not created through this dev Stripe's API: its line items are unknown")
 	}
 	qty := int64(1)
 	if q := get("line_items[0][quantity]"); q != "" {
 		n, err := strconv.ParseInt(q, 10, 64)
 		if err != nil || n < 1 {
-			return stripetest.SubscriptionSpec{}, nil, devErrorf(http.StatusBadRequest, "line_items[0][quantity] %q", q)
+			return stripeemu.SubscriptionSpec{}, nil, devErrorf(http.StatusBadRequest, "line_items[0][quantity] %q", q)
 		}
 		qty = n
 	}
@@ -197,19 +197,19 @@ func (d *DevStripe) checkoutSpec(f map[string][]string, customer string, now tim
 		}
 	}
 	terms, _ := d.Proxy.PriceTerms(price) // Dev mode: every price has terms
-	spec := stripetest.SubscriptionSpec{
+	spec := stripeemu.SubscriptionSpec{
 		Customer: customer, Status: "incomplete", PriceID: price, Quantity: qty, Metadata: md, Created: now,
 		CurrentPeriodStart: now, CurrentPeriodEnd: terms.Next(now),
 	}
-	inv := &stripetest.InvoiceSpec{ID: d.Account.NewInvoiceID(), Currency: terms.Currency, AmountDue: terms.UnitAmount * qty, Created: now,
+	inv := &stripeemu.InvoiceSpec{ID: d.Account.NewInvoiceID(), Currency: terms.Currency, AmountDue: terms.UnitAmount * qty, Created: now,
 		BillingReason: "subscription_create", PeriodStart: now, PeriodEnd: spec.CurrentPeriodEnd}
-	lines := []stripetest.InvoiceLine{stripetest.PeriodLine(terms, qty, now, spec.CurrentPeriodEnd)}
+	lines := []stripeemu.InvoiceLine{stripeemu.PeriodLine(terms, qty, now, spec.CurrentPeriodEnd)}
 	if days, _ := strconv.Atoi(get("subscription_data[trial_period_days]")); days > 0 {
 		// A trial's period is the trial; its first invoice is of nothing, paid at once.
 		spec.Status, spec.TrialStart, spec.TrialEnd = "trialing", now, now.AddDate(0, 0, days)
 		spec.CurrentPeriodEnd = spec.TrialEnd
 		inv.AmountDue, inv.PeriodEnd = 0, spec.TrialEnd
-		lines = []stripetest.InvoiceLine{{Description: "Trial period for " + terms.Name, Currency: terms.Currency,
+		lines = []stripeemu.InvoiceLine{{Description: "Trial period for " + terms.Name, Currency: terms.Currency,
 			Start: now, End: spec.TrialEnd, Price: price, Quantity: qty}}
 	}
 	spec.LatestInvoice = inv
@@ -302,24 +302,24 @@ func (d *DevStripe) nextDue(id string, to time.Time) (DevChange, [][]byte, bool)
 // (prorations of changes), the seats of the new period in advance, the usage of the past one in
 // arrears; the discount and the customer's balance applied. Charged to the customer's card: paid,
 // the subscription is active; declined, past_due and Stripe retries (retryDue).
-func (d *DevStripe) renew(spec stripetest.SubscriptionSpec, due time.Time, reason string, ch DevChange) (DevChange, [][]byte, bool) {
+func (d *DevStripe) renew(spec stripeemu.SubscriptionSpec, due time.Time, reason string, ch DevChange) (DevChange, [][]byte, bool) {
 	id := spec.ID
 	terms, _ := d.Proxy.PriceTerms(spec.PriceID)
 	prevStart := spec.CurrentPeriodStart
 	spec.CurrentPeriodStart, spec.CurrentPeriodEnd = due, terms.Next(due)
 	qty := max(spec.Quantity, 1)
 	ch.Usage = d.unbilledUsage(spec.Customer)
-	lines := append(d.Account.TakePendingItems(id), stripetest.PeriodLine(terms, qty, due, spec.CurrentPeriodEnd))
+	lines := append(d.Account.TakePendingItems(id), stripeemu.PeriodLine(terms, qty, due, spec.CurrentPeriodEnd))
 	if ch.Usage > 0 {
 		lines = append(lines, usageLine(ch.Usage, prevStart, due))
 	}
-	inv := &stripetest.InvoiceSpec{ID: d.Account.NewInvoiceID(), Currency: terms.Currency,
+	inv := &stripeemu.InvoiceSpec{ID: d.Account.NewInvoiceID(), Currency: terms.Currency,
 		AttemptCount: 1, Created: due, BillingReason: reason, PeriodStart: due, PeriodEnd: spec.CurrentPeriodEnd}
 	d.bill(id, spec.Customer, inv, lines)
 	spec.LatestInvoice = inv
 	pm := d.renewalCard(spec.Customer)
 	ch.Invoice = inv.ID
-	if inv.AmountDue > 0 && stripetest.CardDeclines(pm, true) {
+	if inv.AmountDue > 0 && stripeemu.CardDeclines(pm, true) {
 		// Stripe retries a failed renewal (retryDue).
 		inv.Status, inv.NextPaymentAttempt = "open", due.AddDate(0, 0, devRetryGaps[0])
 		spec.Status = "past_due"
@@ -374,7 +374,7 @@ var devRetryGaps = []int{3, 5, 7}
 // (invoice.paid, invoice.payment_succeeded, customer.subscription.updated); declined, the next
 // attempt is scheduled (invoice.payment_failed), or, after the last, the subscription is canceled
 // (invoice.payment_failed with no next attempt, customer.subscription.deleted).
-func (d *DevStripe) retryDue(spec stripetest.SubscriptionSpec, ch DevChange) (DevChange, [][]byte, bool) {
+func (d *DevStripe) retryDue(spec stripeemu.SubscriptionSpec, ch DevChange) (DevChange, [][]byte, bool) {
 	inv := spec.LatestInvoice
 	at := inv.NextPaymentAttempt
 	inv.AttemptCount++
@@ -382,7 +382,7 @@ func (d *DevStripe) retryDue(spec stripetest.SubscriptionSpec, ch DevChange) (De
 	pm := d.renewalCard(spec.Customer)
 	var events [][]byte
 	switch {
-	case !stripetest.CardDeclines(pm, true):
+	case !stripeemu.CardDeclines(pm, true):
 		inv.Status, inv.AmountPaid, inv.NextPaymentAttempt = "paid", inv.AmountDue, time.Time{}
 		spec.Status = "active"
 		d.Account.PutSubscription(spec)

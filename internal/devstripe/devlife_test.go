@@ -11,8 +11,8 @@ import (
 	"sync"
 	"testing"
 
+	"billing/internal/stripeemu"
 	"billing/internal/stripeevents"
-	"billing/internal/stripetest"
 	"billing/internal/testenv"
 )
 
@@ -52,7 +52,7 @@ func newDevLife(t *testing.T) (*DevStripe, *devReceiver) {
 	}))
 	t.Cleanup(srv.Close)
 	// stripe-mock behind: portal sessions are its (the dev Stripe keeps no state of its own for them).
-	d := NewDevStripe(stripetest.New(t, testenv.StripeMockURL(t)))
+	d := NewDevStripe(stripeemu.New(t, testenv.StripeMockURL(t)))
 	d.Webhooks = &WebhookSender{URL: srv.URL, Secret: "whsec_x"}
 	return d, rec
 }

@@ -6,7 +6,7 @@ import (
 	"net/url"
 	"strings"
 
-	"billing/internal/stripetest"
+	"billing/internal/stripeemu"
 )
 
 // The pages a customer sees at the dev Stripe — a Checkout session's and a portal session's —
@@ -61,7 +61,7 @@ func (d *DevStripe) checkoutPage(w http.ResponseWriter, r *http.Request) {
 	}{ID: id, Price: f.Get("line_items[0][price]"), Quantity: f.Get("line_items[0][quantity]"), Cards: devCards,
 		Promo: f.Get("discounts[0][promotion_code]")}
 	if t, ok := d.Proxy.PriceTerms(data.Price); ok {
-		data.Terms = t.Name + ", " + stripetest.Money(t.UnitAmount, t.Currency) + " a seat per " + t.Interval
+		data.Terms = t.Name + ", " + stripeemu.Money(t.UnitAmount, t.Currency) + " a seat per " + t.Interval
 	}
 	data.Customer, _ = s["customer"].(string)
 	data.Status, _ = s["status"].(string)

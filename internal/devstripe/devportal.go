@@ -4,7 +4,7 @@ import (
 	"context"
 	"net/http"
 
-	"billing/internal/stripetest"
+	"billing/internal/stripeemu"
 )
 
 // The Customer Portal at the dev Stripe: what a customer confirms on a portal session's page,
@@ -119,9 +119,9 @@ func (d *DevStripe) ApplyPortal(ctx context.Context, sessionID string, choice Po
 		switch {
 		case !inPeriod:
 		case old.SameInterval(nt) || spec.CancelAtPeriodEnd:
-			d.Account.AddPendingItems(sub, stripetest.Prorate(old, oldQty, nt, max(spec.Quantity, 1), spec.CurrentPeriodStart, spec.CurrentPeriodEnd, now)...)
+			d.Account.AddPendingItems(sub, stripeemu.Prorate(old, oldQty, nt, max(spec.Quantity, 1), spec.CurrentPeriodStart, spec.CurrentPeriodEnd, now)...)
 		default:
-			d.Account.AddPendingItems(sub, stripetest.UnusedTime(old, oldQty, spec.CurrentPeriodStart, spec.CurrentPeriodEnd, now)...)
+			d.Account.AddPendingItems(sub, stripeemu.UnusedTime(old, oldQty, spec.CurrentPeriodStart, spec.CurrentPeriodEnd, now)...)
 			ch, events, _ := d.renew(spec, now, "subscription_update", ch)
 			ch.What = "changed"
 			events = append(events, d.syncEntitlements(customer, now)...)

@@ -1,5 +1,5 @@
 // Package devstripe is the dev Stripe of `make run` (its program: cmd/devstripe): the tests'
-// emulator (internal/stripetest) in front of stripe-mock, made into an account a person can use —
+// emulator (internal/stripeemu) in front of stripe-mock, made into an account a person can use —
 // Dev's hooks (kept customers, a default test card, local portal pages, ids unique across
 // restarts), an account on a test clock, Checkout pages, a seeded catalog, a subscription's life
 // (renewals, retries, portal changes) and the sender of its events to the service. It attaches to
@@ -12,8 +12,8 @@ import (
 	"sync"
 	"time"
 
+	"billing/internal/stripeemu"
 	"billing/internal/stripeevents"
-	"billing/internal/stripetest"
 )
 
 // DevStripe is the Stripe of the dev loop (`make run`, cmd/devstripe): the proxy in Dev mode
@@ -23,12 +23,12 @@ import (
 // prorations of plan changes, promotion codes and the entitlements of the products' features.
 // Charges, refunds and portal sessions still go through stripe-mock and Dev mode's test cards.
 type DevStripe struct {
-	Proxy    *stripetest.Proxy
-	Account  *stripetest.Account
-	Sessions *stripetest.CheckoutSessions
-	Meter    *stripetest.MeterEvents
+	Proxy    *stripeemu.Proxy
+	Account  *stripeemu.Account
+	Sessions *stripeemu.CheckoutSessions
+	Meter    *stripeemu.MeterEvents
 	// Catalog is the products, prices and promotion codes (seeded: seedDevCatalog).
-	Catalog *stripetest.Catalog
+	Catalog *stripeemu.Catalog
 	// Webhooks delivers the events of what happens here to the service; nil: none are sent.
 	Webhooks *WebhookSender
 
@@ -39,19 +39,19 @@ type DevStripe struct {
 }
 
 // NewDevStripe puts p in Dev mode and mounts the dev loop's state on it (test mode).
-func NewDevStripe(p *stripetest.Proxy) *DevStripe {
+func NewDevStripe(p *stripeemu.Proxy) *DevStripe {
 	// Dev first: the account and the sessions take its id tag.
 	Dev(p)
 	d := &DevStripe{
 		Proxy:    p,
 		Account:  newDevAccount(p),
-		Sessions: stripetest.NewCheckoutSessions(p, false),
-		Meter:    stripetest.NewMeterEvents(p, false),
+		Sessions: stripeemu.NewCheckoutSessions(p, false),
+		Meter:    stripeemu.NewMeterEvents(p, false),
 		pending:  map[string]string{},
 
 		billedUsage: map[string]bool{},
 	}
-	d.Catalog = stripetest.NewCatalog(p, false)
+	d.Catalog = stripeemu.NewCatalog(p, false)
 	seedDevCatalog(d.Catalog, d.Account.Now())
 	// Promotion codes expire by the test clock.
 	d.Catalog.SetClock(d.Account.Now)
@@ -68,8 +68,8 @@ func NewDevStripe(p *stripetest.Proxy) *DevStripe {
 
 // newDevAccount is the dev loop's account: its clock is the wall clock moved on by Advance, and a
 // new customer that names no payment method charges DefaultCard until a developer sets another.
-func newDevAccount(p *stripetest.Proxy) *stripetest.Account {
-	a := stripetest.NewAccount(p, false)
+func newDevAccount(p *stripeemu.Proxy) *stripeemu.Account {
+	a := stripeemu.NewAccount(p, false)
 	a.UseWallClock()
 	a.SetNewCustomerCard(DefaultCard)
 	return a

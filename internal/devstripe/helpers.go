@@ -8,8 +8,8 @@ import (
 	"strings"
 )
 
-// The small JSON and form helpers the dev Stripe shares with stripetest's, kept here so that
-// stripetest exports only what an emulator offers.
+// The small JSON and form helpers the dev Stripe shares with the emulator's, kept here so that
+// stripeemu exports only what an emulator offers.
 
 // decode decodes a kept object (JSON the dev Stripe wrote itself: an error is a bug).
 func decode(raw []byte) map[string]any {

@@ -1,19 +1,22 @@
+// Package stripetest holds what only tests use of the Stripe emulator (internal/stripeemu):
+// nothing a program links. The emulator itself is shared with the dev Stripe.
 package stripetest
 
 import (
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 	"net/url"
 	"strings"
+	"testing"
 )
 
-// Call sends a form-encoded request to the proxy as stripe-go would and decodes the JSON answer:
-// the tests of the emulator and of the dev Stripe built on it speak to it this way.
-func Call(t TB, p *Proxy, method, path string, form url.Values) (int, map[string]any) {
+// Call sends a form-encoded request to the emulator at baseURL as stripe-go would and decodes
+// the JSON answer: the tests of the emulator and of the dev Stripe built on it speak to it this
+// way.
+func Call(t testing.TB, baseURL, method, path string, form url.Values) (int, map[string]any) {
 	t.Helper()
-	req, err := http.NewRequest(method, p.URL+path, strings.NewReader(form.Encode()))
+	req, err := http.NewRequest(method, baseURL+path, strings.NewReader(form.Encode()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -27,7 +30,7 @@ func Call(t TB, p *Proxy, method, path string, form url.Values) (int, map[string
 	b, _ := io.ReadAll(resp.Body)
 	var out map[string]any
 	if err := json.Unmarshal(b, &out); err != nil {
-		t.Fatal(fmt.Sprintf("%s %s: answer is not JSON: %s", method, path, b))
+		t.Fatalf("%s %s: answer is not JSON: %s", method, path, b)
 	}
 	return resp.StatusCode, out
 }

@@ -1,4 +1,4 @@
-package stripetest
+package stripeemu
 
 import (
 	"crypto/rand"
@@ -224,7 +224,7 @@ func (c *PortalConfigurations) serve(r Request) Answer {
 	const coll = "/v1/billing_portal/configurations"
 	if r.Path != coll || r.Method != http.MethodGet {
 		return Answer{Status: http.StatusNotFound, Body: map[string]any{"error": map[string]any{
-			"type": "invalid_request_error", "message": "stripetest: only the list of portal configurations is served",
+			"type": "invalid_request_error", "message": "stripeemu: only the list of portal configurations is served",
 		}}}
 	}
 	c.mu.Lock()

@@ -1,4 +1,4 @@
-package stripetest
+package stripeemu
 
 import (
 	"net/http"
@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"billing/internal/stripetest"
 	"billing/internal/testenv"
 )
 
@@ -14,7 +15,7 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 // call is Call, for this file's tests.
 func call(t *testing.T, p *Proxy, method, path string, form url.Values) (int, map[string]any) {
 	t.Helper()
-	return Call(t, p, method, path, form)
+	return stripetest.Call(t, p.URL, method, path, form)
 }
 
 // str is the string at path in a decoded object ("" when absent or not a string).

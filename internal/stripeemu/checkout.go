@@ -1,4 +1,4 @@
-package stripetest
+package stripeemu
 
 import (
 	"encoding/json"
@@ -61,7 +61,7 @@ func (c *CheckoutSessions) Complete(id, subscriptionID string) map[string]any {
 	defer c.mu.Unlock()
 	s := c.byID[id]
 	if s == nil {
-		panic(fmt.Sprintf("stripetest: no checkout session %s", id))
+		panic(fmt.Sprintf("stripeemu: no checkout session %s", id))
 	}
 	s["status"] = "complete"
 	s["payment_status"] = "paid"

@@ -1,4 +1,4 @@
-package stripetest
+package stripeemu
 
 import (
 	"encoding/json"
@@ -104,7 +104,7 @@ func (c *Catalog) SetClock(now func() time.Time) {
 // PutProduct adds a product, or replaces the one with the same id (keeping its place).
 func (c *Catalog) PutProduct(p stripeevents.Product) {
 	if p.ID == "" {
-		panic("stripetest: product without id")
+		panic("stripeemu: product without id")
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -119,7 +119,7 @@ func (c *Catalog) PutProduct(p stripeevents.Product) {
 // are unique.
 func (c *Catalog) PutPrice(p stripeevents.Price) {
 	if p.ID == "" {
-		panic("stripetest: price without id")
+		panic("stripeemu: price without id")
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -1,4 +1,5 @@
-// Package stripetest is a test double at the HTTP boundary to Stripe: a proxy in front of
+// Package stripeemu emulates Stripe at the HTTP boundary for the tests and for the dev Stripe of
+// `make run`: a proxy in front of
 // stripe-mock that records every request and adds the parts of Stripe that a stateless mock
 // lacks and that our idempotency guarantees depend on:
 //
@@ -25,7 +26,7 @@
 // `make run`, internal/devstripe): the proxy itself has no dev mode.
 //
 // Everything a test sets up applies to "the next n requests" of a method and path, in order.
-package stripetest
+package stripeemu
 
 import (
 	"bytes"
@@ -204,11 +205,11 @@ func Start(upstreamURL string) (p *Proxy, stop func(), err error) {
 // upstreamURL. stop closes the listener and every connection.
 func Listen(addr, upstreamURL string) (p *Proxy, stop func(), err error) {
 	if upstreamURL == "" {
-		return nil, nil, fmt.Errorf("stripetest: no upstream URL")
+		return nil, nil, fmt.Errorf("stripeemu: no upstream URL")
 	}
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
-		return nil, nil, fmt.Errorf("stripetest: listen address %q: %w", addr, err)
+		return nil, nil, fmt.Errorf("stripeemu: listen address %q: %w", addr, err)
 	}
 	if host == "" {
 		// A double of Stripe with no authentication is for this machine only.
@@ -216,7 +217,7 @@ func Listen(addr, upstreamURL string) (p *Proxy, stop func(), err error) {
 	}
 	ln, err := net.Listen("tcp", net.JoinHostPort(host, port))
 	if err != nil {
-		return nil, nil, fmt.Errorf("stripetest: %w", err)
+		return nil, nil, fmt.Errorf("stripeemu: %w", err)
 	}
 	p = &Proxy{
 		upstream: strings.TrimRight(upstreamURL, "/"),

@@ -1,4 +1,4 @@
-package stripetest
+package stripeemu
 
 import (
 	"encoding/json"
@@ -359,7 +359,7 @@ func (a *Account) PutSubscriptionJSON(raw json.RawMessage) string {
 	obj := decode(raw)
 	id, _ := obj["id"].(string)
 	if id == "" {
-		panic("stripetest: subscription object without id")
+		panic("stripeemu: subscription object without id")
 	}
 	if inv, ok := obj["latest_invoice"].(map[string]any); ok {
 		invID, _ := inv["id"].(string)
@@ -382,7 +382,7 @@ func (a *Account) UpdateSubscription(id string, edit func(obj map[string]any)) {
 	defer a.mu.Unlock()
 	raw, ok := a.subs[id]
 	if !ok {
-		panic("stripetest: no subscription " + id)
+		panic("stripeemu: no subscription " + id)
 	}
 	obj := decode(raw)
 	edit(obj)
@@ -643,7 +643,7 @@ func (a *Account) serveAdmitted(r Request, delay time.Duration) Answer {
 	case r.Method == http.MethodPost && coll == "customers":
 		return a.saveCustomer(id, params)
 	}
-	return Answer{Status: http.StatusBadRequest, Body: apiError("invalid_request_error", "", "stripetest account: unsupported request "+r.Method+" "+r.Path)}
+	return Answer{Status: http.StatusBadRequest, Body: apiError("invalid_request_error", "", "stripeemu account: unsupported request "+r.Method+" "+r.Path)}
 }
 
 func (a *Account) list(coll string, q url.Values, expand map[string]bool) Answer {
@@ -868,7 +868,7 @@ func (a *Account) DefaultPaymentMethod(customerID string) string {
 func (a *Account) searchCustomers(query string) Answer {
 	m := searchQuery.FindStringSubmatch(query)
 	if m == nil {
-		return Answer{Status: http.StatusBadRequest, Body: apiError("invalid_request_error", "", "stripetest account: unsupported search query")}
+		return Answer{Status: http.StatusBadRequest, Body: apiError("invalid_request_error", "", "stripeemu account: unsupported search query")}
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -938,7 +938,7 @@ func (a *Account) serveEntitlements(r Request) Answer {
 		return ans
 	}
 	if r.Method != http.MethodGet || r.Path != "/v1/entitlements/active_entitlements" {
-		return Answer{Status: http.StatusBadRequest, Body: apiError("invalid_request_error", "", "stripetest account: unsupported request "+r.Method+" "+r.Path)}
+		return Answer{Status: http.StatusBadRequest, Body: apiError("invalid_request_error", "", "stripeemu account: unsupported request "+r.Method+" "+r.Path)}
 	}
 	customerID := r.Query.Get("customer")
 	if customerID == "" {
@@ -1111,7 +1111,7 @@ func unixOrNull(t time.Time) any {
 func mustJSON(v any) []byte {
 	b, err := json.Marshal(v)
 	if err != nil {
-		panic(fmt.Errorf("stripetest: %w", err))
+		panic(fmt.Errorf("stripeemu: %w", err))
 	}
 	return b
 }
@@ -1122,7 +1122,7 @@ func decode(raw []byte) map[string]any {
 	}
 	var m map[string]any
 	if err := json.Unmarshal(raw, &m); err != nil {
-		panic(fmt.Errorf("stripetest: %w", err))
+		panic(fmt.Errorf("stripeemu: %w", err))
 	}
 	return m
 }

@@ -1,4 +1,4 @@
-package stripetest
+package stripeemu
 
 import (
 	"encoding/json"
