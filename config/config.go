@@ -138,8 +138,8 @@ type Config struct {
 // inbox's inline slots), when webhooks.apply_inline is on.
 const InlineApplies = 16
 
-// DefaultQueueWorkers is how many River workers run the default queue (notices, Stripe re-reads,
-// checkout syncs, reconcile and ledger jobs) beside worker.concurrency's webhook workers.
+// DefaultQueueWorkers is how many River workers run the default queue (Stripe re-reads, checkout
+// syncs, reconcile and ledger jobs, notices queued by earlier builds) beside worker.concurrency's webhook workers.
 const DefaultQueueWorkers = 5
 
 // PoolShares is how the process's connections are shared out (database.PoolShares).
