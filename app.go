@@ -187,7 +187,8 @@ func newApp(opts appOptions) (*App, error) {
 		// notices and Stripe reads, for which 200 ms more is nothing, and an idle replica then
 		// polls PostgreSQL 10 times a second instead of 40.
 		PollInterval: 200 * time.Millisecond,
-		PeriodicJobs: slices.Concat(inbox.PeriodicJobs(), rec.PeriodicJobs(), charges.PeriodicJobs(), told.PeriodicJobs()),
+		PeriodicJobs: slices.Concat(inbox.PeriodicJobs(), rec.PeriodicJobs(), charges.PeriodicJobs(), told.PeriodicJobs(),
+			billing.PeriodicJobs()),
 		Logger:       slog.New(logging.Demote(logger.Handler(), ": Producer job counts")).With("component", "river"),
 	})
 	if err != nil {

@@ -31,4 +31,8 @@ func TestAppWorksRereadJobs(t *testing.T) {
 	if err != nil {
 		t.Fatalf("insert a re-read job: %v", err)
 	}
+	// The sweep that queues them is one of the client's periodic jobs, and has its worker.
+	if _, err := a.River.Insert(context.Background(), billing.RereadSweepArgs{}, &river.InsertOpts{ScheduledAt: time.Now().Add(24 * time.Hour)}); err != nil {
+		t.Fatalf("insert a sweep job: %v", err)
+	}
 }

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"billing/billing"
 	"billing/internal/stripeemu"
 	"billing/internal/stripeevents"
 	"billing/internal/testenv"
@@ -61,18 +60,18 @@ func TestReconcileCommand(t *testing.T) {
 	if code != 0 || out != "reconcile: objects=1 drifted=3 repaired=3 missing_at_stripe=0 errors=0 catalog_objects=2 catalog_drifted=2 catalog_repaired=2\n" {
 		t.Fatalf("run: exit %d, stdout %q", code, out)
 	}
-	// The repair queued the renewal's re-read, as an event would have; serve runs it.
+	// The repair planned the renewal's re-read, as an event would have; serve's sweep queues it.
 	db, err := sql.Open("pgx", url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer db.Close()
 	var rereads int
-	if err := db.QueryRow(`SELECT count(*) FROM river_job WHERE kind = $1`, billing.RereadJobKind).Scan(&rereads); err != nil {
+	if err := db.QueryRow(`SELECT count(*) FROM subscriptions WHERE renewal_reread_due IS NOT NULL AND NOT livemode`).Scan(&rereads); err != nil {
 		t.Fatal(err)
 	}
 	if rereads != 1 {
-		t.Errorf("%d renewal re-reads queued by the repair, want 1", rereads)
+		t.Errorf("%d renewal re-reads planned by the repair, want 1", rereads)
 	}
 	// The catalog backfilled: the price, by its lookup key, with its product's features.
 	var features string

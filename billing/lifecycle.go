@@ -211,7 +211,8 @@ func (s *Service) applySubscriptionEvent(ctx context.Context, tx *gorm.DB, ev we
 		  sub_event_type = $15,
 		  sub_event_created = $17,
 		  sub_event_rank = $16,
-		  updated_at = $18
+		  updated_at = $18,
+		  renewal_reread_due = CASE WHEN $23 THEN CAST($24 AS timestamptz) ELSE renewal_reread_due END
 		WHERE subscription_id = $1 AND livemode = $2 AND ` + newerThanStored("sub", 17, 16, 14) + `
 		  AND (status NOT IN ('canceled', 'incomplete_expired') OR CAST($4 AS text) IN ('canceled', 'incomplete_expired'))`
 	args := []any{obj.ID, ev.Livemode, customerID, // $1–$3
@@ -219,7 +220,9 @@ func (s *Service) applySubscriptionEvent(ctx context.Context, tx *gorm.DB, ev we
 		obj.CancelAt.Ptr(), obj.CanceledAt.Ptr(), obj.EndedAt.Ptr(), obj.TrialStart.Ptr(), obj.TrialEnd.Ptr(), // $9–$13
 		ev.ID, ev.Type, rankOf(ctx, subEventRank(ev.Type, status)), ev.Created.UTC(), s.now(), // $14–$18
 		statusBeganWith(ev, status), obj.pauseBehavior(), obj.pauseResumesAt(), obj.Quantity()} // $19–$22
-	due := s.rereadsOf(ev, prior, obj, status)
+	planned, renewal := s.renewalPlan(prior, obj, status)
+	args = append(args, planned, renewal) // $23–$24
+	due := s.rereadsOf(ev, prior, status)
 	var n int64
 	var user *string
 	queued := make([]int64, len(due))

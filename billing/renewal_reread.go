@@ -30,9 +30,11 @@ import (
 // ends it; a Stripe that cannot be reached, or that still shows the old period, leaves the
 // policy to withdraw access, with a warning in the log.
 //
-// The job is queued in the transaction of the event (or snapshot) that set the period, keyed by
-// subscription and renewal time: the many events of one period queue one job, a renewal queues a
-// new one, and the old one finds its period gone and does nothing.
+// The re-read is planned in the subscription's row by the event (or snapshot) that sets the
+// renewal, in its UPDATE (renewal_reread_due), and queued as a job, keyed by subscription and
+// renewal time, by a periodic sweep once its check is due (renewal_sweep.go): the many events
+// of one period plan one read, a renewal plans the next one instead, and a job that finds its
+// period gone does nothing.
 //
 // The same re-read settles two events of one subscription created in the same second with
 // different statuses: Stripe's seconds cannot order them, the status rank only guesses, and
@@ -110,64 +112,77 @@ func newRereads(d Deps) *rereads {
 	return r
 }
 
-// AddWorkers registers the re-read worker, and the worker of the features reads when
+// AddWorkers registers the re-read worker and its sweep's, and the worker of the features reads when
 // Deps.Reread.Entitlements is set. It panics on a wiring bug (no Stripe client).
 func (s *Service) AddWorkers(w *river.Workers) {
 	if s.rereads.Stripe == nil {
 		panic("billing: Deps.Reread.Stripe is nil")
 	}
 	river.AddWorker(w, &rereadWorker{s: s})
+	river.AddWorker(w, &rereadSweepWorker{s: s})
 	if s.rereads.Entitlements != nil {
 		river.AddWorker(w, &featuresReadWorker{s: s})
 	}
 }
 
-// dueReread is a re-read that a subscription event (or snapshot) calls for: its job is queued by
-// the event's UPDATE (one round trip instead of two), and only if that UPDATE applied the event
-// when ifApplied.
+// dueReread is a re-read that a subscription event (or snapshot) calls for now: its job is queued
+// by the event's UPDATE (one round trip instead of two), and only if that UPDATE applied the
+// event when ifApplied.
 type dueReread struct {
 	args      RereadArgs
 	at        time.Time
 	ifApplied bool
 }
 
-// rereadsOf are the re-reads that the subscription event (or snapshot) ev calls for; prior is
-// the row before ev, status what ev says, obj its subscription.
-//
-//   - The check of the renewal ev sets, when ev is applied and changes the renewal prior had,
-//     leaving the subscription active or trialing. The re-read of a renewal is queued by the
-//     event that set it. An event that leaves the renewal where the row had it (most updates: a
-//     seat, metadata, a redelivered snapshot) would only meet the unique check: its job went in
-//     with the event that set that renewal, through this same code.
-//   - The settling of a tie with the event stored before, created in the same second with
-//     another status: a snapshot fetched within that second would lose the tie again, so it is
-//     read in the next one.
-func (s *Service) rereadsOf(ev webhooks.Event, prior *Subscription, obj *subscriptionObject, status string) []dueReread {
+// rereadsOn reports whether re-reads are planned and queued at all.
+func (s *Service) rereadsOn() bool {
 	if s.rereads.jobs == nil || s.rereads.Stripe == nil {
-		return nil // nothing could run the job (a service built for other packages' tests)
+		return false // nothing could run the job (a service built for other packages' tests)
 	}
-	if _, discard := s.rereads.jobs.(jobs.Discard); discard {
-		return nil // a replay whose jobs must not exist
+	_, discard := s.rereads.jobs.(jobs.Discard) // a replay whose jobs must not exist
+	return !discard
+}
+
+// renewalPlan is the plan of the renewal's re-read that the subscription event (or snapshot) ev
+// writes when it is applied; prior is the row before ev, status what ev says, obj its
+// subscription. It moves the plan (set) when ev moves the renewal: to the new renewal while the
+// subscription stays active or trialing, to none otherwise. An event that leaves the renewal
+// where the row had it (most updates: a seat, metadata, a redelivered snapshot) leaves the plan
+// as it is, or gone once the sweep has queued its job.
+func (s *Service) renewalPlan(prior *Subscription, obj *subscriptionObject, status string) (set bool, due *time.Time) {
+	if !s.rereadsOn() {
+		return false, nil
 	}
-	var due []dueReread
 	_, end := obj.Period()
 	next := Subscription{Status: status, CurrentPeriodEnd: end.Ptr(), TrialEnd: obj.TrialEnd.Ptr()}
-	if renewal := next.RenewalDue(); renewal != nil && !sameInstant(prior.RenewalDue(), renewal) {
-		due = append(due, dueReread{args: RereadArgs{SubscriptionID: obj.ID, Livemode: ev.Livemode, Due: renewal.Unix()},
-			at: renewal.Add(s.policy.PeriodGrace / 2), ifApplied: true})
+	renewal, was := next.RenewalDue(), prior.RenewalDue()
+	if renewal == nil && was == nil || sameInstant(was, renewal) {
+		return false, nil
 	}
+	return true, renewal
+}
+
+// rereadsOf are the re-reads that the subscription event (or snapshot) ev calls for at once: the
+// settling of a tie with the event stored before, created in the same second with another
+// status. A snapshot fetched within that second would lose the tie again, so it is read in the
+// next one.
+func (s *Service) rereadsOf(ev webhooks.Event, prior *Subscription, status string) []dueReread {
+	if !s.rereadsOn() {
+		return nil
+	}
+	var due []dueReread
 	created := ev.Created.UTC().Truncate(time.Second)
 	if prior.SubEventCreated != nil && prior.SubEventCreated.UTC().Truncate(time.Second).Equal(created) && prior.Status != status {
-		due = append(due, dueReread{args: RereadArgs{SubscriptionID: obj.ID, Livemode: ev.Livemode, Tie: created.Unix()},
+		due = append(due, dueReread{args: RereadArgs{SubscriptionID: prior.SubscriptionID, Livemode: ev.Livemode, Tie: created.Unix()},
 			at: created.Add(time.Second)})
 	}
 	return due
 }
 
 // withRereads makes update (which applies a subscription event, its arguments params) the
-// statement that also queues the event's re-reads: data-modifying CTEs, the renewal's inserted
-// for each row the UPDATE applied. It selects the rows updated, then whether each re-read was
-// queued (not a duplicate).
+// statement that also queues the event's re-reads: data-modifying CTEs, each inserted for each
+// row the UPDATE applied when ifApplied. It selects the rows updated, then whether each re-read
+// was queued (not a duplicate).
 func (s *Service) withRereads(update string, params []any, due []dueReread) (string, []any, error) {
 	var q strings.Builder
 	q.WriteString("WITH updated AS (" + update + linkedUserReturning + " AS user_id)")

@@ -96,8 +96,13 @@ type rereadJob struct {
 	MaxAttempts int       `gorm:"column:max_attempts"`
 }
 
+// rereadJobs sweeps every planned re-read into its job, whenever due, then lists the jobs: what
+// the sweep will have queued by the time each check is due.
 func (e *env) rereadJobs(t *testing.T, subscriptionID string) []rereadJob {
 	t.Helper()
+	if _, err := e.svc.queueRereadsDueBy(context.Background(), time.Unix(1<<40, 0)); err != nil {
+		t.Fatalf("sweep: %v", err)
+	}
 	var rows []rereadJob
 	err := e.db.Raw(`SELECT id, state, scheduled_at, max_attempts,
 		  coalesce((args->>'due')::bigint, 0) AS due, coalesce((args->>'tie')::bigint, 0) AS tie
