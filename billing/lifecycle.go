@@ -172,17 +172,6 @@ func (s *Service) applySubscriptionEvent(ctx context.Context, tx *gorm.DB, ev we
 	}
 	customerID := string(obj.Customer)
 
-	prior, err := s.lockSubscription(ctx, tx, obj.ID, customerID, ev.Livemode)
-	if err != nil {
-		return false, err
-	}
-	// A placeholder's customer came from an invoice; a subscription's customer never changes in
-	// Stripe, so a different one on a real row means corrupt input, not an update.
-	if prior.SubEventCreated != nil && prior.StripeCustomerID != customerID {
-		return false, permanent("%s %s: subscription %s belongs to customer %s, event names %s",
-			ev.Type, ev.ID, obj.ID, prior.StripeCustomerID, customerID)
-	}
-
 	start, end := obj.Period()
 	cancelAtPeriodEnd := obj.CancelAtPeriodEnd != nil && *obj.CancelAtPeriodEnd
 	update := `
@@ -220,15 +209,31 @@ func (s *Service) applySubscriptionEvent(ctx context.Context, tx *gorm.DB, ev we
 		obj.CancelAt.Ptr(), obj.CanceledAt.Ptr(), obj.EndedAt.Ptr(), obj.TrialStart.Ptr(), obj.TrialEnd.Ptr(), // $9–$13
 		ev.ID, ev.Type, rankOf(ctx, subEventRank(ev.Type, status)), ev.Created.UTC(), s.now(), // $14–$18
 		statusBeganWith(ev, status), obj.pauseBehavior(), obj.pauseResumesAt(), obj.Quantity()} // $19–$22
+
+	// The event of a subscription not seen yet writes the row whole; else it locks the row and
+	// updates it under the ordering guard.
+	prior, made, err := s.insertOrLockSubscription(ctx, tx, args, obj, status)
+	if err != nil {
+		return false, err
+	}
+	// A placeholder's customer came from an invoice; a subscription's customer never changes in
+	// Stripe, so a different one on a real row means corrupt input, not an update.
+	if prior.SubEventCreated != nil && prior.StripeCustomerID != customerID {
+		return false, permanent("%s %s: subscription %s belongs to customer %s, event names %s",
+			ev.Type, ev.ID, obj.ID, prior.StripeCustomerID, customerID)
+	}
 	planned, renewal := s.renewalPlan(prior, obj, status)
 	args = append(args, planned, renewal) // $23–$24
 	due := s.rereadsOf(ev, prior, status)
 	var n int64
 	var user *string
 	queued := make([]int64, len(due))
-	if len(due) == 0 {
+	switch {
+	case made != nil:
+		n, user = 1, made.UserID
+	case len(due) == 0:
 		n, user, err = updateReturningUser(ctx, tx, update+linkedUserReturning, args...)
-	} else {
+	default:
 		var query string
 		if query, args, err = s.withRereads(update, args, due); err != nil {
 			return false, err
