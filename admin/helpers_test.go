@@ -25,10 +25,7 @@ import (
 	"billing/webhooks"
 )
 
-func TestMain(m *testing.M) {
-	testenv.SetMigrator(migrations.ApplyQuietly)
-	testenv.Main(m)
-}
+func TestMain(m *testing.M) { testenv.MainWith(m, migrations.ApplyQuietly) }
 
 // at is an instant of the tests' fixed timeline (testenv.Base plus sec seconds), that event
 // times count from.

@@ -37,10 +37,7 @@ const (
 	cancelURL     = "https://app.example.com/pricing"
 )
 
-func TestMain(m *testing.M) {
-	testenv.SetMigrator(migrations.ApplyQuietly)
-	testenv.Main(m)
-}
+func TestMain(m *testing.M) { testenv.MainWith(m, migrations.ApplyQuietly) }
 
 // env is the service as main wires it, on the test's own database: the checkout endpoints, the
 // webhook inbox with billing's and checkout's handlers, River running the inbox's and the

@@ -22,10 +22,7 @@ const (
 	adminToken = apitest.AdminToken
 )
 
-func TestMain(m *testing.M) {
-	testenv.SetMigrator(migrations.ApplyQuietly)
-	testenv.Main(m)
-}
+func TestMain(m *testing.M) { testenv.MainWith(m, migrations.ApplyQuietly) }
 
 type env struct {
 	t        *testing.T

@@ -22,10 +22,7 @@ const (
 	adminToken = apitest.AdminToken
 )
 
-func TestMain(m *testing.M) {
-	testenv.SetMigrator(migrations.ApplyQuietly)
-	testenv.Main(m)
-}
+func TestMain(m *testing.M) { testenv.MainWith(m, migrations.ApplyQuietly) }
 
 // env is one test's service: its own database, its own proxy in front of stripe-mock, and the
 // real echo instance with the app's authentication on /v1.

@@ -16,10 +16,7 @@ import (
 	"billing/migrations"
 )
 
-func TestMain(m *testing.M) {
-	testenv.SetMigrator(migrations.ApplyQuietly)
-	testenv.Main(m)
-}
+func TestMain(m *testing.M) { testenv.MainWith(m, migrations.ApplyQuietly) }
 
 // at is an instant of the tests' fixed timeline (testenv.Base plus sec seconds).
 var at = testenv.At

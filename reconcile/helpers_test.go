@@ -26,10 +26,7 @@ import (
 	"billing/webhooks"
 )
 
-func TestMain(m *testing.M) {
-	testenv.SetMigrator(migrations.ApplyQuietly)
-	testenv.Main(m)
-}
+func TestMain(m *testing.M) { testenv.MainWith(m, migrations.ApplyQuietly) }
 
 // testLimits keep the tests fast: no rate limit to speak of, short backoffs. The sleeps are
 // recorded (env.sleeps), not slept.

@@ -20,10 +20,7 @@ import (
 	"billing/migrations"
 )
 
-func TestMain(m *testing.M) {
-	testenv.SetMigrator(migrations.ApplyQuietly)
-	testenv.Main(m)
-}
+func TestMain(m *testing.M) { testenv.MainWith(m, migrations.ApplyQuietly) }
 
 // env is one test's service: its own database, a proxy in front of stripe-mock with the meter
 // events double, and the real echo instance with the app's authentication on /v1.
