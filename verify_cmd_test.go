@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -131,11 +130,7 @@ func verifyServiceWith(t *testing.T, log [][]byte) (*gorm.DB, func(args ...strin
 		}
 	}
 	for _, payload := range log {
-		req := httptest.NewRequest(http.MethodPost, "/webhooks/stripe", bytes.NewReader(payload))
-		req.Header.Set("Stripe-Signature", stripeevents.SignatureHeader(payload, verifySecret, time.Now()))
-		req.Header.Set("Content-Type", "application/json")
-		rec := httptest.NewRecorder()
-		a.Echo.ServeHTTP(rec, req)
+		rec := apitest.DeliverWebhook(t, a.Echo, verifySecret, payload)
 		if rec.Code != http.StatusOK {
 			t.Fatalf("deliver: %d %s", rec.Code, rec.Body)
 		}

@@ -1,7 +1,6 @@
 package admin
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -22,6 +21,7 @@ import (
 
 	"billing/billing"
 	"billing/customers"
+	"billing/internal/apitest"
 	"billing/internal/audit"
 	"billing/internal/auth"
 	"billing/internal/httpserver"
@@ -126,16 +126,9 @@ func (c *console) deliver(t *testing.T, payloads ...[]byte) {
 		if env.Livemode {
 			secret = consoleLiveSecret
 		}
-		req, _ := http.NewRequest(http.MethodPost, c.server.URL+"/webhooks/stripe", bytes.NewReader(p))
-		req.Header.Set("Stripe-Signature", stripeevents.SignatureHeader(p, secret, time.Now()))
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("deliver: %d %s", resp.StatusCode, body)
+		// To the handler the server serves: the same endpoint, without the network in between.
+		if rec := apitest.DeliverWebhook(t, c.echo, secret, p); rec.Code != http.StatusOK {
+			t.Fatalf("deliver: %d %s", rec.Code, rec.Body)
 		}
 	}
 }
@@ -190,9 +183,7 @@ func (c *console) deadLetter(t *testing.T, id, lastError string) {
 
 func (c *console) exec(t *testing.T, sql string, args ...any) {
 	t.Helper()
-	if err := c.db.Exec(sql, args...).Error; err != nil {
-		t.Fatalf("%s: %v", sql, err)
-	}
+	testenv.Exec(t, c.db, sql, args...)
 }
 
 func (c *console) status(t *testing.T, id string) string {

@@ -18,21 +18,18 @@ import (
 	"gorm.io/gorm"
 
 	"billing/billing"
+	"billing/internal/apitest"
 	"billing/internal/httpserver"
 	"billing/internal/testenv"
 	"billing/migrations"
 	"billing/webhooks"
 )
 
-func TestMain(m *testing.M) {
-	testenv.SetMigrator(migrations.ApplyQuietly)
-	testenv.Main(m)
-}
+func TestMain(m *testing.M) { testenv.MainWith(m, migrations.ApplyQuietly) }
 
-// base is an arbitrary instant (2024-06-01T00:00:00Z) that event times count from.
-const base int64 = 1717200000
-
-func at(sec int64) time.Time { return time.Unix(base+sec, 0).UTC() }
+// at is an instant of the tests' fixed timeline (testenv.Base plus sec seconds), that event
+// times count from.
+var at = testenv.At
 
 // env is the console on a real billing service (its own migrated database, events applied by
 // billing's own handlers) and a dead-letter source the test fills.
@@ -97,17 +94,13 @@ func (e *env) handle(t *testing.T, payloads ...[]byte) {
 
 func (e *env) link(t *testing.T, userID, customerID, email string) {
 	t.Helper()
-	if err := e.db.Exec(`INSERT INTO customers (user_id, stripe_customer_id, email) VALUES ($1, $2, $3)`,
-		userID, customerID, email).Error; err != nil {
-		t.Fatalf("link %s: %v", userID, err)
-	}
+	testenv.LinkCustomer(t, e.db, userID, customerID, email, false)
 }
 
 func (e *env) get(t *testing.T, path string) *httptest.ResponseRecorder {
 	t.Helper()
-	rec := httptest.NewRecorder()
-	e.echo.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
-	return rec
+	// No token: the console's auth is not mounted here.
+	return apitest.Do(t, e.echo, "", http.MethodGet, path, nil)
 }
 
 func (e *env) page(t *testing.T, path string) (*html.Node, http.Header) {

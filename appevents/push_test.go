@@ -117,20 +117,10 @@ func (a *app) sequences() []int64 {
 	return s
 }
 
-// clock is a settable clock.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time      { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *clock) Add(d time.Duration) { c.mu.Lock(); defer c.mu.Unlock(); c.t = c.t.Add(d) }
-func newClock() *clock               { return &clock{t: time.Now().UTC().Truncate(time.Second)} }
-
 type pushEnv struct {
 	db     *gorm.DB
 	app    *app
-	clock  *clock
+	clock  *testenv.Clock
 	pusher *Pusher
 	teller *Teller
 	url    string
@@ -138,7 +128,7 @@ type pushEnv struct {
 
 func newPushEnv(t *testing.T, timeout time.Duration) *pushEnv {
 	t.Helper()
-	e := &pushEnv{db: testenv.DB(t), app: &app{status: http.StatusOK}, clock: newClock()}
+	e := &pushEnv{db: testenv.DB(t), app: &app{status: http.StatusOK}, clock: testenv.NewClock(time.Now().UTC().Truncate(time.Second))}
 	srv := httptest.NewServer(e.app)
 	t.Cleanup(srv.Close)
 	e.url = srv.URL + "/hooks"

@@ -37,21 +37,7 @@ const (
 	cancelURL     = "https://app.example.com/pricing"
 )
 
-func TestMain(m *testing.M) {
-	testenv.SetMigrator(migrations.ApplyQuietly)
-	testenv.Main(m)
-}
-
-// clock is the service's clock; it starts at the real time, so that the sessions the double
-// stamps with the real time fall in the lookup's range.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-
-func (c *clock) Add(d time.Duration) { c.mu.Lock(); defer c.mu.Unlock(); c.t = c.t.Add(d) }
+func TestMain(m *testing.M) { testenv.MainWith(m, migrations.ApplyQuietly) }
 
 // env is the service as main wires it, on the test's own database: the checkout endpoints, the
 // webhook inbox with billing's and checkout's handlers, River running the inbox's and the
@@ -65,7 +51,9 @@ type env struct {
 	e        *echo.Echo
 	svc      *Service
 	billing  *billing.Service
-	clock    *clock
+	// clock is the service's; it starts at the real time, so that the sessions the double
+	// stamps with the real time fall in the lookup's range.
+	clock *testenv.Clock
 
 	mu   sync.Mutex
 	subs map[string]map[string]any
@@ -82,7 +70,7 @@ type envOpts struct {
 
 func newEnv(t *testing.T, o envOpts) *env {
 	t.Helper()
-	v := &env{t: t, db: testenv.DB(t), clock: &clock{t: time.Now()}, subs: map[string]map[string]any{}}
+	v := &env{t: t, db: testenv.DB(t), clock: testenv.NewClock(time.Now()), subs: map[string]map[string]any{}}
 	v.proxy = stripeemu.New(t, testenv.StripeMockURL(t))
 	if !o.stripeMock {
 		v.sessions = stripeemu.NewCheckoutSessions(v.proxy, o.livemode)
@@ -149,18 +137,12 @@ func defaultEnv(t *testing.T) *env {
 	return newEnv(t, envOpts{successURL: successURL, cancelURL: cancelURL})
 }
 
-func (v *env) exec(sql string, args ...any) {
-	v.t.Helper()
-	if err := v.db.Exec(sql, args...).Error; err != nil {
-		v.t.Fatalf("exec %q: %v", sql, err)
-	}
-}
+func (v *env) exec(sql string, args ...any) { v.t.Helper(); testenv.Exec(v.t, v.db, sql, args...) }
 
 // link links a user to a Stripe customer of the given mode.
 func (v *env) link(userID, customerID string, livemode bool) {
 	v.t.Helper()
-	v.exec(`INSERT INTO customers (user_id, stripe_customer_id, email, livemode) VALUES ($1, $2, $3, $4)`,
-		userID, customerID, userID+"@example.com", livemode)
+	testenv.LinkCustomer(v.t, v.db, userID, customerID, userID+"@example.com", livemode)
 }
 
 func (v *env) post(path string, body any) *httptest.ResponseRecorder {
@@ -222,10 +204,7 @@ func (v *env) deliverLive(payload []byte) {
 
 func (v *env) deliverSigned(payload []byte, secret string) {
 	v.t.Helper()
-	req := httptest.NewRequest(http.MethodPost, "/webhooks/stripe", strings.NewReader(string(payload)))
-	req.Header.Set("Stripe-Signature", stripeevents.SignatureHeader(payload, secret, time.Now()))
-	rec := httptest.NewRecorder()
-	v.e.ServeHTTP(rec, req)
+	rec := apitest.DeliverWebhook(v.t, v.e, secret, payload)
 	if rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), `"received"`) {
 		v.t.Fatalf("delivery answered %d %s", rec.Code, rec.Body)
 	}

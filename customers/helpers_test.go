@@ -22,10 +22,7 @@ const (
 	adminToken = apitest.AdminToken
 )
 
-func TestMain(m *testing.M) {
-	testenv.SetMigrator(migrations.ApplyQuietly)
-	testenv.Main(m)
-}
+func TestMain(m *testing.M) { testenv.MainWith(m, migrations.ApplyQuietly) }
 
 type env struct {
 	t        *testing.T
@@ -56,12 +53,7 @@ func (v *env) mount(db *gorm.DB) {
 	v.e = apitest.Server(logger, h.Mount)
 }
 
-func (v *env) exec(sql string, args ...any) {
-	v.t.Helper()
-	if err := v.db.Exec(sql, args...).Error; err != nil {
-		v.t.Fatalf("exec %q: %v", sql, err)
-	}
-}
+func (v *env) exec(sql string, args ...any) { v.t.Helper(); testenv.Exec(v.t, v.db, sql, args...) }
 
 func (v *env) put(userID string, body any) *httptest.ResponseRecorder {
 	v.t.Helper()

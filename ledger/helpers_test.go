@@ -22,10 +22,7 @@ const (
 	adminToken = apitest.AdminToken
 )
 
-func TestMain(m *testing.M) {
-	testenv.SetMigrator(migrations.ApplyQuietly)
-	testenv.Main(m)
-}
+func TestMain(m *testing.M) { testenv.MainWith(m, migrations.ApplyQuietly) }
 
 // env is one test's service: its own database, its own proxy in front of stripe-mock, and the
 // real echo instance with the app's authentication on /v1.
@@ -60,16 +57,11 @@ func newEnvLogging(t *testing.T, logger *slog.Logger) *env {
 func (v *env) addCustomer(userID string) string {
 	v.t.Helper()
 	stripeID := "cus_" + userID
-	v.exec(`INSERT INTO customers (user_id, stripe_customer_id, email) VALUES ($1, $2, $3)`, userID, stripeID, userID+"@example.com")
+	testenv.LinkCustomer(v.t, v.db, userID, stripeID, userID+"@example.com", false)
 	return stripeID
 }
 
-func (v *env) exec(sql string, args ...any) {
-	v.t.Helper()
-	if err := v.db.Exec(sql, args...).Error; err != nil {
-		v.t.Fatalf("exec %q: %v", sql, err)
-	}
-}
+func (v *env) exec(sql string, args ...any) { v.t.Helper(); testenv.Exec(v.t, v.db, sql, args...) }
 
 // do sends a request with the app token; body is sent as is when a string, else as JSON.
 func (v *env) do(method, path string, body any) *httptest.ResponseRecorder {

@@ -16,38 +16,23 @@ import (
 	"billing/migrations"
 )
 
-func TestMain(m *testing.M) {
-	testenv.SetMigrator(migrations.ApplyQuietly)
-	testenv.Main(m)
-}
+func TestMain(m *testing.M) { testenv.MainWith(m, migrations.ApplyQuietly) }
 
-// base is an arbitrary instant (2024-06-01T00:00:00Z) that times count from.
-const base int64 = 1717200000
-
-func at(sec int64) time.Time { return time.Unix(base+sec, 0).UTC() }
+// at is an instant of the tests' fixed timeline (testenv.Base plus sec seconds).
+var at = testenv.At
 
 func ptr[T any](v T) *T { return &v }
 
 type env struct {
 	db       *gorm.DB
 	enqueuer *Enqueuer
-	clock    *clock
+	clock    *testenv.Clock // the enqueuer's and the sender's
 }
-
-// clock is the test's settable time, for the enqueuer and the sender.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-
-func (c *clock) Set(t time.Time) { c.mu.Lock(); defer c.mu.Unlock(); c.t = t }
 
 // newEnv gives a test its own migrated database and an Enqueuer on it, on a clock at at(0).
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	c := &clock{t: at(0)}
+	c := testenv.NewClock(at(0))
 	return &env{db: testenv.DB(t), clock: c, enqueuer: NewEnqueuer(EnqueuerConfig{Now: c.Now})}
 }
 
@@ -88,12 +73,7 @@ func (e *env) enqueue(t *testing.T, in Input) {
 // link makes userID a test-mode user of customerID with the given email.
 func (e *env) link(t *testing.T, userID, customerID, email string) {
 	t.Helper()
-	err := e.db.Exec(`INSERT INTO customers (user_id, stripe_customer_id, email) VALUES ($1, $2, $3)
-		ON CONFLICT (user_id, livemode) DO UPDATE SET stripe_customer_id = EXCLUDED.stripe_customer_id, email = EXCLUDED.email`,
-		userID, customerID, email).Error
-	if err != nil {
-		t.Fatalf("link %s: %v", userID, err)
-	}
+	testenv.LinkCustomer(t, e.db, userID, customerID, email, false)
 }
 
 // content is what the notice of an event and kind will say, as stored in its row.

@@ -26,10 +26,7 @@ import (
 	"billing/webhooks"
 )
 
-func TestMain(m *testing.M) {
-	testenv.SetMigrator(migrations.ApplyQuietly)
-	testenv.Main(m)
-}
+func TestMain(m *testing.M) { testenv.MainWith(m, migrations.ApplyQuietly) }
 
 // testLimits keep the tests fast: no rate limit to speak of, short backoffs. The sleeps are
 // recorded (env.sleeps), not slept.
@@ -202,10 +199,7 @@ func (e *env) linkUser(userID, customerID string) {
 
 func (e *env) linkUserMode(userID, customerID string, livemode bool) {
 	e.t.Helper()
-	if err := e.db.Exec(`INSERT INTO customers (user_id, stripe_customer_id, email, livemode) VALUES ($1, $2, $3, $4)`,
-		userID, customerID, userID+"@example.com", livemode).Error; err != nil {
-		e.t.Fatal(err)
-	}
+	testenv.LinkCustomer(e.t, e.db, userID, customerID, userID+"@example.com", livemode)
 }
 
 // driftRow is a recorded drift row.

@@ -5,7 +5,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,20 +20,7 @@ import (
 	"billing/migrations"
 )
 
-func TestMain(m *testing.M) {
-	testenv.SetMigrator(migrations.ApplyQuietly)
-	testenv.Main(m)
-}
-
-// clock is the service's clock; it starts at the real time (the double checks timestamps
-// against its own) and moves only when the test says.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time      { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *clock) Add(d time.Duration) { c.mu.Lock(); defer c.mu.Unlock(); c.t = c.t.Add(d) }
+func TestMain(m *testing.M) { testenv.MainWith(m, migrations.ApplyQuietly) }
 
 // env is one test's service: its own database, a proxy in front of stripe-mock with the meter
 // events double, and the real echo instance with the app's authentication on /v1.
@@ -43,9 +29,11 @@ type env struct {
 	db     *gorm.DB
 	proxy  *stripeemu.Proxy
 	meters *stripeemu.MeterEvents
-	clock  *clock
-	svc    *Service
-	e      *echo.Echo
+	// clock is the service's; it starts at the real time (the double checks timestamps against
+	// its own) and moves only when the test says.
+	clock *testenv.Clock
+	svc   *Service
+	e     *echo.Echo
 }
 
 func newEnv(t *testing.T) *env {
@@ -59,7 +47,7 @@ func newEnvMode(t *testing.T, livemode bool) *env {
 	db := testenv.DB(t)
 	proxy := stripeemu.New(t, testenv.StripeMockURL(t))
 	v := &env{t: t, db: db, proxy: proxy, meters: stripeemu.NewMeterEvents(proxy, livemode),
-		clock: &clock{t: time.Now().UTC().Truncate(time.Second)}}
+		clock: testenv.NewClock(time.Now().UTC().Truncate(time.Second))}
 	key := "sk_test_usage"
 	if livemode {
 		key = "sk_live_usage"
@@ -79,17 +67,11 @@ func newEnvMode(t *testing.T, livemode bool) *env {
 func (v *env) addCustomer(userID string, livemode bool) string {
 	v.t.Helper()
 	stripeID := "cus_" + userID
-	v.exec(`INSERT INTO customers (user_id, stripe_customer_id, email, livemode) VALUES ($1, $2, $3, $4)`,
-		userID, stripeID, userID+"@example.com", livemode)
+	testenv.LinkCustomer(v.t, v.db, userID, stripeID, userID+"@example.com", livemode)
 	return stripeID
 }
 
-func (v *env) exec(sql string, args ...any) {
-	v.t.Helper()
-	if err := v.db.Exec(sql, args...).Error; err != nil {
-		v.t.Fatalf("exec %q: %v", sql, err)
-	}
-}
+func (v *env) exec(sql string, args ...any) { v.t.Helper(); testenv.Exec(v.t, v.db, sql, args...) }
 
 func (v *env) post(userID string, body any) *httptest.ResponseRecorder {
 	v.t.Helper()

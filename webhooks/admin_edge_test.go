@@ -84,7 +84,7 @@ func TestBacklogGaugesAreCountedByAJobNotByScrapes(t *testing.T) {
 	exec(`INSERT INTO webhook_dead_letters (event_id, livemode, attempts, last_error) VALUES ('evt_f1', false, 3, 'boom')`)
 
 	logger := slog.New(slog.DiscardHandler)
-	clk := &clock{t: time.Now()}
+	clk := testenv.NewClock(time.Now())
 	inbox := webhooks.New(webhooks.Config{DB: db, Logger: logger, Registry: webhooks.NewRegistry(), Now: clk.Now})
 	reg := prometheus.NewRegistry()
 	e := httpserver.New(httpserver.Options{Logger: logger, Registry: reg, Ready: func(context.Context) error { return nil }})
@@ -160,9 +160,7 @@ func TestBacklogGaugesAreCountedByAJobNotByScrapes(t *testing.T) {
 	expectBacklog(t, "after a failed count", scrape(t, e), 2, 1)
 
 	// A count too old (this replica lost the leadership, or the job stopped) is not exported.
-	clk.mu.Lock()
-	clk.t = clk.t.Add(time.Hour)
-	clk.mu.Unlock()
+	clk.Add(time.Hour)
 	expectNoBacklog(t, "with a stale count", scrape(t, e))
 }
 

@@ -50,14 +50,6 @@ const (
 	lockingType = "charge.dispute.updated"
 )
 
-// clock is a settable test clock.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-
 // harness is one inbox on its own database, with two handlers: effectType records its effect in
 // test_effects (incrementing a counter, so a double application shows), and failingType fails
 // while failures > 0.
@@ -67,7 +59,7 @@ type harness struct {
 	inbox    *webhooks.Inbox
 	e        *echo.Echo
 	river    *river.Client[*sql.Tx]
-	clock    *clock
+	clock    *testenv.Clock
 	failures atomic.Int64
 	metrics  *prometheus.Registry
 	// hold, when set, blocks blockingType's handler: arrived is sent to, then release read.
@@ -115,7 +107,7 @@ func newHarnessOn(t *testing.T, db *gorm.DB) *harness {
 
 func build(t *testing.T, db *gorm.DB, testSecrets, liveSecrets []string, options ...func(*webhooks.Config)) *harness {
 	t.Helper()
-	h := &harness{t: t, db: db, clock: &clock{t: time.Now()}}
+	h := &harness{t: t, db: db, clock: testenv.NewClock(time.Now())}
 	logger := slog.New(slog.DiscardHandler)
 	reg := webhooks.NewRegistry()
 	reg.Register(effectType, webhooks.HandlerFunc(func(ctx context.Context, tx *gorm.DB, ev webhooks.Event) error {

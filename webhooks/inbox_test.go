@@ -68,7 +68,7 @@ func TestReceiveAnswers(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			h := newHarness(t)
-			h.clock.t = now
+			h.clock.Set(now)
 			got := h.post(tc.payload, tc.header)
 			if got.Status != tc.wantStatus {
 				t.Fatalf("status %d, want %d (%v)", got.Status, tc.wantStatus, got.Body)
@@ -296,7 +296,7 @@ func TestAdminEventAPI(t *testing.T) {
 	h := newHarness(t)
 	base := time.Now()
 	h.deliver(subEvent("evt_a", base))
-	h.clock.t = base.Add(time.Second)
+	h.clock.Set(base.Add(time.Second))
 	unknown := stripeevents.Event("evt_b", "customer.created", base, false, map[string]any{"id": "cus_1", "object": "customer"}, nil)
 	h.deliver(unknown)
 
@@ -426,7 +426,7 @@ func TestSweepReenqueuesEventsWithoutALiveJob(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	h.clock.t = h.clock.t.Add(time.Second)
+	h.clock.Add(time.Second)
 	if n, err := h.inbox.Sweep(ctx, time.Hour); err != nil || n != 0 {
 		t.Fatalf("sweep of events younger than the age: %d, %v; want 0", n, err)
 	}

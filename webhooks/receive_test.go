@@ -46,7 +46,7 @@ func TestReceiveVerifiesBeforeParsing(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			h := newHarness(t)
-			h.clock.t = now
+			h.clock.Set(now)
 			got := h.post(garbage, tc.header)
 			h.expect(got, 400, tc.code)
 			msg := fmt.Sprint(got.Body["error"])
@@ -87,7 +87,7 @@ func TestReceiveUnknownSecretAnswerIsTheSameForEveryConfiguration(t *testing.T) 
 	var first map[string]any
 	for _, cfg := range configs {
 		h := newHarnessWithSecrets(t, cfg.test, cfg.live)
-		h.clock.t = now
+		h.clock.Set(now)
 		for _, r := range requests {
 			got := h.post(r.payload, stripeevents.SignatureHeader(r.payload, r.secret, now))
 			if got.Status != 400 || got.errorCode() != "invalid_signature" {
@@ -130,7 +130,7 @@ func TestReceiveLivemodeMustMatchTheVerifyingSecret(t *testing.T) {
 			{"test event signed with the live secret", test, sign(test, liveSecret, now)},
 		} {
 			h := newHarness(t)
-			h.clock.t = now
+			h.clock.Set(now)
 			got := h.post(tc.payload, tc.header)
 			if got.Status != 400 || got.errorCode() != "livemode_mismatch" {
 				t.Errorf("%s: got %d %v, want 400 livemode_mismatch", tc.name, got.Status, got.Body)
@@ -141,14 +141,14 @@ func TestReceiveLivemodeMustMatchTheVerifyingSecret(t *testing.T) {
 	t.Run("only test secrets configured", func(t *testing.T) {
 		t.Parallel()
 		h := newHarnessWithSecrets(t, []string{testSecret}, nil)
-		h.clock.t = now
+		h.clock.Set(now)
 		h.expect(h.post(live, sign(live, testSecret, now)), 400, "livemode_mismatch")
 		h.storesNothing()
 	})
 	t.Run("only live secrets configured", func(t *testing.T) {
 		t.Parallel()
 		h := newHarnessWithSecrets(t, nil, []string{liveSecret})
-		h.clock.t = now
+		h.clock.Set(now)
 		h.expect(h.post(test, sign(test, liveSecret, now)), 400, "livemode_mismatch")
 		h.storesNothing()
 	})
@@ -157,7 +157,7 @@ func TestReceiveLivemodeMustMatchTheVerifyingSecret(t *testing.T) {
 	t.Run("signatures of both modes", func(t *testing.T) {
 		t.Parallel()
 		h := newHarness(t)
-		h.clock.t = now
+		h.clock.Set(now)
 		header := sign(live, liveSecret, now) + ",v1=" + strings.SplitN(sign(live, testSecret, now), "v1=", 2)[1]
 		got := h.post(live, header)
 		if got.Status != 200 || got.Body["status"] != "received" {
@@ -200,7 +200,7 @@ func TestReceiveRejectsAmbiguousJSON(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			h := newHarness(t)
-			h.clock.t = now
+			h.clock.Set(now)
 			got := h.post(tc.payload, stripeevents.SignatureHeader(tc.payload, testSecret, now))
 			h.expect(got, 400, tc.code)
 			msg := fmt.Sprint(got.Body["error"])
@@ -214,7 +214,7 @@ func TestReceiveRejectsAmbiguousJSON(t *testing.T) {
 	}
 	// The same event without the added member is stored.
 	h := newHarness(t)
-	h.clock.t = now
+	h.clock.Set(now)
 	if got := h.post(base, stripeevents.SignatureHeader(base, testSecret, now)); got.Status != 200 || got.Body["status"] != "received" {
 		t.Fatalf("the unambiguous event: %d %v", got.Status, got.Body)
 	}

@@ -15,7 +15,7 @@ import (
 func logEvents(t *testing.T, h *harness) time.Time {
 	t.Helper()
 	base := time.Date(2024, 6, 1, 0, 0, 0, 0, time.UTC)
-	h.clock.t = time.Now()
+	h.clock.Set(time.Now())
 	sub := func(id, subID, cus string) []byte {
 		return stripeevents.SubscriptionEvent(id, effectType, h.clock.Now(), false,
 			stripeevents.Subscription{ID: subID, Customer: cus, Status: "active"})

@@ -1,6 +1,6 @@
 // Package apitest holds what the tests of the HTTP API share: requests with a bearer token,
-// checks of the error shape, concurrent requests and a wait for requests queued on a row lock,
-// a database that is down, and a logger into the test's log.
+// signed webhook deliveries, checks of the error shape, concurrent requests and a wait for
+// requests queued on a row lock, a database that is down, and a logger into the test's log.
 package apitest
 
 import (
@@ -23,6 +23,7 @@ import (
 
 	"billing/internal/auth"
 	"billing/internal/httpserver"
+	"billing/internal/stripeevents"
 )
 
 // Do sends a request to h with a bearer token (none when empty). body is sent as is when a
@@ -47,6 +48,19 @@ func Do(t testing.TB, h http.Handler, token, method, path string, body any) *htt
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	return rec
+}
+
+// DeliverWebhook posts payload to h's webhook endpoint (POST /webhooks/stripe) as Stripe does: JSON, with a
+// Stripe-Signature of secret at the real time (the inbox checks its tolerance against its own
+// clock). The answer is the caller's to check.
+func DeliverWebhook(t testing.TB, h http.Handler, secret string, payload []byte) *httptest.ResponseRecorder {
+	t.Helper()
+	req := httptest.NewRequest(http.MethodPost, "/webhooks/stripe", bytes.NewReader(payload))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Stripe-Signature", stripeevents.SignatureHeader(payload, secret, time.Now()))
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, req)
 	return rec

@@ -8,6 +8,8 @@
 //		testenv.Main(m)
 //	}
 //
+// or, with a migrator, testenv.MainWith(m, migrations.Apply).
+//
 // Database server: if TEST_DATABASE_URL is set (URL form only,
 // postgres://user:pass@host:port/db?params — keyword/value DSNs are
 // rejected), that server is used; the role needs CREATEDB and the server
@@ -77,6 +79,13 @@ func SetMigrator(f func(ctx context.Context, db *sql.DB) error) {
 	mu.Lock()
 	defer mu.Unlock()
 	migrator = f
+}
+
+// MainWith is SetMigrator(migrate) then Main(m): the whole TestMain of a package whose tests
+// need the schema, so that the preamble is one line.
+func MainWith(m *testing.M, migrate func(ctx context.Context, db *sql.DB) error) {
+	SetMigrator(migrate)
+	Main(m)
 }
 
 // Main runs the tests and tears down whatever the harness started (template

@@ -200,3 +200,30 @@ func TestStripeMock(t *testing.T) {
 		t.Fatalf("object = %q, want list", body.Object)
 	}
 }
+
+func TestClock(t *testing.T) {
+	c := testenv.NewClock(testenv.At(0))
+	if got := c.Now(); !got.Equal(time.Date(2024, 6, 1, 0, 0, 0, 0, time.UTC)) {
+		t.Fatalf("At(0) = %s, want 2024-06-01T00:00:00Z", got)
+	}
+	// Readers and a writer at once: go test -race reports an unguarded clock.
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for range 100 {
+				c.Now()
+			}
+		})
+	}
+	for range 100 {
+		c.Add(time.Second)
+	}
+	wg.Wait()
+	if got, want := c.Now(), testenv.At(100); !got.Equal(want) {
+		t.Fatalf("after 100 Add(1s): %s, want %s", got, want)
+	}
+	c.Set(testenv.At(-5))
+	if got, want := c.Now(), testenv.At(-5); !got.Equal(want) {
+		t.Fatalf("after Set: %s, want %s", got, want)
+	}
+}
