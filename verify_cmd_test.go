@@ -16,8 +16,8 @@ import (
 
 	"billing/appevents"
 	"billing/billing"
-	"billing/entitlements"
 	"billing/config"
+	"billing/entitlements"
 	"billing/internal/apitest"
 	"billing/internal/database"
 	"billing/internal/stripeevents"

@@ -74,10 +74,10 @@ type Prices interface {
 
 // Deps are what the package needs from main.
 type Deps struct {
-	DB        *gorm.DB
-	Stripe    *client.API
-	Customers Customers
-	Billing   Billing
+	DB           *gorm.DB
+	Stripe       *client.API
+	Customers    Customers
+	Billing      Billing
 	Entitlements Entitlements
 	// Jobs queues the subscription reads in the event's transaction.
 	Jobs jobs.Inserter

@@ -1,7 +1,6 @@
 package checkout
 
 import (
-	"billing/customers"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -10,6 +9,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"billing/customers"
 	"billing/internal/ids"
 	"billing/webhooks"
 )

@@ -17,9 +17,9 @@ import (
 	"gorm.io/gorm"
 
 	"billing/billing"
-	"billing/entitlements"
 	"billing/catalog"
 	"billing/customers"
+	"billing/entitlements"
 	"billing/internal/apitest"
 	"billing/internal/jobs"
 	"billing/internal/stripeclient"

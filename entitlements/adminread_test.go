@@ -1,13 +1,13 @@
 package entitlements
 
 import (
-	"billing/billing"
 	"context"
 	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
+	"billing/billing"
 	"billing/webhooks"
 )
 

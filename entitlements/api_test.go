@@ -1,7 +1,6 @@
 package entitlements
 
 import (
-	"billing/billing"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"billing/billing"
 	"billing/internal/apitest"
 	"billing/internal/httpserver"
 )

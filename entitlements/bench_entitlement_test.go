@@ -1,7 +1,6 @@
 package entitlements
 
 import (
-	"billing/billing"
 	"bytes"
 	"context"
 	"database/sql"
@@ -23,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"gorm.io/gorm"
 
+	"billing/billing"
 	"billing/internal/auth"
 	"billing/internal/database"
 	"billing/internal/httpserver"

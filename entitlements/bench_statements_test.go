@@ -1,7 +1,6 @@
 package entitlements
 
 import (
-	"billing/billing"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -16,6 +15,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverdatabasesql"
 
 	"billing/appevents"
+	"billing/billing"
 	"billing/internal/stripeclient"
 	"billing/internal/stripeevents"
 	"billing/internal/testenv"

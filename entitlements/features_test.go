@@ -1,7 +1,6 @@
 package entitlements
 
 import (
-	"billing/billing"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -13,6 +12,7 @@ import (
 	"github.com/stripe/stripe-go/v79"
 	"github.com/stripe/stripe-go/v79/client"
 
+	"billing/billing"
 	"billing/internal/stripeemu"
 	"billing/internal/testenv"
 	"billing/webhooks"

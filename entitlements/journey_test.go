@@ -1,7 +1,6 @@
 package entitlements
 
 import (
-	"billing/billing"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -10,6 +9,7 @@ import (
 
 	"github.com/stripe/stripe-go/v79"
 
+	"billing/billing"
 	"billing/notices"
 	"billing/webhooks"
 )

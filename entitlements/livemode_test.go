@@ -1,7 +1,6 @@
 package entitlements
 
 import (
-	"billing/billing"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"billing/billing"
 	"billing/internal/stripeevents"
 	"billing/webhooks"
 )

@@ -1,10 +1,10 @@
 package entitlements
 
 import (
-	"billing/billing"
 	"fmt"
 	"testing"
 
+	"billing/billing"
 	"billing/notices"
 	"billing/webhooks"
 )

@@ -1,7 +1,6 @@
 package entitlements
 
 import (
-	"billing/billing"
 	"context"
 	"database/sql"
 	"database/sql/driver"
@@ -13,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"gorm.io/gorm"
+
+	"billing/billing"
 )
 
 // SubscriptionView is one subscription in GET /v1/customers/{user_id}.

@@ -1,7 +1,6 @@
 package entitlements
 
 import (
-	"billing/billing"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -19,6 +18,7 @@ import (
 	"github.com/stripe/stripe-go/v79"
 	"github.com/stripe/stripe-go/v79/client"
 
+	"billing/billing"
 	"billing/internal/httpserver"
 	"billing/internal/jobs"
 	"billing/internal/stripeclient"
@@ -32,60 +32,6 @@ import (
 // which answers the subscription the test puts there).
 
 const grace = 2 * time.Hour
-
-// TestPolicyPeriodGrace: an active or trialing subscription is entitled until its renewal is due
-// plus the grace, not a second longer, and the answer says which renewal is unconfirmed.
-func TestPolicyPeriodGrace(t *testing.T) {
-	t.Parallel()
-	end, trialEnd := at(5000), at(3000)
-	p := Policy{PastDueEntitled: true, PeriodGrace: grace}
-	tests := []struct {
-		name string
-		s    billing.Subscription
-		now  time.Time
-		want bool
-		// unconfirmed is the renewal Unconfirmed names, nil for none.
-		unconfirmed *time.Time
-	}{
-		{"active at its period end", billing.Subscription{Status: billing.StatusActive, CurrentPeriodEnd: &end}, end, true, nil},
-		{"active a second before the grace runs out", billing.Subscription{Status: billing.StatusActive, CurrentPeriodEnd: &end}, end.Add(grace - time.Second), true, nil},
-		{"active when the grace runs out", billing.Subscription{Status: billing.StatusActive, CurrentPeriodEnd: &end}, end.Add(grace), false, &end},
-		{"active long after", billing.Subscription{Status: billing.StatusActive, CurrentPeriodEnd: &end}, end.AddDate(1, 0, 0), false, &end},
-		{"trialing: the trial's end counts", billing.Subscription{Status: billing.StatusTrialing, TrialEnd: &trialEnd, CurrentPeriodEnd: &end}, trialEnd.Add(grace), false, &trialEnd},
-		{"trialing within the grace", billing.Subscription{Status: billing.StatusTrialing, TrialEnd: &trialEnd, CurrentPeriodEnd: &end}, trialEnd.Add(grace - time.Second), true, nil},
-		{"trialing without trial_end: the period's end", billing.Subscription{Status: billing.StatusTrialing, CurrentPeriodEnd: &end}, end.Add(grace), false, &end},
-		{"no period known", billing.Subscription{Status: billing.StatusActive}, end.Add(grace), true, nil},
-		{"past_due waits on Stripe's retries", billing.Subscription{Status: billing.StatusPastDue, CurrentPeriodEnd: &end}, end.Add(grace), true, nil},
-		{"canceling at period end: over, and not for want of a renewal", billing.Subscription{Status: billing.StatusActive, CurrentPeriodEnd: &end, CancelAtPeriodEnd: true}, end.Add(grace), false, nil},
-		{"canceled", billing.Subscription{Status: billing.StatusCanceled, CurrentPeriodEnd: &end}, end.Add(grace), false, nil},
-	}
-	for _, tc := range tests {
-		if got := p.Entitled(&tc.s, tc.now); got != tc.want {
-			t.Errorf("%s: Entitled = %v, want %v", tc.name, got, tc.want)
-		}
-		if got := p.Unconfirmed(&tc.s, tc.now); ptrTime(got) != ptrTime(tc.unconfirmed) {
-			t.Errorf("%s: Unconfirmed = %s, want %s", tc.name, ptrTime(got), ptrTime(tc.unconfirmed))
-		}
-	}
-
-	// The service decides with its injected clock, and the answer carries the unconfirmed renewal.
-	e := newEnv(t)
-	e.link(t, "u_g", "cus_g", "g@example.com")
-	e.mustHandle(t, created("evt_g", 10, subObj{ID: "sub_g", Customer: "cus_g", Status: billing.StatusActive, Price: "p", PeriodStart: 10, PeriodEnd: 5000}))
-	e.clock.Set(at(5000).Add(billing.DefaultPeriodGrace - time.Second))
-	var ent map[string]any
-	if code, body := e.get(t, "/v1/customers/u_g/entitlement", &ent); code != http.StatusOK || ent["entitled"] != true || ent["unconfirmed_since"] != nil {
-		t.Errorf("within the default grace: %d %s", code, body)
-	}
-	e.clock.Set(at(5000).Add(billing.DefaultPeriodGrace))
-	if code, body := e.get(t, "/v1/customers/u_g/entitlement", &ent); code != http.StatusOK || ent["entitled"] != false ||
-		ent["status"] != billing.StatusActive || ent["unconfirmed_since"] != "2024-06-01T01:23:20Z" {
-		t.Errorf("past the default grace: %d %s", code, body)
-	}
-	if v := e.customerView(t, "u_g"); len(v.Subscriptions) != 1 || v.Subscriptions[0].Entitled || ptrTime(v.Subscriptions[0].UnconfirmedSince) != "2024-06-01T01:23:20Z" {
-		t.Errorf("customer view past the grace: %+v", v.Subscriptions)
-	}
-}
 
 // rereadJob is a River job row of the re-read kind.
 type rereadJob struct {

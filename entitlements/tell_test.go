@@ -1,7 +1,6 @@
 package entitlements
 
 import (
-	"billing/billing"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -11,6 +10,7 @@ import (
 	"gorm.io/gorm"
 
 	"billing/appevents"
+	"billing/billing"
 )
 
 // withAppEvents gives the service a teller (no push) on the test's clock.
