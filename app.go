@@ -26,6 +26,7 @@ import (
 	"billing/checkout"
 	"billing/config"
 	"billing/customers"
+	"billing/entitlements"
 	"billing/internal/audit"
 	"billing/internal/auth"
 	"billing/internal/database"
@@ -197,29 +198,35 @@ func newApp(opts appOptions) (*App, error) {
 	inbox.SetJobs(riverClient)
 	inbox.RegisterGauges(reg, workers, riverClient.PeriodicJobs())
 
-	// Domain packages: billing owns subscription state and handles its events; customers,
-	// the ledger and the portal call out to Stripe.
+	// Domain packages: billing owns subscription state and handles its events, entitlements
+	// decides access from it and keeps the customers' features; customers, the ledger and the
+	// portal call out to Stripe.
+	policy := policyOf(cfg)
 	subs := billing.New(billing.Deps{
-		DB:              db,
-		Livemode:        livemode,
-		Jobs:            riverClient,
-		Logger:          logger,
-		Now:             now,
-		PastDueEntitled: cfg.Policy.PastDueEntitled,
-		PeriodGrace:     cfg.Policy.PeriodGrace,
-		Reread: billing.RereadDeps{Stripe: stripe.Subscriptions, Entitlements: stripe.EntitlementsActiveEntitlements,
-			Livemode: livemode},
-		Registerer: reg,
-		// Access while collection is paused (pause_collection).
-		PausedCollectionEntitled: cfg.Policy.PausedCollectionEntitled,
-		AppEvents:                told.Teller(),
+		DB:          db,
+		Livemode:    livemode,
+		Jobs:        riverClient,
+		Logger:      logger,
+		Now:         now,
+		PeriodGrace: policy.PeriodGrace,
+		Renewals:    policy,
+		Reread:      billing.RereadDeps{Stripe: stripe.Subscriptions, Livemode: livemode},
+		Registerer:  reg,
 	})
-	told.SetRecheck(subs.TellUser)
+	ents := entitlements.New(entitlements.Deps{
+		DB: db, Billing: subs, Livemode: livemode, Policy: policy, Jobs: riverClient, Logger: logger, Now: now,
+		Read:       entitlements.ReadDeps{Stripe: stripe.EntitlementsActiveEntitlements, Livemode: livemode},
+		Registerer: reg, AppEvents: told.Teller(),
+	})
+	// Billing tells the app of its changes through the entitlements it does not import.
+	subs.SetTeller(ents)
+	told.SetRecheck(ents.TellUser)
 	// The re-read worker needs the service, which needs the client: River looks workers up in
 	// the bundle when it inserts or works a job, so adding it before Start is in time.
 	subs.AddWorkers(workers)
-	rec.SetBilling(subs)
-	links := customers.NewHandlers(customers.Deps{DB: db, Accounts: subs, Stripe: stripe, Livemode: livemode, Logger: logger, Now: now})
+	ents.AddWorkers(workers)
+	rec.SetBilling(subs, ents)
+	links := customers.NewHandlers(customers.Deps{DB: db, Accounts: ents, Stripe: stripe, Livemode: livemode, Logger: logger, Now: now})
 	links.Mount(v1)
 	// What the app sells: products, prices and their features, from events, reads and reconcile.
 	sold := catalog.New(catalog.Deps{DB: db, Livemode: livemode, Features: stripe.ProductFeatures, Jobs: riverClient,
@@ -228,19 +235,20 @@ func newApp(opts appOptions) (*App, error) {
 	sold.Mount(v1)
 	rec.SetCatalog(sold)
 	sessions := checkout.New(checkout.Deps{
-		DB: db, Stripe: stripe, Customers: links, Billing: subs, Jobs: riverClient, Livemode: livemode,
+		DB: db, Stripe: stripe, Customers: links, Billing: subs, Entitlements: ents, Jobs: riverClient, Livemode: livemode,
 		SuccessURL: cfg.Checkout.SuccessURL, CancelURL: cfg.Checkout.CancelURL, Logger: logger, Now: now,
 		Prices: sold, AutomaticTax: cfg.Checkout.AutomaticTax,
 	})
 	sessions.Mount(v1)
 	checkoutSync.Bind(sessions)
-	registerEventHandlers(registry, subs, sessions, charges, sold)
+	registerEventHandlers(registry, subs, ents, sessions, charges, sold)
 	charges.Mount(v1)
 	portal.New(portal.Deps{DB: db, Stripe: stripe, Subscriptions: subs, Livemode: livemode, DefaultReturnURL: cfg.Portal.ReturnURL,
 		Prices: sold, Now: now, Logger: logger}).Mount(v1)
 	subs.MountAPI(v1)
+	ents.MountAPI(v1)
 	// Usage records are stored by the request and sent to Stripe by the reporter (Start).
-	meters := meterusage.New(meterusage.Deps{DB: db, Stripe: stripe, Livemode: livemode, Periods: subs,
+	meters := meterusage.New(meterusage.Deps{DB: db, Stripe: stripe, Livemode: livemode, Periods: ents,
 		ReviewAfter: cfg.Usage.ReviewAfter, ReportRate: float64(cfg.Usage.ReportRate), Registerer: reg, Logger: logger, Now: now,
 		AppEvents: told.Teller()})
 	meters.Mount(v1)
@@ -254,7 +262,7 @@ func newApp(opts appOptions) (*App, error) {
 	// replay), the ledger and the reconcile runs; the inbox's JSON event log and replay share its
 	// /admin group.
 	admin.New(admin.Deps{
-		Holds: subs, DeadLetters: inbox, Events: inbox, Subscriptions: subs, Charges: charges,
+		Holds: subs, DeadLetters: inbox, Events: inbox, Subscriptions: subs, Policy: ents, Charges: charges,
 		Reconcile: rec, People: customers.NewDirectory(db), Accounts: subs, Runs: rec, Usage: meters,
 		AppEvents: told, Audit: audit.NewLog(db), Catalog: sold, Livemode: livemode, Logger: logger, Now: now,
 	}).Mount(adminAPI)
@@ -336,4 +344,14 @@ func newAppEvents(cfg *config.Config, db *gorm.DB, livemode bool, logger *slog.L
 		logger.Info("app events are pushed", "secrets", len(cfg.AppEvents.Secrets), "concurrency", cfg.AppEvents.Concurrency)
 	}
 	return appevents.New(appevents.Deps{DB: db, Livemode: livemode, Push: push, Logger: logger, Now: now, Registerer: reg}), nil
+}
+
+// policyOf is the entitlement policy of the configuration (policy.*), which billing's re-reads
+// and the entitlements' answers share.
+func policyOf(cfg *config.Config) entitlements.Policy {
+	return entitlements.Policy{
+		PastDueEntitled:          cfg.Policy.PastDueEntitled,
+		PausedCollectionEntitled: cfg.Policy.PausedCollectionEntitled,
+		PeriodGrace:              cfg.Policy.PeriodGrace,
+	}
 }

@@ -17,6 +17,7 @@ import (
 	"billing/billing"
 	"billing/catalog"
 	"billing/config"
+	"billing/entitlements"
 	"billing/internal/database"
 	"billing/internal/stripeclient"
 	"billing/reconcile"
@@ -89,20 +90,24 @@ func runReconcileCommand(ctx context.Context, args []string, stdout, stderr io.W
 	livemode := cfg.Stripe.Mode == "live"
 	// As serve wires it, so that a repaired subscription gets its renewal's re-read queued and
 	// the app is told of each repair that changes its answers (serve's workers push them).
+	policy := policyOf(cfg)
 	subs := billing.New(billing.Deps{
-		DB: db, Livemode: livemode, Jobs: jobs, Logger: logger, AppEvents: appevents.NewTeller(nil),
-		PastDueEntitled: cfg.Policy.PastDueEntitled, PausedCollectionEntitled: cfg.Policy.PausedCollectionEntitled,
-		PeriodGrace: cfg.Policy.PeriodGrace, Reread: billing.RereadDeps{Stripe: sc.Subscriptions, Livemode: livemode},
+		DB: db, Livemode: livemode, Jobs: jobs, Logger: logger, PeriodGrace: policy.PeriodGrace, Renewals: policy,
+		Reread: billing.RereadDeps{Stripe: sc.Subscriptions, Livemode: livemode},
 	})
+	ents := entitlements.New(entitlements.Deps{DB: db, Billing: subs, Livemode: livemode, Policy: policy, Jobs: jobs,
+		Logger: logger, AppEvents: appevents.NewTeller(nil)})
+	subs.SetTeller(ents)
 	// The catalog's writes only: the run reads products, prices and features with its own client.
 	sold := catalog.New(catalog.Deps{DB: db, Livemode: livemode, Logger: logger})
 	rec := reconcile.New(reconcile.Deps{
-		DB:       db,
-		Stripe:   sc,
-		Billing:  subs,
-		Catalog:  sold,
-		Livemode: livemode,
-		Logger:   logger,
+		DB:           db,
+		Stripe:       sc,
+		Billing:      subs,
+		Entitlements: ents,
+		Catalog:      sold,
+		Livemode:     livemode,
+		Logger:       logger,
 	})
 	sum, err := rec.Run(ctx, reconcile.RunOptions{DryRun: *dry, Trigger: reconcile.TriggerCommand, Progress: stderr})
 	if errors.Is(err, reconcile.ErrRunning) {

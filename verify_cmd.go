@@ -14,6 +14,7 @@ import (
 	"billing/catalog"
 	"billing/checkout"
 	"billing/config"
+	"billing/entitlements"
 	"billing/internal/jobs"
 	"billing/ledger"
 	"billing/verify"
@@ -74,14 +75,16 @@ func runVerifyCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 	livemode := *mode == "live"
 	// The handlers as serve builds them, minus everything that reaches out: jobs are discarded
 	// (the transaction is rolled back anyway) and no Stripe client is given.
+	policy := policyOf(cfg)
 	subs := billing.New(billing.Deps{
-		DB: db, Jobs: jobs.Discard{}, Logger: logger, Livemode: livemode,
-		PastDueEntitled: cfg.Policy.PastDueEntitled, PausedCollectionEntitled: cfg.Policy.PausedCollectionEntitled,
-		PeriodGrace: cfg.Policy.PeriodGrace,
+		DB: db, Jobs: jobs.Discard{}, Logger: logger, Livemode: livemode, PeriodGrace: policy.PeriodGrace, Renewals: policy,
 	})
+	// No teller: the replay tells the app nothing.
+	ents := entitlements.New(entitlements.Deps{DB: db, Billing: subs, Livemode: livemode, Policy: policy,
+		Jobs: jobs.Discard{}, Logger: logger})
 	reg := webhooks.NewRegistry()
-	registerEventHandlers(reg, subs,
-		checkout.New(checkout.Deps{DB: db, Billing: subs, Jobs: jobs.Discard{}, Livemode: livemode, Logger: logger}),
+	registerEventHandlers(reg, subs, ents,
+		checkout.New(checkout.Deps{DB: db, Billing: subs, Entitlements: ents, Jobs: jobs.Discard{}, Livemode: livemode, Logger: logger}),
 		ledger.New(ledger.Deps{DB: db, Livemode: livemode, Logger: logger}),
 		catalog.New(catalog.Deps{DB: db, Livemode: livemode, Logger: logger}))
 	rep, err := verify.Run(ctx, verify.Deps{DB: db, Registry: reg, Snapshots: subs, Livemode: livemode, Strict: *strict, Logger: logger}, stdout)
@@ -89,7 +92,7 @@ func runVerifyCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 		return stopped("%v", err)
 	}
 	// Every change of what the app reads has its event: the live answers are the ones told.
-	if err := rep.CheckAppEvents(ctx, db, livemode, time.Now(), subs.EntitlementAnswer, billing.NoneAnswer, stdout); err != nil {
+	if err := rep.CheckAppEvents(ctx, db, livemode, time.Now(), ents.EntitlementAnswer, entitlements.NoneAnswer, stdout); err != nil {
 		return stopped("%v", err)
 	}
 	fmt.Fprintln(stdout, rep.Line())

@@ -16,6 +16,7 @@ import (
 	"billing/appevents"
 	"billing/billing"
 	"billing/config"
+	"billing/entitlements"
 	"billing/internal/apitest"
 	"billing/internal/database"
 	"billing/internal/stripeevents"
@@ -195,7 +196,8 @@ func TestVerifyCommand(t *testing.T) {
 	}
 
 	// A read of Stripe applied as a snapshot (reconcile's repair) is kept and replayed too.
-	subs := billing.New(billing.Deps{DB: db, AppEvents: appevents.NewTeller(nil)})
+	subs := billing.New(billing.Deps{DB: db})
+	subs.SetTeller(entitlements.New(entitlements.Deps{DB: db, Billing: subs, AppEvents: appevents.NewTeller(nil)}))
 	obj, _ := json.Marshal(mustObject(stripeevents.Subscription{ID: "sub_c", Customer: "cus_sub_c", Status: "past_due", PriceID: "price_pro",
 		CurrentPeriodStart: time.Now().Add(-time.Hour), CurrentPeriodEnd: time.Now().AddDate(0, 1, 0)}))
 	err := db.Transaction(func(tx *gorm.DB) error {

@@ -21,6 +21,7 @@ import (
 	"billing/billing"
 	"billing/catalog"
 	"billing/customers"
+	"billing/entitlements"
 	"billing/internal/audit"
 	"billing/ledger"
 	"billing/reconcile"
@@ -54,7 +55,6 @@ type EventLog interface {
 
 // SubscriptionSource is billing as the subscription page reads it: billing.Service.
 type SubscriptionSource interface {
-	SubscriptionState(ctx context.Context, subscriptionID string) (*billing.SubscriptionState, error)
 	FindSubscriptions(ctx context.Context, id string, limit int) ([]billing.SubscriptionRef, error)
 	SubscriptionNotices(ctx context.Context, subscriptionID string, livemode bool, limit int) ([]billing.NoticeRow, error)
 	SubscriptionInvoices(ctx context.Context, subscriptionID string, livemode bool, limit int) ([]billing.InvoiceRow, error)
@@ -77,9 +77,15 @@ type PeopleSource interface {
 	Find(ctx context.Context, text string, livemode bool, limit int) ([]customers.Person, error)
 }
 
+// PolicySource is the entitlement policy's answers on the subscription and customer pages:
+// entitlements.Service.
+type PolicySource interface {
+	SubscriptionState(ctx context.Context, subscriptionID string) (*entitlements.SubscriptionState, error)
+	CustomerAccount(ctx context.Context, userID, stripeCustomerID string, livemode bool) (*entitlements.Account, error)
+}
+
 // AccountSource is billing as the customer page reads it: billing.Service.
 type AccountSource interface {
-	CustomerAccount(ctx context.Context, userID, stripeCustomerID string, livemode bool) (*billing.Account, error)
 	CustomerInvoices(ctx context.Context, stripeCustomerID string, livemode bool, before *billing.PageCursor, limit int) ([]billing.InvoiceRow, error)
 	CustomerNotices(ctx context.Context, stripeCustomerID string, livemode bool, before *billing.PageCursor, limit int) ([]billing.NoticeRow, error)
 }
@@ -129,14 +135,16 @@ type Deps struct {
 	DeadLetters   DeadLetterSource
 	Events        EventLog
 	Subscriptions SubscriptionSource
-	Charges       ChargeSource
-	Reconcile     ReconcileSource
-	People        PeopleSource
-	Accounts      AccountSource
-	Runs          RunSource
-	Audit         AuditSource
-	Usage         UsageSource
-	AppEvents     AppEventSource
+	// Policy is read with Subscriptions and Accounts: a page needs both.
+	Policy    PolicySource
+	Charges   ChargeSource
+	Reconcile ReconcileSource
+	People    PeopleSource
+	Accounts  AccountSource
+	Runs      RunSource
+	Audit     AuditSource
+	Usage     UsageSource
+	AppEvents AppEventSource
 	// Catalog feeds the catalog page and the price names; without it prices show as their ids.
 	Catalog CatalogSource
 	// Livemode is stripe.mode: the mode the console says it runs in.

@@ -37,7 +37,7 @@ func newCatalogEnv(t *testing.T, live, withCatalog bool) *catalogEnv {
 	// A console of its own: newEnv's reads holds and dead letters only.
 	e.echo = echo.New()
 	e.echo.HTTPErrorHandler = httpserver.ErrorHandler(slog.New(slog.DiscardHandler))
-	d := Deps{Holds: e.svc, Subscriptions: e.svc, People: customers.NewDirectory(e.db), Accounts: e.svc,
+	d := Deps{Holds: e.svc, Subscriptions: e.svc, Policy: e.ents, People: customers.NewDirectory(e.db), Accounts: e.svc,
 		Livemode: live, Now: now}
 	if withCatalog {
 		d.Catalog = cat

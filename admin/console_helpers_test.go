@@ -21,6 +21,7 @@ import (
 
 	"billing/billing"
 	"billing/customers"
+	"billing/entitlements"
 	"billing/internal/apitest"
 	"billing/internal/audit"
 	"billing/internal/auth"
@@ -52,6 +53,7 @@ const (
 type console struct {
 	db     *gorm.DB
 	svc    *billing.Service
+	ents   *entitlements.Service
 	reg    *webhooks.Registry
 	inbox  *webhooks.Inbox
 	rec    *reconcile.Service
@@ -74,8 +76,13 @@ func newConsole(t *testing.T) *console {
 		t.Fatalf("river client: %v", err)
 	}
 	c := &console{db: db, reg: webhooks.NewRegistry()}
-	c.svc = billing.New(billing.Deps{DB: db, Jobs: rc, Now: func() time.Time { return at(10 * 86400) }, PastDueEntitled: true})
+	clock := func() time.Time { return at(10 * 86400) }
+	c.svc = billing.New(billing.Deps{DB: db, Jobs: rc, Now: clock})
+	c.ents = entitlements.New(entitlements.Deps{DB: db, Billing: c.svc, Jobs: rc, Now: clock,
+		Policy: entitlements.Policy{PastDueEntitled: true}})
+	c.svc.SetTeller(c.ents)
 	c.svc.Register(c.reg)
+	c.ents.Register(c.reg)
 	c.inbox = webhooks.New(webhooks.Config{
 		DB: db, Logger: logger, Registry: c.reg,
 		TestSecrets: []string{consoleTestSecret}, LiveSecrets: []string{consoleLiveSecret},
@@ -91,7 +98,7 @@ func newConsole(t *testing.T) *console {
 	proxy := stripeemu.New(t, testenv.StripeMockURL(t))
 	c.acct = stripeemu.NewAccount(proxy, false)
 	c.rec = reconcile.New(reconcile.Deps{DB: db, Stripe: stripeclient.New(proxy.URL, "sk_test_console", logger),
-		Billing: c.svc, Logger: logger})
+		Billing: c.svc, Entitlements: c.ents, Logger: logger})
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
@@ -100,10 +107,10 @@ func newConsole(t *testing.T) *console {
 	tokens := auth.New([]string{consoleAppToken}, []string{consoleAdminName + ":" + consoleAdminToken, consoleOtherToken})
 	group := c.echo.Group("/admin", tokens.Require(auth.RoleAdmin, true))
 	New(Deps{
-		Holds: c.svc, DeadLetters: c.inbox, Events: c.inbox, Subscriptions: c.svc,
+		Holds: c.svc, DeadLetters: c.inbox, Events: c.inbox, Subscriptions: c.svc, Policy: c.ents,
 		Charges: ledger.New(ledger.Deps{DB: db}), Reconcile: c.rec,
 		People: customers.NewDirectory(db), Accounts: c.svc, Runs: c.rec, Audit: audit.NewLog(db), Logger: logger,
-		Usage: usage.New(usage.Deps{DB: db, Periods: c.svc, Logger: logger}),
+		Usage: usage.New(usage.Deps{DB: db, Periods: c.ents, Logger: logger}),
 	}).Mount(group)
 	c.inbox.MountAdmin(group)
 	c.rec.MountAdmin(group)

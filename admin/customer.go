@@ -13,6 +13,7 @@ import (
 	"billing/appevents"
 	"billing/billing"
 	"billing/customers"
+	"billing/entitlements"
 	"billing/internal/database"
 	"billing/ledger"
 	"billing/usage"
@@ -39,7 +40,7 @@ type world struct {
 	// Current says this is the deployment's mode (stripe.mode).
 	Current  bool
 	Person   *customers.Person
-	Account  *billing.Account
+	Account  *entitlements.Account
 	Problems []string
 	// PriceNames are the catalog's names of the subscriptions' prices (by id; unknown ones absent).
 	PriceNames map[string]string
@@ -117,9 +118,9 @@ func (c *Console) fillWorld(ctx context.Context, w *world, q url.Values) {
 		// A link still being made has no Stripe customer yet: nothing hangs from it.
 		return
 	}
-	if c.d.Accounts != nil {
+	if c.d.Accounts != nil && c.d.Policy != nil {
 		var err error
-		if w.Account, err = c.d.Accounts.CustomerAccount(ctx, w.Person.UserID, cus, w.Livemode); err != nil {
+		if w.Account, err = c.d.Policy.CustomerAccount(ctx, w.Person.UserID, cus, w.Livemode); err != nil {
 			fail("subscriptions", err)
 		}
 		if w.Account != nil {
@@ -199,7 +200,7 @@ func (c *Console) fillWorld(ctx context.Context, w *world, q url.Values) {
 
 // entitledPeriod is the current period of the subscription the entitlement reports, the span
 // GET /v1/customers/{user_id}/usage sums; nil when there is none.
-func entitledPeriod(a *billing.Account) *usage.Period {
+func entitledPeriod(a *entitlements.Account) *usage.Period {
 	if a == nil || a.Entitlement.SubscriptionID == nil {
 		return nil
 	}

@@ -18,6 +18,7 @@ import (
 	"gorm.io/gorm"
 
 	"billing/billing"
+	"billing/entitlements"
 	"billing/internal/apitest"
 	"billing/internal/httpserver"
 	"billing/internal/testenv"
@@ -36,6 +37,7 @@ var at = testenv.At
 type env struct {
 	db   *gorm.DB
 	svc  *billing.Service
+	ents *entitlements.Service
 	reg  *webhooks.Registry
 	dead *fakeDeadLetters
 	echo *echo.Echo
@@ -54,9 +56,13 @@ func newEnv(t *testing.T) *env {
 		t.Fatalf("river client: %v", err)
 	}
 	now := func() time.Time { return at(0) }
-	svc := billing.New(billing.Deps{DB: db, Jobs: rc, Now: now, PastDueEntitled: true})
-	e := &env{db: db, svc: svc, reg: webhooks.NewRegistry(), dead: &fakeDeadLetters{}, echo: echo.New()}
+	svc := billing.New(billing.Deps{DB: db, Jobs: rc, Now: now})
+	ents := entitlements.New(entitlements.Deps{DB: db, Billing: svc, Jobs: rc, Now: now,
+		Policy: entitlements.Policy{PastDueEntitled: true}})
+	svc.SetTeller(ents)
+	e := &env{db: db, svc: svc, ents: ents, reg: webhooks.NewRegistry(), dead: &fakeDeadLetters{}, echo: echo.New()}
 	svc.Register(e.reg)
+	ents.Register(e.reg)
 	e.echo.HTTPErrorHandler = httpserver.ErrorHandler(slog.New(slog.DiscardHandler))
 	New(Deps{Holds: svc, DeadLetters: e.dead, Now: now}).Mount(e.echo.Group("/admin"))
 	return e

@@ -9,6 +9,7 @@ import (
 
 	"billing/billing"
 	"billing/customers"
+	"billing/entitlements"
 	"billing/internal/database"
 	"billing/ledger"
 )
@@ -23,7 +24,7 @@ const (
 )
 
 type subscriptionPage struct {
-	S *billing.SubscriptionState
+	S *entitlements.SubscriptionState
 	// PriceName is the catalog's name of the subscription's price; "" when it is not known.
 	PriceName string
 	// SubSource and InvSource name what set a column group when no event of the log did: a read
@@ -42,7 +43,7 @@ type subscriptionPage struct {
 }
 
 func (c *Console) getSubscription(ec echo.Context) error {
-	if c.d.Subscriptions == nil {
+	if c.d.Subscriptions == nil || c.d.Policy == nil {
 		return c.unavailable(ec, "subscriptions", "The subscription page")
 	}
 	ctx := ec.Request().Context()
@@ -50,7 +51,7 @@ func (c *Console) getSubscription(ec echo.Context) error {
 	if !ok {
 		return c.message(ec, http.StatusNotFound, "subscriptions", "Not found", "That is not a subscription id.")
 	}
-	st, err := c.d.Subscriptions.SubscriptionState(ctx, id)
+	st, err := c.d.Policy.SubscriptionState(ctx, id)
 	if err != nil {
 		return database.APIError(err, "load subscription")
 	}
@@ -67,7 +68,7 @@ func (c *Console) getSubscription(ec echo.Context) error {
 		if err != nil {
 			return database.APIError(err, "load subscription events")
 		}
-		v.Timeline = billing.ExplainTimeline(st, events)
+		v.Timeline = billing.ExplainTimeline(&st.SubscriptionState, events)
 		v.TimelineCapped = len(events) == timelineEvents
 		v.SubSource = billing.StateSource(st.SubEventID, events)
 		v.InvSource = billing.StateSource(st.InvEventID, events)

@@ -3,14 +3,16 @@ package billing
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"time"
 
 	"billing/internal/database"
 )
 
-// The reads of the admin console's subscription page: one subscription with the keys of the
-// events that set its two column groups and the policy's reasons, the subscriptions an id leads
-// to, its notices and its invoices.
+// The reads of the admin console's subscription and customer pages: one subscription (or a
+// customer's) with the keys of the events that set its two column groups, the subscriptions an id
+// leads to, their notices and their invoices. The policy's answers and words on them are the
+// entitlements package's (entitlements.SubscriptionState).
 
 // SubscriptionState is one subscription as the console shows it.
 type SubscriptionState struct {
@@ -23,23 +25,25 @@ type SubscriptionState struct {
 	InvEventType *string `gorm:"column:inv_event_type"`
 	InvEventRank *int    `gorm:"column:inv_event_rank"`
 
-	// Entitled and Reason are the policy's answer at the time of the read, and why.
-	Entitled bool   `gorm:"-"`
-	Reason   string `gorm:"-"`
 	// HoldReason and HoldSince are set when the subscription is on hold.
 	HoldReason string     `gorm:"-"`
 	HoldSince  *time.Time `gorm:"-"`
-	// Features are the customer's active entitlements as stored; FeaturesGranted whether the
-	// policy grants them through this subscription now.
-	Features        CustomerFeatures `gorm:"-"`
-	FeaturesGranted bool             `gorm:"-"`
+}
+
+// stateColumns are what a SubscriptionState is read from (s the subscription, c its customer).
+const stateColumns = subscriptionColumns + `, s.sub_event_type, s.sub_event_rank, s.inv_event_id, s.inv_event_type, s.inv_event_rank`
+
+func (st *SubscriptionState) setHold() {
+	if reason, since, ok := st.Hold(); ok {
+		st.HoldReason, st.HoldSince = reason, UTC(since)
+	}
 }
 
 // SubscriptionState returns a subscription with its customer's user, or nil when unknown. The
 // console sees both worlds: of an id in both, the live one.
 func (s *Service) SubscriptionState(ctx context.Context, subscriptionID string) (*SubscriptionState, error) {
 	rows, err := s.db.WithContext(ctx).Statement.ConnPool.QueryContext(ctx, `/* all modes */
-		SELECT `+subscriptionColumns+`, s.sub_event_type, s.sub_event_rank, s.inv_event_id, s.inv_event_type, s.inv_event_rank
+		SELECT `+stateColumns+`
 		FROM subscriptions s LEFT JOIN customers c ON c.stripe_customer_id = s.stripe_customer_id AND c.livemode = s.livemode
 		WHERE s.subscription_id = $1
 		ORDER BY s.livemode DESC`, subscriptionID)
@@ -54,17 +58,28 @@ func (s *Service) SubscriptionState(ctx context.Context, subscriptionID string) 
 		return nil, nil
 	}
 	st := &subs[0]
-	now := s.now()
-	st.Entitled = s.policy.Entitled(&st.Subscription, now)
-	st.Reason = s.policy.EntitlementReason(&st.Subscription, now)
-	if reason, since, ok := st.Hold(); ok {
-		st.HoldReason, st.HoldSince = reason, utc(since)
-	}
-	st.FeaturesGranted = s.policy.FeaturesGranted(&st.Subscription, now)
-	if st.Features, err = s.CustomerFeatures(ctx, st.StripeCustomerID, st.Livemode); err != nil {
-		return nil, err
-	}
+	st.setHold()
 	return st, nil
+}
+
+// CustomerStates returns the subscriptions of a Stripe customer of the mode, newest first.
+func (s *Service) CustomerStates(ctx context.Context, stripeCustomerID string, livemode bool) ([]SubscriptionState, error) {
+	rows, err := s.db.WithContext(ctx).Statement.ConnPool.QueryContext(ctx, `
+		SELECT `+stateColumns+`
+		FROM subscriptions s LEFT JOIN customers c ON c.stripe_customer_id = s.stripe_customer_id AND c.livemode = s.livemode
+		WHERE s.stripe_customer_id = $1 AND s.livemode = $2
+		ORDER BY s.created_at DESC, s.subscription_id`, stripeCustomerID, livemode)
+	if err != nil {
+		return nil, fmt.Errorf("load subscriptions of %s: %w", stripeCustomerID, err)
+	}
+	states, err := database.ScanAll[SubscriptionState](rows)
+	if err != nil {
+		return nil, fmt.Errorf("load subscriptions of %s: %w", stripeCustomerID, err)
+	}
+	for i := range states {
+		states[i].setHold()
+	}
+	return states, nil
 }
 
 // SubscriptionRef is a subscription an id leads to.
@@ -143,6 +158,54 @@ func (s *Service) SubscriptionInvoices(ctx context.Context, subscriptionID strin
 		ORDER BY created DESC, invoice_id DESC LIMIT $3`, subscriptionID, livemode, limit).Scan(&out).Error
 	if err != nil {
 		return nil, fmt.Errorf("list invoices of %s: %w", subscriptionID, err)
+	}
+	return out, nil
+}
+
+// PageCursor is a position in a list ordered newest first by (time, id).
+type PageCursor struct {
+	At time.Time
+	ID string
+}
+
+// CustomerInvoices lists a Stripe customer's stored invoices of the mode, newest first, limit
+// at most, those before the cursor when one is given.
+func (s *Service) CustomerInvoices(ctx context.Context, stripeCustomerID string, livemode bool, before *PageCursor, limit int) ([]InvoiceRow, error) {
+	out := []InvoiceRow{}
+	// The order and the cursor compare ids byte-wise, as invoices_customer_created_idx sorts them.
+	q := `SELECT invoice_id, subscription_id, number, status, amount_due, amount_paid, currency, hosted_invoice_url, created
+		FROM invoices WHERE stripe_customer_id = $1 AND livemode = $2`
+	args := []any{stripeCustomerID, livemode}
+	if before != nil {
+		q += ` AND (created, invoice_id COLLATE "C") < ($4, $5 COLLATE "C")`
+		args = append(args, limit, before.At, before.ID)
+	} else {
+		args = append(args, limit)
+	}
+	q += ` ORDER BY created DESC, invoice_id COLLATE "C" DESC LIMIT $3`
+	if err := s.db.WithContext(ctx).Raw(q, args...).Scan(&out).Error; err != nil {
+		return nil, fmt.Errorf("list invoices of %s: %w", stripeCustomerID, err)
+	}
+	return out, nil
+}
+
+// CustomerNotices lists the notices sent to a Stripe customer of the mode, newest first.
+func (s *Service) CustomerNotices(ctx context.Context, stripeCustomerID string, livemode bool, before *PageCursor, limit int) ([]NoticeRow, error) {
+	out := []NoticeRow{}
+	q := `SELECT id, event_id, kind, subscription_id, recipient, created_at, delivery, sent_at
+		FROM notices WHERE stripe_customer_id = $1 AND livemode = $2`
+	args := []any{stripeCustomerID, livemode, limit}
+	if before != nil {
+		id, err := strconv.ParseInt(before.ID, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("notice cursor %q: %w", before.ID, err)
+		}
+		q += ` AND (created_at, id) < ($4, $5)`
+		args = append(args, before.At, id)
+	}
+	q += ` ORDER BY created_at DESC, id DESC LIMIT $3`
+	if err := s.db.WithContext(ctx).Raw(q, args...).Scan(&out).Error; err != nil {
+		return nil, fmt.Errorf("list notices of %s: %w", stripeCustomerID, err)
 	}
 	return out, nil
 }

@@ -256,6 +256,13 @@ func (i *invoiceObject) SubscriptionID() string {
 
 var errNotAnObject = errors.New("data.object is not a JSON object")
 
+// ExpandableID is a Stripe reference as an id or an expanded object, for the other packages that
+// decode event objects the same way (entitlements).
+type ExpandableID = expandableID
+
+// DecodeObject is decodeObject, for the other packages that decode event objects.
+func DecodeObject(raw json.RawMessage, v any) error { return decodeObject(raw, v) }
+
 // decodeObject decodes data.object leniently: unknown fields are ignored, but a payload that is
 // not an object at all is malformed.
 func decodeObject(raw json.RawMessage, v any) error {

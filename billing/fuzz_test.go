@@ -211,7 +211,7 @@ func FuzzHandleEvent(f *testing.F) {
 		f.Fatal(err)
 	}
 	now := time.Unix(base+1000, 0).UTC()
-	svc := New(Deps{DB: db, Jobs: rc, Now: func() time.Time { return now }, PastDueEntitled: true})
+	svc := New(Deps{DB: db, Jobs: rc, Now: func() time.Time { return now }})
 	reg := webhooks.NewRegistry()
 	svc.Register(reg)
 	ctx := context.Background()

@@ -62,8 +62,6 @@ type env struct {
 
 type envOpt func(*Deps)
 
-func withPastDueEntitled(v bool) envOpt { return func(d *Deps) { d.PastDueEntitled = v } }
-
 // newEnv gives a test its own migrated database, a service on it with an insert-only River
 // client, and an echo instance with the API routes mounted (no auth: main adds it).
 func newEnv(t *testing.T, opts ...envOpt) *env {
@@ -81,13 +79,10 @@ func newEnv(t *testing.T, opts ...envOpt) *env {
 	}
 	e := &env{db: db, clock: &clock{t: at(0)}}
 	d := Deps{
-		DB:              db,
-		Jobs:            rc,
-		Logger:          slog.New(slog.DiscardHandler),
-		Now:             e.clock.Now,
-		PastDueEntitled: true,
-		// The configuration's default.
-		PausedCollectionEntitled: true,
+		DB:     db,
+		Jobs:   rc,
+		Logger: slog.New(slog.DiscardHandler),
+		Now:    e.clock.Now,
 	}
 	for _, o := range opts {
 		o(&d)
@@ -174,16 +169,6 @@ func (e *env) countNotices(t *testing.T, where string, args ...any) (rows, due i
 		t.Fatal(err)
 	}
 	return n.Rows, n.Due
-}
-
-// customerView is the view GET /v1/customers/{user_id} answers.
-func (e *env) customerView(t *testing.T, userID string) CustomerView {
-	t.Helper()
-	v, err := e.svc.Customer(context.Background(), userID)
-	if err != nil {
-		t.Fatalf("customer view of %s: %v", userID, err)
-	}
-	return *v
 }
 
 // get performs a GET against the mounted routes and decodes a JSON answer into out (if non-nil).
@@ -337,21 +322,6 @@ func succeeded(id string, t int64, i invObj) webhooks.Event {
 }
 
 func (s subObj) with(status string) subObj { s.Status = status; return s }
-
-// summaryEv is an entitlements.active_entitlement_summary.updated of a customer listing
-// lookupKeys, with has_more as given.
-func summaryEv(id string, created int64, customer string, more bool, lookupKeys ...string) webhooks.Event {
-	data := []any{}
-	for i, k := range lookupKeys {
-		data = append(data, map[string]any{"id": fmt.Sprintf("ent_%s_%d", id, i), "object": "entitlements.active_entitlement",
-			"feature": "feat_" + k, "livemode": false, "lookup_key": k})
-	}
-	obj, _ := json.Marshal(map[string]any{
-		"object": "entitlements.active_entitlement_summary", "customer": customer, "livemode": false,
-		"entitlements": map[string]any{"object": "list", "data": data, "has_more": more, "url": "/v1/customer/" + customer + "/entitlements"},
-	})
-	return event(id, EventEntitlementSummaryUpdated, created, obj)
-}
 
 func ptrStr(p *string) string {
 	if p == nil {

@@ -220,7 +220,7 @@ func (s *Service) Invoices(ctx context.Context, userID string, limit int, starti
 	}
 	for i := range page.Invoices {
 		v := &page.Invoices[i]
-		v.PeriodStart, v.PeriodEnd, v.Created = utc(v.PeriodStart), utc(v.PeriodEnd), v.Created.UTC()
+		v.PeriodStart, v.PeriodEnd, v.Created = UTC(v.PeriodStart), UTC(v.PeriodEnd), v.Created.UTC()
 	}
 	return page, nil
 }
@@ -251,4 +251,31 @@ func (s *Service) getInvoices(c echo.Context) error {
 		return readError(err, userID)
 	}
 	return c.JSON(http.StatusOK, page)
+}
+
+// MountAPI adds, on the /v1 group (app-token auth applied by main):
+//
+//	GET /customers/:user_id/invoices     → InvoicePage (?limit=&starting_after=)
+//
+// The entitlement, the customer view and the features are the entitlements package's;
+// GET /customers/:user_id's PUT (the link) is the customers package's.
+func (s *Service) MountAPI(v1 *echo.Group) {
+	v1.GET("/customers/:user_id/invoices", s.getInvoices)
+}
+
+// userIDParam validates the user id like PUT /v1/customers/{user_id} does (400 invalid_user_id).
+func userIDParam(c echo.Context) (string, error) {
+	id := c.Param("user_id")
+	if err := ids.CheckUser(id); err != nil {
+		return "", err
+	}
+	return id, nil
+}
+
+// readError answers a failed read: 404 for an unknown user, 503 when the database is down.
+func readError(err error, userID string) error {
+	if errors.Is(err, ErrNoCustomer) {
+		return apierr.New(apierr.CodeNotFound, "no customer for user %q", userID)
+	}
+	return database.APIError(err, "load customer "+userID)
 }

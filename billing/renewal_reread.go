@@ -24,7 +24,7 @@ import (
 // Time-aware entitlement: a subscription is entitled by what Stripe last told us, and Stripe
 // tells us of a renewal by an event. Should that event be lost, an active subscription would
 // stay entitled forever, so the policy gives it until its renewal is due plus policy.period_grace
-// (Policy.Unconfirmed). Halfway through the grace a River job re-reads the one subscription from
+// (entitlements.Policy.Unconfirmed). Halfway through the grace a River job re-reads the one subscription from
 // Stripe and applies it as a snapshot (early, so that a renewed user never loses access while the
 // read runs; once more at the end of the grace if Stripe still showed the old period): a renewal moves the period on and access continues; a cancellation
 // ends it; a Stripe that cannot be reached, or that still shows the old period, leaves the
@@ -59,9 +59,6 @@ type SubscriptionGetter interface {
 type RereadDeps struct {
 	// Stripe reads the subscription (pinned API version); AddWorkers requires it.
 	Stripe SubscriptionGetter
-	// Entitlements lists a customer's active entitlements (features.go); without it a summary
-	// event whose list has more is applied as far as it goes, and no read is queued.
-	Entitlements ActiveEntitlementLister
 	// Livemode is the mode of Stripe's key: an object of the other mode cannot be read with it.
 	Livemode bool
 	// MaxAttempts of one re-read before it gives up; DefaultRereadAttempts when zero.
@@ -112,17 +109,14 @@ func newRereads(d Deps) *rereads {
 	return r
 }
 
-// AddWorkers registers the re-read worker and its sweep's, and the worker of the features reads when
-// Deps.Reread.Entitlements is set. It panics on a wiring bug (no Stripe client).
+// AddWorkers registers the re-read worker and its sweep's. It panics on a wiring bug (no Stripe
+// client).
 func (s *Service) AddWorkers(w *river.Workers) {
 	if s.rereads.Stripe == nil {
 		panic("billing: Deps.Reread.Stripe is nil")
 	}
 	river.AddWorker(w, &rereadWorker{s: s})
 	river.AddWorker(w, &rereadSweepWorker{s: s})
-	if s.rereads.Entitlements != nil {
-		river.AddWorker(w, &featuresReadWorker{s: s})
-	}
 }
 
 // dueReread is a re-read that a subscription event (or snapshot) calls for now: its job is queued
@@ -205,6 +199,17 @@ func (s *Service) withRereads(update string, params []any, due []dueReread) (str
 	return q.String(), params, nil
 }
 
+// unconfirmed is the policy's Unconfirmed at the service's now, nil without a policy.
+func (s *Service) unconfirmed(sub *Subscription) *time.Time {
+	if s.renewals == nil {
+		return nil
+	}
+	return s.renewals.Unconfirmed(sub, s.now())
+}
+
+// MaxRereadRetryDelay caps the backoff of the Stripe reads' jobs (the features read too).
+const MaxRereadRetryDelay = maxRereadRetryDelay
+
 // sameInstant reports whether a and b are the same second (the precision of RereadArgs.Due).
 func sameInstant(a, b *time.Time) bool {
 	return a != nil && b != nil && a.Unix() == b.Unix()
@@ -261,7 +266,7 @@ func (s *Service) reread(ctx context.Context, a RereadArgs, last bool) (string, 
 		// subscription is confirmed while it is still entitled, so its user never loses access
 		// for the time the read takes; a last read comes at the end of the grace if Stripe still
 		// showed the old period.
-		if wait := due.Add(s.policy.PeriodGrace / 2).Sub(s.now()); wait > 0 {
+		if wait := due.Add(s.grace / 2).Sub(s.now()); wait > 0 {
 			return "", river.JobSnooze(wait)
 		}
 	} else if cur == nil {
@@ -289,7 +294,7 @@ func (s *Service) reread(ctx context.Context, a RereadArgs, last bool) (string, 
 		}
 		if last {
 			log.WarnContext(ctx, "subscription cannot be confirmed: Stripe could not be read, giving up",
-				stripeclient.LogAttr(err), slog.Any("unconfirmed_since", s.policy.Unconfirmed(cur, s.now())))
+				stripeclient.LogAttr(err), slog.Any("unconfirmed_since", s.unconfirmed(cur)))
 			return "failed", fmt.Errorf("re-read %s: %w", a.SubscriptionID, stripeclient.Redact(err))
 		}
 		return "", fmt.Errorf("re-read %s: %w", a.SubscriptionID, stripeclient.Redact(err))
@@ -324,11 +329,11 @@ func (s *Service) reread(ctx context.Context, a RereadArgs, last bool) (string, 
 		if err != nil {
 			return err
 		}
-		if due := after.RenewalDue(); a.Due != 0 && due != nil && due.Unix() == a.Due && s.now().Before(due.Add(s.policy.PeriodGrace)) {
+		if due := after.RenewalDue(); a.Due != 0 && due != nil && due.Unix() == a.Due && s.now().Before(due.Add(s.grace)) {
 			// Not renewed at Stripe yet, but the grace still runs: one more read at its end.
-			readAgainAt = due.Add(s.policy.PeriodGrace)
+			readAgainAt = due.Add(s.grace)
 			outcome = "pending"
-		} else if since := s.policy.Unconfirmed(after, s.now()); since != nil {
+		} else if since := s.unconfirmed(after); since != nil {
 			outcome = "unconfirmed"
 			log.WarnContext(ctx, "subscription cannot be confirmed: Stripe still shows a renewal past its grace",
 				"status", after.Status, "unconfirmed_since", since.UTC())

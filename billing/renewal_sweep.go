@@ -56,7 +56,7 @@ func (w *rereadSweepWorker) Work(ctx context.Context, _ *river.Job[RereadSweepAr
 // QueueDueRereads queues the re-read of every renewal whose check is due, and returns how many
 // it queued.
 func (s *Service) QueueDueRereads(ctx context.Context) (int, error) {
-	return s.queueRereadsDueBy(ctx, s.now().Add(-s.policy.PeriodGrace/2))
+	return s.queueRereadsDueBy(ctx, s.now().Add(-s.grace/2))
 }
 
 // queueRereadsDueBy queues the re-reads of the renewals due by the instant given.
@@ -84,7 +84,7 @@ type plannedReread struct {
 // queueDueRereads queues one batch. Plans of both modes are taken, as the events of both modes
 // queued their jobs: the worker skips a subscription of the other mode than Stripe's key.
 func (s *Service) queueDueRereads(ctx context.Context, renewal time.Time) (int, error) {
-	half := s.policy.PeriodGrace / 2
+	half := s.grace / 2
 	var taken []plannedReread
 	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		if err := tx.Raw(`/* all modes: the worker skips a subscription of the other mode */

@@ -10,6 +10,22 @@ import (
 	"billing/internal/stripeclient"
 )
 
+const grace = 2 * time.Hour
+
+// withStripe gives the service a Stripe client, which turns the re-reads on.
+func withStripe(g SubscriptionGetter) envOpt {
+	return func(d *Deps) { d.Reread.Stripe = g; d.PeriodGrace = grace }
+}
+
+// rereadJob is a River job row of the re-read kind.
+type rereadJob struct {
+	ID          int64     `gorm:"column:id"`
+	State       string    `gorm:"column:state"`
+	ScheduledAt time.Time `gorm:"column:scheduled_at"`
+	Due         int64     `gorm:"column:due"`
+	MaxAttempts int       `gorm:"column:max_attempts"`
+}
+
 // plannedRereadOf is the renewal whose re-read the row plans, nil for none.
 func (e *env) plannedRereadOf(t *testing.T, subscriptionID string) *time.Time {
 	t.Helper()

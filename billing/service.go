@@ -1,8 +1,9 @@
-// Package billing keeps the local mirror of Stripe subscriptions and everything derived from
-// it: the subscription state machine driven by webhook events, payment holds, the entitlement
-// policy and its API, and the holds the admin console lists. It decides when a customer notice
-// (trial ending, payment failed) is due and hands it to the notices package inside the event's
-// transaction.
+// Package billing keeps the local mirror of Stripe subscriptions: the subscription state machine
+// driven by webhook events, payment holds, the renewal re-reads, the user's invoices, and the
+// holds and subscription state the admin console lists. It decides when a customer notice (trial
+// ending, payment failed) is due and hands it to the notices package inside the event's
+// transaction. Who gets access is the entitlements package's, built on this one; billing tells it
+// of every change through Teller.
 package billing
 
 import (
@@ -14,7 +15,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"gorm.io/gorm"
 
-	"billing/appevents"
 	"billing/internal/jobs"
 	"billing/notices"
 	"billing/webhooks"
@@ -34,43 +34,47 @@ const (
 // Deps are what the service needs from main.
 type Deps struct {
 	DB *gorm.DB
-	// Livemode is the deployment's world (stripe.mode): the app-facing reads (entitlement,
-	// customer view, invoices) answer from it only. Events of both modes are applied, each to its
+	// Livemode is the deployment's world (stripe.mode): the app-facing reads (customer
+	// subscriptions, invoices) answer from it only. Events of both modes are applied, each to its
 	// own world.
 	Livemode bool
 	// Jobs queues the notices' jobs in the event's transaction.
 	Jobs   jobs.Inserter
 	Logger *slog.Logger
-	// Now is the clock of entitlement decisions (cancel at period end); time.Now when nil.
-	Now             func() time.Time
-	PastDueEntitled bool
-	// PausedCollectionEntitled is policy.paused_collection_entitled (Policy).
-	PausedCollectionEntitled bool
-	// PeriodGrace is policy.period_grace (Policy.PeriodGrace); DefaultPeriodGrace when zero.
+	// Now is the clock of the state's decisions (re-reads, trial notices); time.Now when nil.
+	Now func() time.Time
+	// PeriodGrace is policy.period_grace: the re-read of a renewal runs halfway through it;
+	// DefaultPeriodGrace when zero. The entitlement policy is given the same value.
 	PeriodGrace time.Duration
+	// Renewals is the entitlement policy's word on a renewal not confirmed, which the re-read
+	// reports (entitlements.Policy); without it no re-read's outcome is "unconfirmed".
+	Renewals RenewalPolicy
 	// Reread reads a subscription from Stripe when its renewal is not confirmed (renewal_reread.go);
 	// without Reread.Stripe (or Jobs) no re-read is queued, and the policy alone decides.
 	Reread RereadDeps
 	// Registerer receives the service's metrics; optional.
 	Registerer prometheus.Registerer
-	// AppEvents tells the app of every change of a user's entitlement (entitlement.updated);
-	// nil tells nothing (`billing verify`'s replay).
-	AppEvents *appevents.Teller
 }
 
-// Service is the billing domain: event handlers, and the entitlement and holds reads.
+// RenewalPolicy says since when access is withdrawn for want of a confirmed renewal (nil while
+// it is not): entitlements.Policy. Billing schedules the re-reads; the policy decides access.
+type RenewalPolicy interface {
+	Unconfirmed(s *Subscription, now time.Time) *time.Time
+}
+
+// Service is the billing domain: event handlers, and the state and holds reads.
 type Service struct {
 	db       *gorm.DB
 	livemode bool
 	log      *slog.Logger
 	now      func() time.Time
-	policy   Policy
+	grace    time.Duration
+	renewals RenewalPolicy
 	notices  *notices.Enqueuer
 	rereads  *rereads
-	teller   *appevents.Teller
+	teller   Teller
 
-	events       *prometheus.CounterVec
-	featureReads *prometheus.CounterVec
+	events *prometheus.CounterVec
 }
 
 // New builds the service. It panics on a wiring bug (no database).
@@ -93,28 +97,29 @@ func New(d Deps) *Service {
 		livemode: d.Livemode,
 		log:      log,
 		now:      d.Now,
-		policy:   Policy{PastDueEntitled: d.PastDueEntitled, PeriodGrace: d.PeriodGrace},
+		grace:    d.PeriodGrace,
+		renewals: d.Renewals,
 		rereads:  newRereads(d),
-		teller:   d.AppEvents,
 		notices:  notices.NewEnqueuer(notices.EnqueuerConfig{Logger: log, Now: d.Now, Registerer: d.Registerer}),
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "billing_subscription_events_total",
 			Help: "Subscription, invoice and active-entitlement events handled, by type and outcome (applied, stale, terminal, one_off, tie). Counted per attempt: a rolled-back attempt counts too.",
 		}, []string{"type", "outcome"}),
 	}
-	s.featureReads = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "billing_feature_reads_total",
-		Help: "Reads of a customer's active entitlements from Stripe (every page), by outcome (applied, stale, skipped, failed).",
-	}, []string{"outcome"})
-	s.policy.PausedCollectionEntitled = d.PausedCollectionEntitled
 	if d.Registerer != nil {
-		d.Registerer.MustRegister(s.events, s.featureReads)
+		d.Registerer.MustRegister(s.events)
 	}
 	return s
 }
 
-// Register registers the handlers of billing's event types: subscriptions, invoices and the
-// customer's active entitlements.
+// CountEvent counts an event handled by type and outcome in billing_subscription_events_total,
+// which also counts the active-entitlement events that the entitlements package handles: one
+// metric of the events that move what a subscription grants, as before the split.
+func (s *Service) CountEvent(eventType, outcome string) {
+	s.events.WithLabelValues(eventType, outcome).Inc()
+}
+
+// Register registers the handlers of billing's event types: subscriptions and invoices.
 func (s *Service) Register(reg *webhooks.Registry) {
 	subs := webhooks.HandlerFunc(s.handleSubscriptionEvent)
 	invoices := webhooks.HandlerFunc(s.handleInvoiceEvent)
@@ -126,7 +131,6 @@ func (s *Service) Register(reg *webhooks.Registry) {
 	reg.Register(EventInvoicePaymentSucceeded, invoices)
 	reg.Register(EventSubscriptionPaused, subs)
 	reg.Register(EventSubscriptionResumed, subs)
-	reg.Register(EventEntitlementSummaryUpdated, webhooks.HandlerFunc(s.handleEntitlementSummary))
 	for _, typ := range []string{EventInvoicePaid, EventInvoicePaymentActionRequired, EventInvoiceVoided,
 		EventInvoiceFinalized, EventInvoiceUpdated, EventInvoiceMarkedUncollectible} {
 		reg.Register(typ, invoices)

@@ -30,6 +30,7 @@ import (
 
 	"billing/billing"
 	"billing/customers"
+	"billing/entitlements"
 	"billing/internal/jobs"
 	"billing/webhooks"
 )
@@ -51,11 +52,16 @@ type Customers interface {
 	EnsureLinked(ctx context.Context, userID string) (*customers.Customer, error)
 }
 
-// Billing is the subscription state: the entitlement that refuses a second subscription, and the
-// way a subscription read from Stripe is applied. billing.Service implements it.
+// Billing is the subscription state: the way a subscription read from Stripe is applied.
+// billing.Service implements it.
 type Billing interface {
-	Entitlement(ctx context.Context, userID string) (*billing.Entitlement, error)
 	ApplySnapshot(ctx context.Context, tx *gorm.DB, snap billing.Snapshot) (billing.SnapshotOutcome, error)
+}
+
+// Entitlements is the app's answers: the entitlement that refuses a second subscription, and the
+// telling of the app. entitlements.Service implements it.
+type Entitlements interface {
+	Entitlement(ctx context.Context, userID string) (*entitlements.Entitlement, error)
 	// TellUser tells the app, in tx, of the user's entitlement after a link changed it.
 	TellUser(ctx context.Context, tx *gorm.DB, userID string) error
 }
@@ -68,10 +74,11 @@ type Prices interface {
 
 // Deps are what the package needs from main.
 type Deps struct {
-	DB        *gorm.DB
-	Stripe    *client.API
-	Customers Customers
-	Billing   Billing
+	DB           *gorm.DB
+	Stripe       *client.API
+	Customers    Customers
+	Billing      Billing
+	Entitlements Entitlements
 	// Jobs queues the subscription reads in the event's transaction.
 	Jobs jobs.Inserter
 	// Livemode is the mode of the service (stripe.mode): calls out are made in it only.
@@ -94,6 +101,7 @@ type Service struct {
 	stripe     *client.API
 	customers  Customers
 	billing    Billing
+	ents       Entitlements
 	jobs       jobs.Inserter
 	livemode   bool
 	successURL string
@@ -108,7 +116,7 @@ type Service struct {
 // New returns the checkout service. Logger and Now default to a discarding logger and time.Now.
 func New(d Deps) *Service {
 	s := &Service{
-		db: d.DB, stripe: d.Stripe, customers: d.Customers, billing: d.Billing, jobs: d.Jobs,
+		db: d.DB, stripe: d.Stripe, customers: d.Customers, billing: d.Billing, ents: d.Entitlements, jobs: d.Jobs,
 		livemode: d.Livemode, successURL: d.SuccessURL, cancelURL: d.CancelURL, log: d.Logger, now: d.Now,
 		prices: d.Prices, automaticTax: d.AutomaticTax,
 	}

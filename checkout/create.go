@@ -14,7 +14,7 @@ import (
 	"github.com/stripe/stripe-go/v79"
 	"gorm.io/gorm"
 
-	"billing/billing"
+	"billing/entitlements"
 	"billing/internal/apierr"
 	"billing/internal/database"
 	"billing/internal/httpserver"
@@ -286,8 +286,8 @@ func (s *Service) create(ctx context.Context, userID string, req createRequest) 
 
 // refuseEntitled answers 409 already_subscribed while the user has an entitled subscription.
 func (s *Service) refuseEntitled(ctx context.Context, userID string) error {
-	e, err := s.billing.Entitlement(ctx, userID)
-	if errors.Is(err, billing.ErrNoCustomer) {
+	e, err := s.ents.Entitlement(ctx, userID)
+	if errors.Is(err, entitlements.ErrNoCustomer) {
 		return nil
 	}
 	if err != nil {

@@ -1,7 +1,6 @@
 package checkout
 
 import (
-	"billing/customers"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -10,6 +9,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"billing/customers"
 	"billing/internal/ids"
 	"billing/webhooks"
 )
@@ -246,5 +246,5 @@ func (s *Service) linkCustomer(ctx context.Context, tx *gorm.DB, userID, custome
 		return nil
 	}
 	s.log.InfoContext(ctx, "stripe customer linked from checkout", "user_id", userID, "stripe_customer_id", customerID)
-	return s.billing.TellUser(ctx, tx, userID)
+	return s.ents.TellUser(ctx, tx, userID)
 }

@@ -19,6 +19,7 @@ import (
 	"billing/billing"
 	"billing/catalog"
 	"billing/customers"
+	"billing/entitlements"
 	"billing/internal/apitest"
 	"billing/internal/jobs"
 	"billing/internal/stripeclient"
@@ -102,11 +103,15 @@ func newEnv(t *testing.T, o envOpts) *env {
 	inbox.SetJobs(rc)
 
 	sc := stripeclient.New(v.proxy.URL, "sk_test_checkout", logger)
-	v.billing = billing.New(billing.Deps{DB: v.db, Jobs: rc, Logger: logger, PastDueEntitled: true})
+	v.billing = billing.New(billing.Deps{DB: v.db, Jobs: rc, Logger: logger})
+	ents := entitlements.New(entitlements.Deps{DB: v.db, Billing: v.billing, Jobs: rc, Logger: logger,
+		Policy: entitlements.Policy{PastDueEntitled: true}})
+	v.billing.SetTeller(ents)
 	v.billing.Register(registry)
-	cust := customers.NewHandlers(customers.Deps{DB: v.db, Accounts: v.billing, Stripe: sc, Livemode: o.livemode, Logger: logger, Now: v.clock.Now})
+	ents.Register(registry)
+	cust := customers.NewHandlers(customers.Deps{DB: v.db, Accounts: ents, Stripe: sc, Livemode: o.livemode, Logger: logger, Now: v.clock.Now})
 	v.svc = New(Deps{
-		DB: v.db, Stripe: sc, Customers: cust, Billing: v.billing, Jobs: rc, Livemode: o.livemode,
+		DB: v.db, Stripe: sc, Customers: cust, Billing: v.billing, Entitlements: ents, Jobs: rc, Livemode: o.livemode,
 		SuccessURL: o.successURL, CancelURL: o.cancelURL, Logger: logger, Now: v.clock.Now,
 		Prices: catalog.New(catalog.Deps{DB: v.db, Livemode: o.livemode}), AutomaticTax: o.automaticTax,
 	})
@@ -116,6 +121,7 @@ func newEnv(t *testing.T, o envOpts) *env {
 	v.e = apitest.Server(logger, func(g *echo.Group) {
 		v.svc.Mount(g)
 		v.billing.MountAPI(g)
+		ents.MountAPI(g)
 	})
 	inbox.MountWebhook(v.e)
 
@@ -233,11 +239,11 @@ func (v *env) synced(sessionID string, n int) {
 		n, SyncJobKind, sessionID)
 }
 
-func (v *env) entitlement(userID string) billing.Entitlement {
+func (v *env) entitlement(userID string) entitlements.Entitlement {
 	v.t.Helper()
 	rec := v.get("/v1/customers/" + userID + "/entitlement")
 	apitest.ExpectStatus(v.t, rec, http.StatusOK)
-	var e billing.Entitlement
+	var e entitlements.Entitlement
 	if err := json.Unmarshal(rec.Body.Bytes(), &e); err != nil {
 		v.t.Fatal(err)
 	}

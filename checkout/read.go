@@ -13,6 +13,7 @@ import (
 	"gorm.io/gorm"
 
 	"billing/billing"
+	"billing/entitlements"
 	"billing/internal/apierr"
 	"billing/internal/database"
 	"billing/internal/ids"
@@ -21,12 +22,12 @@ import (
 
 // sessionView is GET /v1/checkout-sessions/{id}.
 type sessionView struct {
-	ID             string              `json:"id"`
-	Status         *string             `json:"status"`
-	PaymentStatus  *string             `json:"payment_status"`
-	UserID         *string             `json:"user_id"`
-	SubscriptionID *string             `json:"subscription_id"`
-	Entitlement    billing.Entitlement `json:"entitlement"`
+	ID             string                   `json:"id"`
+	Status         *string                  `json:"status"`
+	PaymentStatus  *string                  `json:"payment_status"`
+	UserID         *string                  `json:"user_id"`
+	SubscriptionID *string                  `json:"subscription_id"`
+	Entitlement    entitlements.Entitlement `json:"entitlement"`
 }
 
 // getSession serves the success page: the session and the user's entitlement from local state.
@@ -61,10 +62,10 @@ func (s *Service) getSession(c echo.Context) error {
 	// features is never null in an entitlement, also when there is no user to grant any.
 	v.Entitlement.Features = []string{}
 	if row.UserID != nil {
-		e, err := s.billing.Entitlement(ctx, *row.UserID)
+		e, err := s.ents.Entitlement(ctx, *row.UserID)
 		switch {
-		case errors.Is(err, billing.ErrNoCustomer):
-			v.Entitlement = billing.Entitlement{UserID: *row.UserID, Status: billing.StatusNone, Features: []string{}}
+		case errors.Is(err, entitlements.ErrNoCustomer):
+			v.Entitlement = entitlements.Entitlement{UserID: *row.UserID, Status: billing.StatusNone, Features: []string{}}
 		case err != nil:
 			return database.APIError(err, "load entitlement")
 		default:

@@ -227,7 +227,7 @@ var defaults = map[string]string{
 	"app_events.concurrency":      "16",
 	"log.level":                   "info",
 	"log.format":                  "json",
-	// Whether an active subscription with collection paused keeps access (billing.Policy).
+	// Whether an active subscription with collection paused keeps access (entitlements.Policy).
 	"policy.paused_collection_entitled": "true",
 }
 

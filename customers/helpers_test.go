@@ -10,6 +10,7 @@ import (
 	"gorm.io/gorm"
 
 	"billing/billing"
+	"billing/entitlements"
 	"billing/internal/apitest"
 	"billing/internal/stripeclient"
 	"billing/internal/stripeemu"
@@ -44,7 +45,7 @@ func (v *env) mount(db *gorm.DB) {
 	logger := apitest.Logger(v.t, slog.LevelWarn)
 	h := NewHandlers(Deps{
 		DB:       db,
-		Accounts: billing.New(billing.Deps{DB: db, Logger: logger}),
+		Accounts: entitlements.New(entitlements.Deps{DB: db, Billing: billing.New(billing.Deps{DB: db, Logger: logger}), Logger: logger}),
 		Stripe:   stripeclient.New(v.proxy.URL, "sk_test_customers", logger),
 		Livemode: v.livemode,
 		Logger:   logger,

@@ -13,6 +13,7 @@ import (
 
 	"billing/appevents"
 	"billing/billing"
+	"billing/entitlements"
 	"billing/internal/audit"
 	"billing/reconcile"
 	"billing/webhooks"
@@ -355,7 +356,7 @@ func TestValidateOneOfAndAnyOf(t *testing.T) {
 // encodes as null; the unexported answers (charges, usage, checkout) are met by package main's
 // tests.
 func TestAnswerStructsFitTheDocument(t *testing.T) {
-	ent := billing.Entitlement{Features: []string{}}
+	ent := entitlements.Entitlement{Features: []string{}}
 	one := int64(1)
 	ev := webhooks.EventView{Status: "processed"}
 	withPayload := ev
@@ -365,11 +366,11 @@ func TestAnswerStructsFitTheDocument(t *testing.T) {
 		value  any
 	}{
 		"Entitlement":   {"Entitlement", ent},
-		"Subscription":  {"Subscription", billing.SubscriptionView{Quantity: &one}},
-		"Customer":      {"Customer", billing.CustomerView{Subscriptions: []billing.SubscriptionView{{}}, Entitlement: ent}},
+		"Subscription":  {"Subscription", entitlements.SubscriptionView{Quantity: &one}},
+		"Customer":      {"Customer", entitlements.CustomerView{Subscriptions: []entitlements.SubscriptionView{{}}, Entitlement: ent}},
 		"Hold":          {"Hold", billing.HoldView{}},
 		"InvoiceList":   {"InvoiceList", billing.InvoicePage{Invoices: []billing.InvoiceView{{}}}},
-		"Feature":       {"Feature", billing.FeatureAnswer{}},
+		"Feature":       {"Feature", entitlements.FeatureAnswer{}},
 		"Event":         {"Event", ev},
 		"EventDetail":   {"EventDetail", withPayload},
 		"ReconcileRun":  {"ReconcileRun", reconcile.RunView{}},

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"billing/billing"
+	"billing/entitlements"
 	"billing/internal/stripeemu"
 	"billing/internal/testenv"
 )
@@ -22,9 +23,12 @@ func BenchmarkBackfill(b *testing.B) {
 	const objects = 10 * pageSize
 	db, st := testenv.CountedDB(b)
 	e := newEnvOn(b, db)
-	subs := billing.New(billing.Deps{DB: db, Jobs: e.jobs, Logger: slog.New(slog.DiscardHandler), PastDueEntitled: true,
+	subs := billing.New(billing.Deps{DB: db, Jobs: e.jobs, Logger: slog.New(slog.DiscardHandler),
 		Reread: billing.RereadDeps{Stripe: e.rec.stripe.Subscriptions, Livemode: false}})
-	e.rec.SetBilling(subs)
+	ents := entitlements.New(entitlements.Deps{DB: db, Billing: subs, Jobs: e.jobs, Logger: slog.New(slog.DiscardHandler),
+		Policy: entitlements.Policy{PastDueEntitled: true}})
+	subs.SetTeller(ents)
+	e.rec.SetBilling(subs, ents)
 	start, end := period()
 	var customer string
 	for i := range objects {

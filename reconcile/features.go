@@ -11,6 +11,7 @@ import (
 	"github.com/stripe/stripe-go/v79"
 
 	"billing/billing"
+	"billing/entitlements"
 )
 
 // Features: a customer's active entitlements are read once per page of subscriptions for each
@@ -18,13 +19,13 @@ import (
 // are granted to no one, whatever they are), compared with the stored lists (one statement for
 // the page, after the reads, so that an event that lands meanwhile is seen as newer than the
 // read), and repaired by applying the read through the code that applies the job's reads
-// (billing.ApplyFeatureRead). Stripe lists them per customer only: one read (of every page) per
+// (entitlements.Service.ApplyFeatureRead). Stripe lists them per customer only: one read (of every page) per
 // such customer and run.
 
 // featureDrift is a customer's list that differs.
 type featureDrift struct {
 	diff diff
-	read billing.FeatureRead
+	read entitlements.FeatureRead
 }
 
 // featureRead is what Stripe says of one customer's active entitlements.
@@ -59,7 +60,7 @@ func (r *run) pageFeatures(ctx context.Context, subs []remote) (map[string]*feat
 	for i, rd := range reads {
 		ids[i] = rd.customer
 	}
-	locals, err := r.s.billing.CustomerFeaturesOf(ctx, ids, r.s.livemode)
+	locals, err := r.s.features.CustomerFeaturesOf(ctx, ids, r.s.livemode)
 	if err != nil {
 		return nil, err
 	}
@@ -74,7 +75,7 @@ func (r *run) pageFeatures(ctx context.Context, subs []remote) (map[string]*feat
 
 // featuresDiff compares a customer's read with its stored list; nil when they agree or when the
 // list has news from the read's second or later.
-func (r *run) featuresDiff(rd featureRead, local billing.CustomerFeatures) *featureDrift {
+func (r *run) featuresDiff(rd featureRead, local entitlements.CustomerFeatures) *featureDrift {
 	if slices.Equal(rd.keys, local.LookupKeys) || (!local.Found && len(rd.keys) == 0) {
 		return nil
 	}
@@ -86,7 +87,7 @@ func (r *run) featuresDiff(rd featureRead, local billing.CustomerFeatures) *feat
 	}
 	return &featureDrift{
 		diff: diff{Field: FieldFeatures, Local: strings.Join(local.LookupKeys, ","), Stripe: strings.Join(rd.keys, ",")},
-		read: billing.FeatureRead{StripeCustomerID: rd.customer, Livemode: r.s.livemode, LookupKeys: rd.keys, FetchedAt: rd.fetchedAt,
+		read: entitlements.FeatureRead{StripeCustomerID: rd.customer, Livemode: r.s.livemode, LookupKeys: rd.keys, FetchedAt: rd.fetchedAt,
 			Source: "reconcile:" + r.sum.RunID},
 	}
 }

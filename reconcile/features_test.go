@@ -28,7 +28,7 @@ func TestMissedQuantityAndFeaturesAreRepaired(t *testing.T) {
 	e.acct.SetEntitlementPageSize(2)
 	e.acct.SetActiveEntitlements(c, "sso", "audit_log", "api")
 
-	ent, err := e.subs.Entitlement(context.Background(), "useats")
+	ent, err := e.ents.Entitlement(context.Background(), "useats")
 	if err != nil || ent.Quantity == nil || *ent.Quantity != 3 || len(ent.Features) != 0 {
 		t.Fatalf("setup: %+v %v", ent, err)
 	}
@@ -38,7 +38,7 @@ func TestMissedQuantityAndFeaturesAreRepaired(t *testing.T) {
 	if got := e.driftOf(dry.RunID, id); len(got) != 2 || !has(got, FieldQuantity) || !has(got, FieldFeatures) {
 		t.Fatalf("dry run drift %v, want quantity and features", got)
 	}
-	if ent, _ := e.subs.Entitlement(context.Background(), "useats"); *ent.Quantity != 3 || len(ent.Features) != 0 {
+	if ent, _ := e.ents.Entitlement(context.Background(), "useats"); *ent.Quantity != 3 || len(ent.Features) != 0 {
 		t.Fatalf("a dry run repaired: %+v", ent)
 	}
 
@@ -48,7 +48,7 @@ func TestMissedQuantityAndFeaturesAreRepaired(t *testing.T) {
 	if !got[FieldQuantity] || !got[FieldFeatures] || len(got) != 2 {
 		t.Fatalf("drift %v, want quantity and features repaired", got)
 	}
-	ent, err = e.subs.Entitlement(context.Background(), "useats")
+	ent, err = e.ents.Entitlement(context.Background(), "useats")
 	if err != nil || ent.Quantity == nil || *ent.Quantity != 8 || !slices.Equal(ent.Features, []string{"api", "audit_log", "sso"}) {
 		t.Fatalf("after the repair: %+v %v", ent, err)
 	}
@@ -73,7 +73,7 @@ func TestFeaturesRemovedAtStripeAreRemoved(t *testing.T) {
 	wantSummary(t, e.run(false), 1, 1, 1, 0, 0, ExitClean)
 	e.acct.SetActiveEntitlements(c, "kept")
 	wantSummary(t, e.run(false), 1, 1, 1, 0, 0, ExitClean)
-	f, err := e.subs.CustomerFeatures(context.Background(), c, false)
+	f, err := e.ents.CustomerFeatures(context.Background(), c, false)
 	if err != nil || !slices.Equal(f.LookupKeys, []string{"kept"}) {
 		t.Fatalf("features %+v %v", f, err)
 	}

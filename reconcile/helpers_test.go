@@ -19,6 +19,7 @@ import (
 	"gorm.io/gorm"
 
 	"billing/billing"
+	"billing/entitlements"
 	"billing/internal/stripeclient"
 	"billing/internal/stripeemu"
 	"billing/internal/testenv"
@@ -39,6 +40,7 @@ type env struct {
 	proxy *stripeemu.Proxy
 	acct  *stripeemu.Account
 	subs  *billing.Service
+	ents  *entitlements.Service
 	jobs  *river.Client[*sql.Tx]
 	reg   *webhooks.Registry
 	rec   *Service
@@ -71,8 +73,12 @@ func newEnvOn(t testing.TB, db *gorm.DB, opts ...envOpt) *env {
 		t.Fatal(err)
 	}
 	e := &env{t: t, db: db, jobs: rc, reg: webhooks.NewRegistry(), prom: prometheus.NewRegistry()}
-	e.subs = billing.New(billing.Deps{DB: db, Jobs: rc, Logger: slog.New(slog.DiscardHandler), PastDueEntitled: true})
+	e.subs = billing.New(billing.Deps{DB: db, Jobs: rc, Logger: slog.New(slog.DiscardHandler)})
+	e.ents = entitlements.New(entitlements.Deps{DB: db, Billing: e.subs, Jobs: rc, Logger: slog.New(slog.DiscardHandler),
+		Policy: entitlements.Policy{PastDueEntitled: true}})
+	e.subs.SetTeller(e.ents)
 	e.subs.Register(e.reg)
+	e.ents.Register(e.reg)
 	e.proxy = stripeemu.New(t, testenv.StripeMockURL(t))
 	e.acct = stripeemu.NewAccount(e.proxy, false)
 	e.rec = e.reconciler(opts...)
@@ -83,12 +89,13 @@ func newEnvOn(t testing.TB, db *gorm.DB, opts ...envOpt) *env {
 // first one registers the metrics).
 func (e *env) reconciler(opts ...envOpt) *Service {
 	d := Deps{
-		DB:       e.db,
-		Stripe:   stripeclient.New(e.proxy.URL, "sk_test_reconcile", slog.New(slog.DiscardHandler)),
-		Billing:  e.subs,
-		Livemode: false,
-		Logger:   slog.New(slog.DiscardHandler),
-		Limits:   testLimits,
+		DB:           e.db,
+		Stripe:       stripeclient.New(e.proxy.URL, "sk_test_reconcile", slog.New(slog.DiscardHandler)),
+		Billing:      e.subs,
+		Entitlements: e.ents,
+		Livemode:     false,
+		Logger:       slog.New(slog.DiscardHandler),
+		Limits:       testLimits,
 		Sleep: func(ctx context.Context, d time.Duration) error {
 			if d > 0 {
 				e.mu.Lock()
@@ -184,7 +191,7 @@ func (e *env) localIn(id string, live bool) *billing.Subscription {
 
 func (e *env) entitled(userID string) bool {
 	e.t.Helper()
-	ent, err := e.subs.Entitlement(context.Background(), userID)
+	ent, err := e.ents.Entitlement(context.Background(), userID)
 	if err != nil {
 		e.t.Fatalf("entitlement of %s: %v", userID, err)
 	}

@@ -122,7 +122,7 @@ func (r *run) link(ctx context.Context, tx *gorm.DB, c *stripe.Customer) error {
 	if err != nil || !linked {
 		return err
 	}
-	if err := r.s.billing.TellUser(ctx, tx, c.Metadata["user_id"]); err != nil {
+	if err := r.s.features.TellUser(ctx, tx, c.Metadata["user_id"]); err != nil {
 		return err
 	}
 	r.s.log.InfoContext(ctx, "reconcile: customer linked", "run_id", r.sum.RunID, "user_id", c.Metadata["user_id"], "stripe_customer_id", c.ID)

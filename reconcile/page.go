@@ -245,7 +245,7 @@ func (r *run) repair(ctx context.Context, w *pageWork) error {
 					}
 				}
 				if it.features != nil {
-					if _, err := r.s.billing.ApplyFeatureRead(ctx, tx, it.features.read); err != nil {
+					if _, err := r.s.features.ApplyFeatureRead(ctx, tx, it.features.read); err != nil {
 						return err
 					}
 				}
@@ -293,7 +293,7 @@ func (r *run) settle(ctx context.Context, w *pageWork) error {
 	if err != nil {
 		return err
 	}
-	features, err := r.s.billing.CustomerFeaturesOf(ctx, featured, r.s.livemode)
+	features, err := r.s.features.CustomerFeaturesOf(ctx, featured, r.s.livemode)
 	if err != nil {
 		return err
 	}

@@ -30,19 +30,24 @@ import (
 	"gorm.io/gorm"
 
 	"billing/billing"
+	"billing/entitlements"
 	"billing/internal/audit"
 	"billing/internal/database"
 	"billing/internal/stripeclient"
 )
 
-// Subscriptions is the local state: billing.Service.
+// Subscriptions is the local subscription state: billing.Service.
 type Subscriptions interface {
 	// Subscriptions reads the local rows of a page's ids in one query.
 	Subscriptions(ctx context.Context, subscriptionIDs []string, livemode bool) (map[string]*billing.Subscription, error)
 	ApplySnapshot(ctx context.Context, tx *gorm.DB, snap billing.Snapshot) (billing.SnapshotOutcome, error)
+}
+
+// Entitlements is the local features and the app's answers: entitlements.Service.
+type Entitlements interface {
 	// CustomerFeaturesOf reads the stored features of a page's customers in one query.
-	CustomerFeaturesOf(ctx context.Context, stripeCustomerIDs []string, livemode bool) (map[string]billing.CustomerFeatures, error)
-	ApplyFeatureRead(ctx context.Context, tx *gorm.DB, r billing.FeatureRead) (bool, error)
+	CustomerFeaturesOf(ctx context.Context, stripeCustomerIDs []string, livemode bool) (map[string]entitlements.CustomerFeatures, error)
+	ApplyFeatureRead(ctx context.Context, tx *gorm.DB, r entitlements.FeatureRead) (bool, error)
 	// TellUser tells the app, in tx, of the user's entitlement after a link changed it.
 	TellUser(ctx context.Context, tx *gorm.DB, userID string) error
 }
@@ -52,9 +57,10 @@ type Deps struct {
 	DB *gorm.DB
 	// Stripe is the client of internal/stripeclient; its key decides the mode listed.
 	Stripe *client.API
-	// Billing may be set later with SetBilling (it is built after the River client, which needs
-	// this package's worker).
-	Billing Subscriptions
+	// Billing and Entitlements may be set later with SetBilling (they are built after the River
+	// client, which needs this package's worker).
+	Billing      Subscriptions
+	Entitlements Entitlements
 	// Catalog is the local catalog the runs also compare and repair (products, prices, product
 	// features); nil: the runs leave the catalog alone. May be set later with SetCatalog.
 	Catalog  Catalog
@@ -78,6 +84,7 @@ type Service struct {
 	db       *gorm.DB
 	stripe   *client.API
 	billing  Subscriptions
+	features Entitlements
 	catalog  Catalog
 	livemode bool
 	log      *slog.Logger
@@ -114,6 +121,7 @@ func New(d Deps) *Service {
 		db:       d.DB,
 		stripe:   d.Stripe,
 		billing:  d.Billing,
+		features: d.Entitlements,
 		catalog:  d.Catalog,
 		livemode: d.Livemode,
 		log:      d.Logger.With("component", "reconcile"),
@@ -129,7 +137,7 @@ func New(d Deps) *Service {
 }
 
 // SetBilling sets the local state the runs compare with and repair.
-func (s *Service) SetBilling(b Subscriptions) { s.billing = b }
+func (s *Service) SetBilling(b Subscriptions, e Entitlements) { s.billing, s.features = b, e }
 
 // ErrRunning means a run of the same mode is going (in this process or another).
 var ErrRunning = errors.New("a reconcile run of this mode is already going")

@@ -87,7 +87,7 @@ func TestMissedEventsAreRepairedThroughTheEventCode(t *testing.T) {
 	if !e.entitled("ua") || !e.entitled("ub") || e.entitled("uc") {
 		t.Errorf("entitlement after repair: ua=%v ub=%v uc=%v, want true true false", e.entitled("ua"), e.entitled("ub"), e.entitled("uc"))
 	}
-	ent, err := e.subs.Entitlement(context.Background(), "ud")
+	ent, err := e.ents.Entitlement(context.Background(), "ud")
 	if err != nil || !ent.OnHold || ent.HoldReason == nil || *ent.HoldReason != billing.HoldPaymentFailed {
 		t.Errorf("ud after repair: %+v, %v; want on hold for payment_failed", ent, err)
 	}

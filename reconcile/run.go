@@ -41,7 +41,7 @@ type run struct {
 // begin records a new run; the caller holds the mode's lock. Runs left unfinished by a process
 // that died (no lock held, since this one got it) are marked interrupted first.
 func (s *Service) begin(ctx context.Context, lk *runLock, opts RunOptions) (*run, error) {
-	if s.billing == nil {
+	if s.billing == nil || s.features == nil {
 		return nil, errors.New("reconcile: no local state to reconcile (SetBilling not called)")
 	}
 	if opts.Trigger == "" {

@@ -10,6 +10,7 @@ import (
 
 	"billing/appevents"
 	"billing/billing"
+	"billing/entitlements"
 	"billing/internal/apitest"
 	"billing/internal/stripeclient"
 	"billing/internal/stripeemu"
@@ -22,7 +23,8 @@ func newTellingEnv(t *testing.T) *env {
 	logger := apitest.Logger(t, slog.LevelWarn)
 	v.svc = New(Deps{
 		DB: v.db, Stripe: stripeclient.New(v.proxy.URL, "sk_test_usage", logger),
-		Periods:    billing.New(billing.Deps{DB: v.db, Logger: logger, PastDueEntitled: true, Now: v.clock.Now}),
+		Periods: entitlements.New(entitlements.Deps{DB: v.db, Billing: billing.New(billing.Deps{DB: v.db, Logger: logger, Now: v.clock.Now}),
+			Logger: logger, Now: v.clock.Now, Policy: entitlements.Policy{PastDueEntitled: true}}),
 		ReportRate: 1000, Logger: logger, Now: v.clock.Now,
 		AppEvents: appevents.NewTeller(nil),
 	})

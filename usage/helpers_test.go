@@ -12,6 +12,7 @@ import (
 	"gorm.io/gorm"
 
 	"billing/billing"
+	"billing/entitlements"
 	"billing/internal/apitest"
 	"billing/internal/auth"
 	"billing/internal/stripeclient"
@@ -54,7 +55,8 @@ func newEnvMode(t *testing.T, livemode bool) *env {
 	}
 	v.svc = New(Deps{
 		DB: db, Stripe: stripeclient.New(proxy.URL, key, logger), Livemode: livemode,
-		Periods: billing.New(billing.Deps{DB: db, Logger: logger, PastDueEntitled: true, Now: v.clock.Now}),
+		Periods: entitlements.New(entitlements.Deps{DB: db, Billing: billing.New(billing.Deps{DB: db, Logger: logger, Now: v.clock.Now}),
+			Logger: logger, Now: v.clock.Now, Policy: entitlements.Policy{PastDueEntitled: true}}),
 		// A rate the tests never wait for.
 		ReportRate: 1000, Logger: logger, Now: v.clock.Now,
 	})

@@ -10,8 +10,8 @@ import (
 
 	"github.com/labstack/echo/v4"
 
-	"billing/billing"
 	"billing/customers"
+	"billing/entitlements"
 	"billing/internal/apierr"
 	"billing/internal/database"
 	"billing/internal/httpserver"
@@ -189,7 +189,7 @@ func (s *Service) get(c echo.Context) error {
 func (s *Service) Summary(ctx context.Context, userID, meter string) (*summary, error) {
 	view, err := s.periods.Customer(ctx, userID)
 	switch {
-	case errors.Is(err, billing.ErrNoCustomer):
+	case errors.Is(err, entitlements.ErrNoCustomer):
 		return nil, apierr.New(apierr.CodeNotFound, "no customer for user %s", userID).With("user_id", userID)
 	case err != nil:
 		if _, ok := apierr.As(err); ok {

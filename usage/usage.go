@@ -32,7 +32,7 @@ import (
 	"gorm.io/gorm"
 
 	"billing/appevents"
-	"billing/billing"
+	"billing/entitlements"
 	"billing/internal/outbound"
 )
 
@@ -56,10 +56,10 @@ const DefaultReportRate = 20
 // Identifier is the meter event identifier (and idempotency key) of a user's usage record.
 func Identifier(userID, usageID string) string { return outbound.Key("usage", userID, usageID) }
 
-// Periods is what the summary needs from billing: the user's customer view, whose entitlement
+// Periods is what the summary needs from entitlements: the user's customer view, whose entitlement
 // names the subscription whose current period is summed.
 type Periods interface {
-	Customer(ctx context.Context, userID string) (*billing.CustomerView, error)
+	Customer(ctx context.Context, userID string) (*entitlements.CustomerView, error)
 }
 
 // Deps are what the usage service needs from main.

@@ -1,4 +1,4 @@
-package billing
+package entitlements
 
 import (
 	"context"
@@ -18,6 +18,7 @@ import (
 	"github.com/stripe/stripe-go/v79"
 	"github.com/stripe/stripe-go/v79/client"
 
+	"billing/billing"
 	"billing/internal/httpserver"
 	"billing/internal/jobs"
 	"billing/internal/stripeclient"
@@ -31,60 +32,6 @@ import (
 // which answers the subscription the test puts there).
 
 const grace = 2 * time.Hour
-
-// TestPolicyPeriodGrace: an active or trialing subscription is entitled until its renewal is due
-// plus the grace, not a second longer, and the answer says which renewal is unconfirmed.
-func TestPolicyPeriodGrace(t *testing.T) {
-	t.Parallel()
-	end, trialEnd := at(5000), at(3000)
-	p := Policy{PastDueEntitled: true, PeriodGrace: grace}
-	tests := []struct {
-		name string
-		s    Subscription
-		now  time.Time
-		want bool
-		// unconfirmed is the renewal Unconfirmed names, nil for none.
-		unconfirmed *time.Time
-	}{
-		{"active at its period end", Subscription{Status: StatusActive, CurrentPeriodEnd: &end}, end, true, nil},
-		{"active a second before the grace runs out", Subscription{Status: StatusActive, CurrentPeriodEnd: &end}, end.Add(grace - time.Second), true, nil},
-		{"active when the grace runs out", Subscription{Status: StatusActive, CurrentPeriodEnd: &end}, end.Add(grace), false, &end},
-		{"active long after", Subscription{Status: StatusActive, CurrentPeriodEnd: &end}, end.AddDate(1, 0, 0), false, &end},
-		{"trialing: the trial's end counts", Subscription{Status: StatusTrialing, TrialEnd: &trialEnd, CurrentPeriodEnd: &end}, trialEnd.Add(grace), false, &trialEnd},
-		{"trialing within the grace", Subscription{Status: StatusTrialing, TrialEnd: &trialEnd, CurrentPeriodEnd: &end}, trialEnd.Add(grace - time.Second), true, nil},
-		{"trialing without trial_end: the period's end", Subscription{Status: StatusTrialing, CurrentPeriodEnd: &end}, end.Add(grace), false, &end},
-		{"no period known", Subscription{Status: StatusActive}, end.Add(grace), true, nil},
-		{"past_due waits on Stripe's retries", Subscription{Status: StatusPastDue, CurrentPeriodEnd: &end}, end.Add(grace), true, nil},
-		{"canceling at period end: over, and not for want of a renewal", Subscription{Status: StatusActive, CurrentPeriodEnd: &end, CancelAtPeriodEnd: true}, end.Add(grace), false, nil},
-		{"canceled", Subscription{Status: StatusCanceled, CurrentPeriodEnd: &end}, end.Add(grace), false, nil},
-	}
-	for _, tc := range tests {
-		if got := p.Entitled(&tc.s, tc.now); got != tc.want {
-			t.Errorf("%s: Entitled = %v, want %v", tc.name, got, tc.want)
-		}
-		if got := p.Unconfirmed(&tc.s, tc.now); ptrTime(got) != ptrTime(tc.unconfirmed) {
-			t.Errorf("%s: Unconfirmed = %s, want %s", tc.name, ptrTime(got), ptrTime(tc.unconfirmed))
-		}
-	}
-
-	// The service decides with its injected clock, and the answer carries the unconfirmed renewal.
-	e := newEnv(t)
-	e.link(t, "u_g", "cus_g", "g@example.com")
-	e.mustHandle(t, created("evt_g", 10, subObj{ID: "sub_g", Customer: "cus_g", Status: StatusActive, Price: "p", PeriodStart: 10, PeriodEnd: 5000}))
-	e.clock.Set(at(5000).Add(DefaultPeriodGrace - time.Second))
-	var ent map[string]any
-	if code, body := e.get(t, "/v1/customers/u_g/entitlement", &ent); code != http.StatusOK || ent["entitled"] != true || ent["unconfirmed_since"] != nil {
-		t.Errorf("within the default grace: %d %s", code, body)
-	}
-	e.clock.Set(at(5000).Add(DefaultPeriodGrace))
-	if code, body := e.get(t, "/v1/customers/u_g/entitlement", &ent); code != http.StatusOK || ent["entitled"] != false ||
-		ent["status"] != StatusActive || ent["unconfirmed_since"] != "2024-06-01T01:23:20Z" {
-		t.Errorf("past the default grace: %d %s", code, body)
-	}
-	if v := e.customerView(t, "u_g"); len(v.Subscriptions) != 1 || v.Subscriptions[0].Entitled || ptrTime(v.Subscriptions[0].UnconfirmedSince) != "2024-06-01T01:23:20Z" {
-		t.Errorf("customer view past the grace: %+v", v.Subscriptions)
-	}
-}
 
 // rereadJob is a River job row of the re-read kind.
 type rereadJob struct {
@@ -100,14 +47,18 @@ type rereadJob struct {
 // the sweep will have queued by the time each check is due.
 func (e *env) rereadJobs(t *testing.T, subscriptionID string) []rereadJob {
 	t.Helper()
-	if _, err := e.svc.queueRereadsDueBy(context.Background(), time.Unix(1<<40, 0)); err != nil {
+	now := e.clock.Now()
+	e.clock.Set(time.Unix(1<<40, 0))
+	_, err := e.subs.QueueDueRereads(context.Background())
+	e.clock.Set(now)
+	if err != nil {
 		t.Fatalf("sweep: %v", err)
 	}
 	var rows []rereadJob
-	err := e.db.Raw(`SELECT id, state, scheduled_at, max_attempts,
+	err = e.db.Raw(`SELECT id, state, scheduled_at, max_attempts,
 		  coalesce((args->>'due')::bigint, 0) AS due, coalesce((args->>'tie')::bigint, 0) AS tie
 		FROM river_job WHERE kind = $1 AND args->>'subscription_id' = $2 ORDER BY id`,
-		RereadJobKind, subscriptionID).Scan(&rows).Error
+		billing.RereadJobKind, subscriptionID).Scan(&rows).Error
 	if err != nil {
 		t.Fatalf("re-read jobs of %s: %v", subscriptionID, err)
 	}
@@ -115,8 +66,8 @@ func (e *env) rereadJobs(t *testing.T, subscriptionID string) []rereadJob {
 }
 
 // withStripe gives the service a Stripe client, which turns the re-reads on.
-func withStripe(g SubscriptionGetter) envOpt {
-	return func(d *Deps) { d.Reread.Stripe = g; d.PeriodGrace = grace }
+func withStripe(g billing.SubscriptionGetter) envOpt {
+	return func(d *Deps, b *billing.Deps) { b.Reread.Stripe = g; d.Policy.PeriodGrace = grace }
 }
 
 // One job per subscription and renewal, however many events carry that renewal; a renewal
@@ -126,7 +77,7 @@ func TestRenewalRereadIsQueuedOncePerRenewal(t *testing.T) {
 	t.Parallel()
 	unused := stripeclient.New("http://127.0.0.1:9", "sk_test_unused", slog.New(slog.DiscardHandler)).Subscriptions
 	e := newEnv(t, withStripe(unused))
-	s := subObj{ID: "sub_q", Customer: "cus_q", Status: StatusActive, Price: "p", PeriodStart: 10, PeriodEnd: 30 * 86400}
+	s := subObj{ID: "sub_q", Customer: "cus_q", Status: billing.StatusActive, Price: "p", PeriodStart: 10, PeriodEnd: 30 * 86400}
 	e.mustHandle(t, created("evt_q1", 10, s), updated("evt_q2", 20, s), updated("evt_q3", 30, s))
 	// A redelivery and older events that lose the guard queue nothing either, even one whose
 	// renewal differs: only an applied event sets the renewal its job checks.
@@ -134,10 +85,10 @@ func TestRenewalRereadIsQueuedOncePerRenewal(t *testing.T) {
 	older.PeriodEnd = 20 * 86400
 	e.mustHandle(t, updated("evt_q3", 30, s), updated("evt_q0", 5, s), updated("evt_q00", 4, older))
 	// Applied again through a snapshot (as reconciliation does): still the same job.
-	e.applySnapshot(t, Snapshot{Subscription: s.JSON(), FetchedAt: at(40), Source: "reconcile:q"})
+	e.applySnapshot(t, billing.Snapshot{Subscription: s.JSON(), FetchedAt: at(40), Source: "reconcile:q"})
 	jobs := e.rereadJobs(t, "sub_q")
 	if len(jobs) != 1 || jobs[0].Due != base+30*86400 || !jobs[0].ScheduledAt.Equal(at(30*86400).Add(grace/2)) ||
-		jobs[0].MaxAttempts != DefaultRereadAttempts {
+		jobs[0].MaxAttempts != billing.DefaultRereadAttempts {
 		t.Fatalf("after four applies of one period: %+v, want one job halfway through the grace", jobs)
 	}
 
@@ -162,14 +113,14 @@ func TestRenewalRereadIsQueuedOncePerRenewal(t *testing.T) {
 		t.Fatalf("after the renewal: %+v", jobs)
 	}
 	// past_due and canceled are not held to the period: no job.
-	e.mustHandle(t, updated("evt_q5", 30*86400+60, renewed.with(StatusPastDue)))
-	e.mustHandle(t, deleted("evt_q6", 30*86400+120, renewed.with(StatusCanceled)))
+	e.mustHandle(t, updated("evt_q5", 30*86400+60, renewed.with(billing.StatusPastDue)))
+	e.mustHandle(t, deleted("evt_q6", 30*86400+120, renewed.with(billing.StatusCanceled)))
 	if jobs := e.rereadJobs(t, "sub_q"); len(jobs) != 1 {
 		t.Errorf("past_due and canceled queued re-reads: %+v", jobs)
 	}
 
 	// Trialing: checked at the trial's end.
-	e.mustHandle(t, created("evt_t1", 10, subObj{ID: "sub_tr", Customer: "cus_q", Status: StatusTrialing, Price: "p",
+	e.mustHandle(t, created("evt_t1", 10, subObj{ID: "sub_tr", Customer: "cus_q", Status: billing.StatusTrialing, Price: "p",
 		PeriodStart: 10, PeriodEnd: 14 * 86400, TrialStart: 10, TrialEnd: 14 * 86400}))
 	if jobs := e.rereadJobs(t, "sub_tr"); len(jobs) != 1 || jobs[0].Due != base+14*86400 {
 		t.Errorf("trialing: %+v", jobs)
@@ -217,7 +168,7 @@ func newRereadEnv(t *testing.T, retrying bool) *rereadEnv {
 	r.proxy.Handle("/v1/subscriptions", r.serveSubscription)
 	logger := slog.New(r.logs)
 
-	var subs SubscriptionGetter = stripeclient.New(r.proxy.URL, "sk_test_reread", logger).Subscriptions
+	var subs billing.SubscriptionGetter = stripeclient.New(r.proxy.URL, "sk_test_reread", logger).Subscriptions
 	if !retrying {
 		backend := stripe.GetBackendWithConfig(stripe.APIBackend, &stripe.BackendConfig{
 			URL: stripe.String(r.proxy.URL), MaxNetworkRetries: stripe.Int64(0),
@@ -240,13 +191,18 @@ func newRereadEnv(t *testing.T, retrying bool) *rereadEnv {
 	if err != nil {
 		t.Fatalf("river client: %v", err)
 	}
-	e.svc = New(Deps{
-		DB: db, Jobs: rc, Logger: logger, Now: e.clock.Now, PastDueEntitled: true, PeriodGrace: grace,
-		Reread: RereadDeps{Stripe: subs, MaxAttempts: 3, RetryDelay: time.Millisecond},
+	policy := Policy{PastDueEntitled: true, PeriodGrace: grace}
+	e.subs = billing.New(billing.Deps{
+		DB: db, Jobs: rc, Logger: logger, Now: e.clock.Now, PeriodGrace: grace, Renewals: policy,
+		Reread: billing.RereadDeps{Stripe: subs, MaxAttempts: 3, RetryDelay: time.Millisecond},
 	})
-	e.svc.AddWorkers(workers)
+	e.svc = New(Deps{DB: db, Billing: e.subs, Jobs: rc, Logger: logger, Now: e.clock.Now, Policy: policy})
+	e.subs.SetTeller(e.svc)
+	e.subs.AddWorkers(workers)
+	e.subs.Register(e.reg)
 	e.svc.Register(e.reg)
 	e.echo.HTTPErrorHandler = httpserver.ErrorHandler(slog.New(slog.DiscardHandler))
+	e.subs.MountAPI(e.echo.Group("/v1"))
 	e.svc.MountAPI(e.echo.Group("/v1"))
 	r.env, r.rc = e, rc
 
@@ -394,7 +350,7 @@ func (r *rereadEnv) activeSubscription(t *testing.T, id, user string) (subObj, t
 	t.Helper()
 	r.link(t, user, "cus_"+id, user+"@example.com")
 	end := r.now.Add(time.Hour)
-	s := subObj{ID: id, Customer: "cus_" + id, Status: StatusActive, Price: "price_m",
+	s := subObj{ID: id, Customer: "cus_" + id, Status: billing.StatusActive, Price: "price_m",
 		PeriodStart: off(end.AddDate(0, -1, 0)), PeriodEnd: off(end)}
 	r.mustHandle(t, created("evt_"+id+"_1", off(r.now.Add(-time.Minute)), s))
 	return s, end
@@ -431,7 +387,7 @@ func TestRereadRenewedAtStripeStaysEntitled(t *testing.T) {
 
 	ent := r.entitlement(t, "u_ren")
 	newEnd := end.AddDate(0, 1, 0)
-	if !ent.Entitled || ent.Status != StatusActive || ptrTime(ent.CurrentPeriodEnd) != ptrTime(&newEnd) || ent.UnconfirmedSince != nil {
+	if !ent.Entitled || ent.Status != billing.StatusActive || ptrTime(ent.CurrentPeriodEnd) != ptrTime(&newEnd) || ent.UnconfirmedSince != nil {
 		t.Errorf("after the re-read: %+v", ent)
 	}
 	reqs := r.proxy.Filter(http.MethodGet, "/v1/subscriptions/sub_ren")
@@ -457,7 +413,7 @@ func TestRereadCanceledAtStripeLosesAccess(t *testing.T) {
 	r := newRereadEnv(t, true)
 	s, end := r.activeSubscription(t, "sub_can", "u_can")
 	job := r.onlyJob(t, "sub_can")
-	canceled := s.with(StatusCanceled)
+	canceled := s.with(billing.StatusCanceled)
 	canceled.CanceledAt, canceled.EndedAt = off(end), off(end)
 	r.setStripe(canceled, nil)
 
@@ -471,7 +427,7 @@ func TestRereadCanceledAtStripeLosesAccess(t *testing.T) {
 	r.waitJob(t, job.ID, rivertype.JobStateCompleted)
 
 	ent := r.entitlement(t, "u_can")
-	if ent.Entitled || ent.Status != StatusCanceled || ent.UnconfirmedSince != nil {
+	if ent.Entitled || ent.Status != billing.StatusCanceled || ent.UnconfirmedSince != nil {
 		t.Errorf("after the re-read: %+v", ent)
 	}
 	if st := r.sub(t, "sub_can"); st.EndedAt == nil || !st.EndedAt.Equal(end) {
@@ -498,7 +454,7 @@ func TestRereadStripeUnreachable(t *testing.T) {
 		t.Errorf("%d requests to Stripe, want one per attempt (3)", n)
 	}
 	ent := r.entitlement(t, "u_down")
-	if ent.Entitled || ent.Status != StatusActive || ptrTime(ent.UnconfirmedSince) != ptrTime(&end) {
+	if ent.Entitled || ent.Status != billing.StatusActive || ptrTime(ent.UnconfirmedSince) != ptrTime(&end) {
 		t.Errorf("after the failed re-read: %+v", ent)
 	}
 	if w := r.logs.warnings("subscription cannot be confirmed: Stripe could not be read"); len(w) != 1 || !strings.Contains(w[0], "sub_down") {
@@ -583,8 +539,8 @@ func TestSameSecondTieIsSettledByStripe(t *testing.T) {
 	// Hold the re-read at Stripe's door, to see a third event of that second arrive meanwhile.
 	arrived, release := r.proxy.Gate(http.MethodGet, "/v1/subscriptions/sub_tie")
 	defer release()
-	r.mustHandle(t, updated("evt_tie_1", off(second), s), updated("evt_tie_2", off(second), s.with(StatusPastDue)))
-	if got := r.sub(t, "sub_tie").Status; got != StatusPastDue {
+	r.mustHandle(t, updated("evt_tie_1", off(second), s), updated("evt_tie_2", off(second), s.with(billing.StatusPastDue)))
+	if got := r.sub(t, "sub_tie").Status; got != billing.StatusPastDue {
 		t.Fatalf("the rank's guess: %s, want past_due", got)
 	}
 	tieJobs := func() []rereadJob {
@@ -607,14 +563,14 @@ func TestSameSecondTieIsSettledByStripe(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the tie's re-read did not reach Stripe")
 	}
-	r.mustHandle(t, updated("evt_tie_3", off(second), s.with(StatusUnpaid)))
-	if got := r.sub(t, "sub_tie").Status; got != StatusUnpaid {
+	r.mustHandle(t, updated("evt_tie_3", off(second), s.with(billing.StatusUnpaid)))
+	if got := r.sub(t, "sub_tie").Status; got != billing.StatusUnpaid {
 		t.Fatalf("the rank's second guess: %s, want unpaid", got)
 	}
 	release()
 	r.waitJob(t, tie[0].ID, rivertype.JobStateCompleted)
 	st := r.sub(t, "sub_tie")
-	if st.Status != StatusActive || ptrStr(st.SubEventID) != "reread:sub_tie" {
+	if st.Status != billing.StatusActive || ptrStr(st.SubEventID) != "reread:sub_tie" {
 		t.Errorf("after the tie's re-read: %s by %s, want active by the re-read", st.Status, ptrStr(st.SubEventID))
 	}
 	if n := len(tieJobs()); n != 1 {
@@ -648,144 +604,4 @@ func TestRereadHalfwayThenAtTheEndOfTheGrace(t *testing.T) {
 	if ent := r.entitlement(t, "u_late"); !ent.Entitled || ptrTime(ent.CurrentPeriodEnd) != ptrTime(tp(end.AddDate(0, 1, 0))) {
 		t.Errorf("after the renewal was read: %+v", ent)
 	}
-}
-
-// The re-read's jobs are written by jobs.UniqueInsert's statement, not River: the row must be the
-// one River's InsertTx writes with the same options, column by column (every column River has, so
-// that one it adds later is compared too), and each must see the other's row as a duplicate.
-func TestUniqueInsertWritesRiversRow(t *testing.T) {
-	t.Parallel()
-	db := testenv.DB(t)
-	sqlDB, err := db.DB()
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Never started: it only inserts (River checks the kind has a worker).
-	workers := river.NewWorkers()
-	river.AddWorker(workers, &rereadWorker{})
-	rc, err := jobs.NewClient(sqlDB, jobs.ClientOptions{Workers: workers, Logger: slog.New(slog.DiscardHandler), TestOnly: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	inTx := func(f func(tx *sql.Tx) error) {
-		t.Helper()
-		tx, err := sqlDB.BeginTx(ctx, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := f(tx); err != nil {
-			_ = tx.Rollback()
-			t.Fatal(err)
-		}
-		if err := tx.Commit(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	at := time.Now().Add(time.Hour).UTC().Truncate(time.Microsecond)
-	type jobCase struct {
-		name        string
-		args, other river.JobArgs // other differs in a field that is not unique
-		opts        *river.InsertOpts
-		at          time.Time
-		maxAttempts int
-		sub         string
-	}
-	rereadOpts := &river.InsertOpts{MaxAttempts: 3, ScheduledAt: at, UniqueOpts: river.UniqueOpts{ByArgs: true}}
-	for _, c := range []jobCase{
-		{"renewal", RereadArgs{SubscriptionID: "sub_eq_due", Due: 1719792000}, RereadArgs{SubscriptionID: "sub_eq_due", Due: 1719792000, Livemode: true},
-			rereadOpts, at, 3, "sub_eq_due"},
-		{"tie", RereadArgs{SubscriptionID: "sub_eq_tie", Livemode: true, Tie: 1719792001}, RereadArgs{SubscriptionID: "sub_eq_tie", Tie: 1719792001},
-			rereadOpts, at, 3, "sub_eq_tie"},
-	} {
-		byRiver := func(args river.JobArgs) (skipped bool) {
-			t.Helper()
-			inTx(func(tx *sql.Tx) error {
-				res, err := rc.InsertTx(ctx, tx, args, c.opts)
-				if err == nil {
-					skipped = res.UniqueSkippedAsDuplicate
-				}
-				return err
-			})
-			return skipped
-		}
-		ours := func(args river.JobArgs) (skipped bool) {
-			t.Helper()
-			inTx(func(tx *sql.Tx) (err error) {
-				skipped, err = uniqueInsert(ctx, rc, tx, args, c.at, c.maxAttempts)
-				return err
-			})
-			return skipped
-		}
-		row := func() map[string]any {
-			t.Helper()
-			var cols []string
-			// scheduled_at is compared only for a scheduled job: an available one's is the
-			// insert's now().
-			if err := db.Raw(`SELECT CAST(to_jsonb(j) - 'id' - 'created_at' - CASE WHEN state = 'available' THEN 'scheduled_at' ELSE '' END AS text)
-				FROM river_job j WHERE kind = $1 AND args->>'subscription_id' = $2`, c.args.Kind(), c.sub).Scan(&cols).Error; err != nil || len(cols) != 1 {
-				t.Fatalf("%s: jobs: %v, %v; want one", c.name, cols, err)
-			}
-			var m map[string]any
-			if err := json.Unmarshal([]byte(cols[0]), &m); err != nil {
-				t.Fatal(err)
-			}
-			return m
-		}
-		if byRiver(c.args) {
-			t.Fatalf("%s: skipped on an empty table", c.name)
-		}
-		want := row()
-		for _, col := range []string{"args", "kind", "max_attempts", "metadata", "priority", "queue", "state", "tags",
-			"unique_key", "unique_states", "attempt", "errors"} {
-			if _, ok := want[col]; !ok {
-				t.Errorf("River's row has no column %s", col)
-			}
-		}
-		if !ours(c.args) {
-			t.Errorf("%s: our insert did not see River's row as a duplicate", c.name)
-		}
-		if err := db.Exec(`DELETE FROM river_job WHERE args->>'subscription_id' = $1`, c.sub).Error; err != nil {
-			t.Fatal(err)
-		}
-		if ours(c.args) {
-			t.Fatalf("%s: skipped on an empty table", c.name)
-		}
-		if got := row(); fmt.Sprint(got) != fmt.Sprint(want) {
-			t.Errorf("%s:\nours  %v\nRiver %v", c.name, got, want)
-		}
-		if !byRiver(c.args) || !ours(c.args) {
-			t.Errorf("%s: a second insert was not skipped", c.name)
-		}
-		// A field outside the unique ones: River calls the job a duplicate, so must we.
-		if !ours(c.other) || !byRiver(c.other) {
-			t.Errorf("%s: %+v is not a duplicate, as River sees it", c.name, c.other)
-		}
-		// Through the Discard inserter (billing verify's replay), nothing is written.
-		if err := db.Exec(`DELETE FROM river_job WHERE args->>'subscription_id' = $1`, c.sub).Error; err != nil {
-			t.Fatal(err)
-		}
-		inTx(func(tx *sql.Tx) error {
-			_, err := uniqueInsert(ctx, jobs.Discard{}, tx, c.args, c.at, c.maxAttempts)
-			return err
-		})
-		var n int64
-		if err := db.Raw(`SELECT count(*) FROM river_job WHERE args->>'subscription_id' = $1`, c.sub).Scan(&n).Error; err != nil || n != 0 {
-			t.Errorf("%s: %d jobs written through Discard (%v)", c.name, n, err)
-		}
-	}
-}
-
-// uniqueInsert runs jobs.UniqueInsert's statement alone in tx; skipped reports a duplicate.
-func uniqueInsert(ctx context.Context, ins jobs.Inserter, tx *sql.Tx, args river.JobArgs, at time.Time, maxAttempts int) (skipped bool, err error) {
-	query, params, err := jobs.UniqueInsert(ins, args, at, maxAttempts, 1, jobs.Within{})
-	if err != nil || query == "" {
-		return false, err
-	}
-	res, err := tx.ExecContext(ctx, query, params...)
-	if err != nil {
-		return false, err
-	}
-	n, err := res.RowsAffected()
-	return n == 0, err
 }

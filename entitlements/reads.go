@@ -1,13 +1,11 @@
-package billing
+package entitlements
 
 import (
-	"cmp"
 	"context"
 	"database/sql"
 	"database/sql/driver"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -15,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"gorm.io/gorm"
 
-	"billing/internal/database"
+	"billing/billing"
 )
 
 // SubscriptionView is one subscription in GET /v1/customers/{user_id}.
@@ -43,30 +41,7 @@ type SubscriptionView struct {
 	UnconfirmedSince *time.Time `json:"unconfirmed_since"`
 	// Quantity is the seats: the quantity of the licensed item.
 	Quantity *int64 `json:"quantity"`
-	FailedInvoice
-}
-
-// FailedInvoice is the failed invoice of a payment hold in force, every field null otherwise.
-// Its fields appear inline in the JSON of the views that embed it.
-type FailedInvoice struct {
-	AttemptCount       *int64     `json:"attempt_count"`
-	NextPaymentAttempt *time.Time `json:"next_payment_attempt"`
-	AmountDue          *int64     `json:"amount_due"`
-	Currency           *string    `json:"currency"`
-	HostedInvoiceURL   *string    `json:"hosted_invoice_url"`
-}
-
-func (s *Subscription) failedInvoice() FailedInvoice {
-	if !s.paymentHoldInForce() {
-		return FailedInvoice{}
-	}
-	return FailedInvoice{
-		AttemptCount:       s.AttemptCount,
-		NextPaymentAttempt: utc(s.NextPaymentAttempt),
-		AmountDue:          s.AmountDue,
-		Currency:           s.Currency,
-		HostedInvoiceURL:   s.HostedInvoiceURL,
-	}
+	billing.FailedInvoice
 }
 
 // Entitlement is GET /v1/customers/{user_id}/entitlement: whether the user gets access now, and
@@ -105,98 +80,14 @@ type CustomerView struct {
 	Entitlement      Entitlement        `json:"entitlement"`
 }
 
-// HoldView is one entry of GET /admin/holds.
-type HoldView struct {
-	SubscriptionID   string     `json:"subscription_id"`
-	StripeCustomerID string     `json:"stripe_customer_id"`
-	UserID           *string    `json:"user_id"`
-	Status           string     `json:"status"`
-	HoldReason       string     `json:"hold_reason"`
-	OnHoldSince      *time.Time `json:"on_hold_since"`
-	FailedInvoice
-	Livemode bool `json:"livemode"`
-}
-
-// subscriptionRowColumns are the columns a Subscription is read from, named as its fields' column
-// tags (database.ScanAll matches them by name), the customer's user id excepted. The NOT NULL
-// columns are coalesced so that the LEFT JOIN of a customer without subscriptions scans too (its
-// subscription_id is then "").
-const subscriptionRowColumns = `coalesce(s.subscription_id, '') AS subscription_id,
-	coalesce(s.stripe_customer_id, '') AS stripe_customer_id, coalesce(s.livemode, false) AS livemode,
-	coalesce(s.status, '') AS status, s.price_id, s.current_period_start, s.current_period_end,
-	coalesce(s.cancel_at_period_end, false) AS cancel_at_period_end, s.cancel_at, s.canceled_at, s.ended_at,
-	s.trial_start, s.trial_end, s.status_since, s.sub_event_id, s.sub_event_created, s.trial_will_end_at,
-	coalesce(s.payment_hold, false) AS payment_hold, s.payment_hold_since, s.latest_invoice_id, s.attempt_count,
-	s.next_payment_attempt, s.amount_due, s.currency, s.hosted_invoice_url, s.inv_event_created,
-	s.payment_hold_billing_reason, s.payment_hold_kind, s.pause_collection_behavior, s.pause_collection_resumes_at,
-	s.quantity`
-
-// subscriptionColumns are subscriptionRowColumns and the user id of the customer joined as c.
-const subscriptionColumns = subscriptionRowColumns + `, c.user_id`
-
-// customerSubscriptionRow is one row of a customer joined to its subscriptions.
-type customerSubscriptionRow struct {
-	CustomerStripeID *string `gorm:"column:customer_stripe_id"`
-	CustomerLivemode bool    `gorm:"column:customer_livemode"`
-	Subscription
-}
-
-// queryCustomerSubscriptions runs query (which selects the customer's stripe_customer_id AS
-// customer_stripe_id, its livemode AS customer_livemode, and subscriptionColumns) on the
-// handle's own connection, without gorm's callbacks: the reads of the app's hot paths skip gorm's
-// per-statement reflection, which was an eighth of their CPU.
-func (s *Service) queryCustomerSubscriptions(ctx context.Context, query string, args ...any) ([]customerSubscriptionRow, error) {
-	rows, err := s.db.Statement.ConnPool.QueryContext(ctx, query, args...)
-	if err != nil {
-		return nil, err
-	}
-	return database.ScanAll[customerSubscriptionRow](rows)
-}
-
-// ErrNoCustomer means the user has no linked Stripe customer.
-var ErrNoCustomer = errors.New("no customer is linked to the user")
-
-// linkedCustomer is the customer side of a customer view.
-type linkedCustomer struct {
-	UserID           string
-	StripeCustomerID *string
-	Livemode         bool
-}
-
-// customerWithSubscriptions loads a user's linked customer and its subscriptions in one
-// statement: the entitlement read is the app's hottest path, one round trip instead of two.
-// Only the deployment's world answers: its link of the user, and its subscriptions of that
-// customer; a row of the other mode never reaches the view.
-func (s *Service) customerWithSubscriptions(ctx context.Context, userID string) (*linkedCustomer, []Subscription, error) {
-	rows, err := s.queryCustomerSubscriptions(ctx, `
-		SELECT c.stripe_customer_id AS customer_stripe_id, c.livemode AS customer_livemode, `+subscriptionColumns+`
-		FROM customers c LEFT JOIN subscriptions s ON s.stripe_customer_id = c.stripe_customer_id AND s.livemode = c.livemode
-		WHERE c.user_id = $1 AND c.livemode = $2 AND c.stripe_customer_id IS NOT NULL
-		ORDER BY s.created_at, s.subscription_id`, userID, s.livemode)
-	if err != nil {
-		return nil, nil, fmt.Errorf("load customer of user %q: %w", userID, err)
-	}
-	if len(rows) == 0 {
-		return nil, nil, ErrNoCustomer
-	}
-	c := &linkedCustomer{UserID: userID, StripeCustomerID: rows[0].CustomerStripeID, Livemode: rows[0].CustomerLivemode}
-	subs := make([]Subscription, 0, len(rows))
-	for _, r := range rows {
-		if r.SubscriptionID != "" {
-			subs = append(subs, r.Subscription)
-		}
-	}
-	return c, subs, nil
-}
-
 // Customer returns the customer view of a user, or ErrNoCustomer when the user has no
 // linked Stripe customer. Local state only: Stripe is never called.
 func (s *Service) Customer(ctx context.Context, userID string) (*CustomerView, error) {
-	c, subs, err := s.customerWithSubscriptions(ctx, userID)
+	c, subs, err := s.billing.CustomerSubscriptions(ctx, userID)
 	if err != nil {
 		return nil, err
 	}
-	features, err := s.CustomerFeatures(ctx, deref(c.StripeCustomerID), c.Livemode)
+	features, err := s.CustomerFeatures(ctx, derefString(c.StripeCustomerID), c.Livemode)
 	if err != nil {
 		return nil, err
 	}
@@ -257,7 +148,7 @@ const featureQuery = entitlementColumns + `coalesce(CAST($3 AS text) = ANY(f.loo
 // pgtype's types are pgx's own (no conversion through driver.Value) and database/sql scanners
 // as well.
 type entitlementRow struct {
-	sub                                                   Subscription
+	sub                                                   billing.Subscription
 	priceID, billingReason, holdKind, pauseBehavior       pgtype.Text
 	periodEnd, trialEnd, statusSince, subEvent, holdSince pgtype.Timestamptz
 	invEvent, pauseResumes                                pgtype.Timestamptz
@@ -286,7 +177,7 @@ func newEntitlementRow(feature, viaSQL bool) *entitlementRow {
 }
 
 // subscription is the row's subscription, with only the columns of entitlementQuery set.
-func (r *entitlementRow) subscription() Subscription {
+func (r *entitlementRow) subscription() billing.Subscription {
 	sub := r.sub
 	sub.PriceID, sub.PaymentHoldBillingReason = validText(r.priceID), validText(r.billingReason)
 	sub.PaymentHoldKind, sub.PauseCollectionBehavior = validText(r.holdKind), validText(r.pauseBehavior)
@@ -309,7 +200,7 @@ type rowScanner interface {
 
 // entitlementRead is what entitlementQuery or featureQuery read of a user.
 type entitlementRead struct {
-	subs []Subscription
+	subs []billing.Subscription
 	// features is the customer's list (entitlementQuery), hasFeature whether it holds the one
 	// asked for (featureQuery).
 	features   []string
@@ -430,8 +321,8 @@ func validTime(v pgtype.Timestamptz) *time.Time {
 
 // entitlementOf is the entitlement of a user with these subscriptions and the customer's
 // features (Stripe's active entitlements, sorted), which it grants only as the policy says.
-func (s *Service) entitlementOf(userID string, subs []Subscription, features []string, now time.Time) Entitlement {
-	e := Entitlement{UserID: userID, Status: StatusNone, Features: noFeatures}
+func (s *Service) entitlementOf(userID string, subs []billing.Subscription, features []string, now time.Time) Entitlement {
+	e := Entitlement{UserID: userID, Status: billing.StatusNone, Features: noFeatures}
 	best := s.policy.Best(subs, now)
 	if best == nil {
 		return e
@@ -444,10 +335,10 @@ func (s *Service) entitlementOf(userID string, subs []Subscription, features []s
 	e.Status = best.Status
 	e.SubscriptionID = &best.SubscriptionID
 	e.PriceID = best.PriceID
-	e.CurrentPeriodEnd = utc(best.CurrentPeriodEnd)
+	e.CurrentPeriodEnd = billing.UTC(best.CurrentPeriodEnd)
 	e.CancelAtPeriodEnd = best.CancelAtPeriodEnd
-	e.TrialEnd = utc(best.TrialEnd)
-	e.UnconfirmedSince = utc(s.policy.Unconfirmed(best, now))
+	e.TrialEnd = billing.UTC(best.TrialEnd)
+	e.UnconfirmedSince = billing.UTC(s.policy.Unconfirmed(best, now))
 	// The hold of the subscription the answer is about, never another's: a held subscription
 	// that is not the one reported would contradict subscription_id and status.
 	if reason, _, ok := best.Hold(); ok {
@@ -457,7 +348,7 @@ func (s *Service) entitlementOf(userID string, subs []Subscription, features []s
 	return e
 }
 
-func (s *Service) subscriptionView(sub *Subscription, now time.Time) SubscriptionView {
+func (s *Service) subscriptionView(sub *billing.Subscription, now time.Time) SubscriptionView {
 	v := SubscriptionView{
 		SubscriptionID:     sub.SubscriptionID,
 		StripeCustomerID:   sub.StripeCustomerID,
@@ -465,70 +356,34 @@ func (s *Service) subscriptionView(sub *Subscription, now time.Time) Subscriptio
 		Status:             sub.Status,
 		Entitled:           s.policy.Entitled(sub, now),
 		PriceID:            sub.PriceID,
-		CurrentPeriodStart: utc(sub.CurrentPeriodStart),
-		CurrentPeriodEnd:   utc(sub.CurrentPeriodEnd),
+		CurrentPeriodStart: billing.UTC(sub.CurrentPeriodStart),
+		CurrentPeriodEnd:   billing.UTC(sub.CurrentPeriodEnd),
 		CancelAtPeriodEnd:  sub.CancelAtPeriodEnd,
-		CancelAt:           utc(sub.CancelAt),
-		CanceledAt:         utc(sub.CanceledAt),
-		EndedAt:            utc(sub.EndedAt),
-		TrialStart:         utc(sub.TrialStart),
-		TrialEnd:           utc(sub.TrialEnd),
-		UnconfirmedSince:   utc(s.policy.Unconfirmed(sub, now)),
-		FailedInvoice:      sub.failedInvoice(),
+		CancelAt:           billing.UTC(sub.CancelAt),
+		CanceledAt:         billing.UTC(sub.CanceledAt),
+		EndedAt:            billing.UTC(sub.EndedAt),
+		TrialStart:         billing.UTC(sub.TrialStart),
+		TrialEnd:           billing.UTC(sub.TrialEnd),
+		UnconfirmedSince:   billing.UTC(s.policy.Unconfirmed(sub, now)),
+		FailedInvoice:      sub.FailedInvoice(),
 		CollectionPaused:   sub.CollectionPaused(now),
 		Quantity:           sub.Quantity,
 	}
 	if reason, since, ok := sub.Hold(); ok {
 		v.OnHold = true
 		v.HoldReason = &reason
-		v.OnHoldSince = utc(since)
+		v.OnHoldSince = billing.UTC(since)
 	}
 	return v
 }
 
-// Holds lists every subscription on hold now, the longest-held first. Customers not linked to a
-// user are included with a nil UserID.
-func (s *Service) Holds(ctx context.Context) ([]HoldView, error) {
-	// The WHERE clause is a cheap superset (it matches the partial index); Hold() decides.
-	rows, err := s.queryCustomerSubscriptions(ctx, `/* all modes: the admin's holds, each with its mode */
-		SELECT c.stripe_customer_id AS customer_stripe_id, coalesce(c.livemode, false) AS customer_livemode, `+subscriptionColumns+`
-		FROM subscriptions s LEFT JOIN customers c ON c.stripe_customer_id = s.stripe_customer_id AND c.livemode = s.livemode
-		WHERE s.status NOT IN ('canceled', 'incomplete_expired')
-		  AND (s.payment_hold OR s.status IN ('past_due', 'unpaid'))`)
-	if err != nil {
-		return nil, fmt.Errorf("load holds: %w", err)
-	}
-	holds := make([]HoldView, 0, len(rows))
-	for i := range rows {
-		sub := &rows[i].Subscription
-		reason, since, ok := sub.Hold()
-		if !ok {
-			continue
-		}
-		holds = append(holds, HoldView{
-			SubscriptionID:   sub.SubscriptionID,
-			StripeCustomerID: sub.StripeCustomerID,
-			UserID:           sub.UserID,
-			Status:           sub.Status,
-			HoldReason:       reason,
-			OnHoldSince:      utc(since),
-			FailedInvoice:    sub.failedInvoice(),
-			Livemode:         sub.Livemode,
-		})
-	}
-	slices.SortFunc(holds, func(a, b HoldView) int {
-		if c := compareTime(a.OnHoldSince, b.OnHoldSince, false); c != 0 {
-			return c
-		}
-		return cmp.Compare(a.SubscriptionID, b.SubscriptionID)
-	})
-	return holds, nil
-}
+// ErrNoCustomer means the user has no linked Stripe customer: billing's, so that either name
+// matches the error of either package's reads.
+var ErrNoCustomer = billing.ErrNoCustomer
 
-func utc(t *time.Time) *time.Time {
-	if t == nil {
-		return nil
+func derefString(p *string) string {
+	if p == nil {
+		return ""
 	}
-	u := t.UTC()
-	return &u
+	return *p
 }

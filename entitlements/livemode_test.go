@@ -1,4 +1,4 @@
-package billing
+package entitlements
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"billing/billing"
 	"billing/internal/stripeevents"
 	"billing/webhooks"
 )
@@ -52,7 +53,7 @@ func (e *env) modeRow(t *testing.T, id string, live bool) string {
 // entitlementIn is the user's entitlement answer as a deployment of the given mode reads it.
 func (e *env) entitlementIn(t *testing.T, userID string, live bool) string {
 	t.Helper()
-	svc := New(Deps{DB: e.db, Livemode: live, Now: e.clock.Now, PastDueEntitled: true, PausedCollectionEntitled: true})
+	svc := New(Deps{DB: e.db, Billing: e.subs, Livemode: live, Now: e.clock.Now, Policy: Policy{PastDueEntitled: true, PausedCollectionEntitled: true}})
 	ent, err := svc.Entitlement(context.Background(), userID)
 	if err != nil && !errors.Is(err, ErrNoCustomer) {
 		t.Fatalf("entitlement of %s: %v", userID, err)
@@ -66,25 +67,25 @@ func (e *env) entitlementIn(t *testing.T, userID string, live bool) string {
 // entitlement and notices are as they were.
 func TestEventOfTheOtherModeChangesNothing(t *testing.T) {
 	t.Parallel()
-	sub := subObj{ID: "sub_m", Customer: "cus_m", Status: StatusTrialing, Price: "price_m", TrialStart: 1, TrialEnd: 9 * 86400, PeriodEnd: 9 * 86400}
+	sub := subObj{ID: "sub_m", Customer: "cus_m", Status: billing.StatusTrialing, Price: "price_m", TrialStart: 1, TrialEnd: 9 * 86400, PeriodEnd: 9 * 86400}
 	inv := invObj{ID: "in_m", Customer: "cus_m", Subscription: "sub_m", AttemptCount: 1, AmountDue: 900, Currency: "usd", URL: "https://invoice.example/in_m", NextAttempt: 86400}
 	// Every handled type, each a little newer than the state it meets, so that only the mode
 	// can stop it.
 	attacks := []webhooks.Event{
-		created("x_created", 100, sub.with(StatusActive)),
-		updated("x_updated", 100, sub.with(StatusCanceled)),
-		deleted("x_deleted", 100, sub.with(StatusCanceled)),
+		created("x_created", 100, sub.with(billing.StatusActive)),
+		updated("x_updated", 100, sub.with(billing.StatusCanceled)),
+		deleted("x_deleted", 100, sub.with(billing.StatusCanceled)),
 		trialEv("x_trial", 100, sub),
 		failed("x_failed", 100, inv),
 		succeeded("x_succeeded", 100, inv),
-		subEv("x_paused", EventSubscriptionPaused, 100, sub.with(StatusPaused)),
-		subEv("x_resumed", EventSubscriptionResumed, 100, sub.with(StatusActive)),
-		invEv("x_paid", EventInvoicePaid, 100, inv),
-		invEv("x_action", EventInvoicePaymentActionRequired, 100, inv),
-		invEv("x_voided", EventInvoiceVoided, 100, inv),
-		invEv("x_finalized", EventInvoiceFinalized, 100, inv),
-		invEv("x_inv_updated", EventInvoiceUpdated, 100, inv),
-		invEv("x_uncollectible", EventInvoiceMarkedUncollectible, 100, inv),
+		subEv("x_paused", billing.EventSubscriptionPaused, 100, sub.with(billing.StatusPaused)),
+		subEv("x_resumed", billing.EventSubscriptionResumed, 100, sub.with(billing.StatusActive)),
+		invEv("x_paid", billing.EventInvoicePaid, 100, inv),
+		invEv("x_action", billing.EventInvoicePaymentActionRequired, 100, inv),
+		invEv("x_voided", billing.EventInvoiceVoided, 100, inv),
+		invEv("x_finalized", billing.EventInvoiceFinalized, 100, inv),
+		invEv("x_inv_updated", billing.EventInvoiceUpdated, 100, inv),
+		invEv("x_uncollectible", billing.EventInvoiceMarkedUncollectible, 100, inv),
 		summaryEv("x_features", 100, "cus_m", true, "feat_m"),
 	}
 	if got, want := len(attacks), len(newRegistryTypes(t)); got != want {
@@ -144,7 +145,7 @@ func TestNewSubscriptionNamingACustomerOfTheOtherMode(t *testing.T) {
 			t.Fatal(err)
 		}
 		own, other := e.entitlementIn(t, "u_c", customerLive), e.entitlementIn(t, "u_c", !customerLive)
-		s := subObj{ID: "sub_new", Customer: "cus_c", Status: StatusActive, Price: "price_x", PeriodEnd: 30 * 86400}
+		s := subObj{ID: "sub_new", Customer: "cus_c", Status: billing.StatusActive, Price: "price_x", PeriodEnd: 30 * 86400}
 		e.mustHandle(t, inMode(created("evt_new", 1, s), !customerLive),
 			inMode(failed("evt_inv", 2, invObj{ID: "in_x", Customer: "cus_c", Subscription: "sub_other"}), !customerLive))
 		var n int64
@@ -181,7 +182,7 @@ func TestReadsShowOnlyTheCustomersOwnMode(t *testing.T) {
 	if got := e.entitlementIn(t, "u_r", true); got != "null" {
 		t.Errorf("a live deployment answers for a test-mode link: %s", got)
 	}
-	holds, err := e.svc.Holds(context.Background())
+	holds, err := e.subs.Holds(context.Background())
 	if err != nil || len(holds) != 1 {
 		t.Fatalf("holds: %+v %v", holds, err)
 	}
@@ -199,9 +200,9 @@ func TestOtherModeEventLeavesThisWorldAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	t0 := time.Now().UTC().Truncate(time.Second).Add(-time.Hour)
-	sub := stripeevents.Subscription{ID: "sub_l", Customer: "cus_l", Status: StatusActive, PriceID: "price_l",
+	sub := stripeevents.Subscription{ID: "sub_l", Customer: "cus_l", Status: billing.StatusActive, PriceID: "price_l",
 		CurrentPeriodStart: t0, CurrentPeriodEnd: t0.AddDate(0, 1, 0)}
-	if got := p.deliverMode(stripeevents.SubscriptionEvent("evt_l1", EventSubscriptionCreated, t0, false, sub), false); got != "received" {
+	if got := p.deliverMode(stripeevents.SubscriptionEvent("evt_l1", billing.EventSubscriptionCreated, t0, false, sub), false); got != "received" {
 		t.Fatalf("test delivery: %q", got)
 	}
 	p.processed("evt_l1")
@@ -211,15 +212,15 @@ func TestOtherModeEventLeavesThisWorldAlone(t *testing.T) {
 		t.Fatalf("the subscription does not entitle its user: %+v", before)
 	}
 
-	sub.Status = StatusCanceled
-	if got := p.deliverMode(stripeevents.SubscriptionEvent("evt_t1", EventSubscriptionDeleted, t0.Add(time.Minute), true, sub), true); got != "received" {
+	sub.Status = billing.StatusCanceled
+	if got := p.deliverMode(stripeevents.SubscriptionEvent("evt_t1", billing.EventSubscriptionDeleted, t0.Add(time.Minute), true, sub), true); got != "received" {
 		t.Fatalf("live delivery: %q", got)
 	}
 	p.waitFor("the live event applied to the live world",
 		`SELECT count(*) FROM subscriptions WHERE subscription_id = 'sub_l' AND livemode AND status = 'canceled'`, 1)
 	var after Entitlement
 	p.get("/v1/customers/u_l/entitlement", &after)
-	if !after.Entitled || after.Status != StatusActive {
+	if !after.Entitled || after.Status != billing.StatusActive {
 		t.Errorf("an event of the other mode took the entitlement away: %+v", after)
 	}
 	var dead int64
@@ -260,6 +261,7 @@ func (e *env) entitlement(t *testing.T, userID string) string {
 func newRegistryTypes(t *testing.T) []string {
 	t.Helper()
 	reg := webhooks.NewRegistry()
+	(&billing.Service{}).Register(reg)
 	(&Service{}).Register(reg)
 	return reg.Types()
 }

@@ -1,4 +1,4 @@
-package billing
+package entitlements
 
 import (
 	"encoding/json"
@@ -12,6 +12,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"billing/billing"
 	"billing/internal/apitest"
 	"billing/internal/httpserver"
 )
@@ -77,7 +78,7 @@ func TestEntitlementJSONShape(t *testing.T) {
 		}
 	}
 
-	e.mustHandle(t, created("e1", 1, subObj{ID: "sub_1", Customer: "cus_1", Status: StatusTrialing, Price: "price_pro",
+	e.mustHandle(t, created("e1", 1, subObj{ID: "sub_1", Customer: "cus_1", Status: billing.StatusTrialing, Price: "price_pro",
 		PeriodStart: 1, PeriodEnd: 86400, TrialStart: 1, TrialEnd: 86400}))
 	code, body := e.get(t, "/v1/customers/u1/entitlement", nil)
 	want := `{"user_id":"u1","entitled":true,"status":"trialing","on_hold":false,"hold_reason":null,"subscription_id":"sub_1","price_id":"price_pro","current_period_end":"2024-06-02T00:00:00Z","cancel_at_period_end":false,"trial_end":"2024-06-02T00:00:00Z","unconfirmed_since":null,"quantity":null,"features":[]}`
@@ -100,8 +101,8 @@ func TestEntitlementJSONShape(t *testing.T) {
 
 func TestEntitlementPerStatus(t *testing.T) {
 	t.Parallel()
-	statuses := []string{StatusIncomplete, StatusIncompleteExpired, StatusTrialing, StatusActive, StatusPastDue,
-		StatusCanceled, StatusUnpaid, StatusPaused, "brand_new_status"}
+	statuses := []string{billing.StatusIncomplete, billing.StatusIncompleteExpired, billing.StatusTrialing, billing.StatusActive, billing.StatusPastDue,
+		billing.StatusCanceled, billing.StatusUnpaid, billing.StatusPaused, "brand_new_status"}
 	for _, pastDueEntitled := range []bool{true, false} {
 		e := newEnv(t, withPastDueEntitled(pastDueEntitled))
 		for i, status := range statuses {
@@ -112,8 +113,8 @@ func TestEntitlementPerStatus(t *testing.T) {
 			if code, body := e.get(t, "/v1/customers/"+user+"/entitlement", &ent); code != http.StatusOK {
 				t.Fatalf("%s: %d %s", status, code, body)
 			}
-			want := status == StatusTrialing || status == StatusActive || (status == StatusPastDue && pastDueEntitled)
-			wantHold := status == StatusPastDue || status == StatusUnpaid
+			want := status == billing.StatusTrialing || status == billing.StatusActive || (status == billing.StatusPastDue && pastDueEntitled)
+			wantHold := status == billing.StatusPastDue || status == billing.StatusUnpaid
 			if ent.Entitled != want || ent.Status != status || ent.OnHold != wantHold || ptrStr(ent.SubscriptionID) != sub {
 				t.Errorf("past_due_entitled=%v %s: %+v, want entitled %v on_hold %v", pastDueEntitled, status, ent, want, wantHold)
 			}
@@ -125,7 +126,7 @@ func TestEntitlementCancelAtPeriodEnd(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	e.link(t, "u1", "cus_1", "")
-	e.mustHandle(t, updated("e1", 1, subObj{ID: "sub_1", Customer: "cus_1", Status: StatusActive, PeriodEnd: 1000, CancelAtPeriodEnd: true}))
+	e.mustHandle(t, updated("e1", 1, subObj{ID: "sub_1", Customer: "cus_1", Status: billing.StatusActive, PeriodEnd: 1000, CancelAtPeriodEnd: true}))
 	tests := []struct {
 		now  int64
 		want bool
@@ -134,7 +135,7 @@ func TestEntitlementCancelAtPeriodEnd(t *testing.T) {
 		e.clock.Set(at(tc.now))
 		var ent Entitlement
 		e.get(t, "/v1/customers/u1/entitlement", &ent)
-		if ent.Entitled != tc.want || !ent.CancelAtPeriodEnd || ent.Status != StatusActive {
+		if ent.Entitled != tc.want || !ent.CancelAtPeriodEnd || ent.Status != billing.StatusActive {
 			t.Errorf("at +%ds: %+v, want entitled %v", tc.now, ent, tc.want)
 		}
 	}
@@ -144,7 +145,7 @@ func TestSubscriptionsAttachWhenCustomerIsLinked(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	// Made in the dashboard before the app ever linked the customer.
-	e.mustHandle(t, created("e1", 1, subObj{ID: "sub_dash", Customer: "cus_dash", Status: StatusActive, Price: "price_x"}))
+	e.mustHandle(t, created("e1", 1, subObj{ID: "sub_dash", Customer: "cus_dash", Status: billing.StatusActive, Price: "price_x"}))
 	e.link(t, "u1", "", "")
 	if code, body := e.get(t, "/v1/customers/u1/entitlement", nil); code != http.StatusNotFound {
 		t.Fatalf("before linking: %d %s", code, body)
@@ -163,13 +164,13 @@ func TestEntitlementSeveralSubscriptions(t *testing.T) {
 	e.link(t, "u1", "cus_1", "")
 	inv := invObj{ID: "in_b", Customer: "cus_1", Subscription: "sub_b", Currency: "usd", AmountDue: 100, AttemptCount: 1}
 	e.mustHandle(t,
-		created("a1", 1, subObj{ID: "sub_a", Customer: "cus_1", Status: StatusCanceled, PeriodEnd: 9000}),
-		created("b1", 2, subObj{ID: "sub_b", Customer: "cus_1", Status: StatusActive, Price: "price_b", PeriodEnd: 5000}),
-		created("c1", 3, subObj{ID: "sub_c", Customer: "cus_1", Status: StatusIncomplete, PeriodEnd: 9999}),
+		created("a1", 1, subObj{ID: "sub_a", Customer: "cus_1", Status: billing.StatusCanceled, PeriodEnd: 9000}),
+		created("b1", 2, subObj{ID: "sub_b", Customer: "cus_1", Status: billing.StatusActive, Price: "price_b", PeriodEnd: 5000}),
+		created("c1", 3, subObj{ID: "sub_c", Customer: "cus_1", Status: billing.StatusIncomplete, PeriodEnd: 9999}),
 		failed("fb", 4, inv))
 	cv := e.customerView(t, "u1")
 	ent := cv.Entitlement
-	if !ent.Entitled || ptrStr(ent.SubscriptionID) != "sub_b" || ptrStr(ent.PriceID) != "price_b" || !ent.OnHold || ptrStr(ent.HoldReason) != HoldPaymentFailed {
+	if !ent.Entitled || ptrStr(ent.SubscriptionID) != "sub_b" || ptrStr(ent.PriceID) != "price_b" || !ent.OnHold || ptrStr(ent.HoldReason) != billing.HoldPaymentFailed {
 		t.Errorf("entitlement: %+v", ent)
 	}
 	if len(cv.Subscriptions) != 3 {
@@ -186,7 +187,8 @@ func TestEntitlementSeveralSubscriptions(t *testing.T) {
 // The database being down is an outage the caller should retry (503), not a 500.
 func TestReadsAnswer503WhenTheDatabaseIsDown(t *testing.T) {
 	t.Parallel()
-	svc := New(Deps{DB: apitest.UnreachableDB(t)})
+	db := apitest.UnreachableDB(t)
+	svc := New(Deps{DB: db, Billing: billing.New(billing.Deps{DB: db})})
 	e := echo.New()
 	e.HTTPErrorHandler = httpserver.ErrorHandler(slog.New(slog.DiscardHandler))
 	svc.MountAPI(e.Group("/v1"))

@@ -1,4 +1,4 @@
-package billing
+package entitlements
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/stripe/stripe-go/v79"
 	"github.com/stripe/stripe-go/v79/client"
 
+	"billing/billing"
 	"billing/internal/stripeemu"
 	"billing/internal/testenv"
 	"billing/webhooks"
@@ -34,8 +35,8 @@ func newFeaturesEnv(t *testing.T) *featuresEnv {
 	})
 	api := &client.API{}
 	api.Init("sk_test_features", &stripe.Backends{API: backend})
-	e := newEnv(t, func(d *Deps) {
-		d.Reread = RereadDeps{Entitlements: api.EntitlementsActiveEntitlements}
+	e := newEnv(t, func(d *Deps, _ *billing.Deps) {
+		d.Read = ReadDeps{Stripe: api.EntitlementsActiveEntitlements}
 	})
 	return &featuresEnv{env: e, proxy: proxy, acct: acct}
 }
@@ -93,7 +94,7 @@ func keysN(n int) []string {
 	return keys
 }
 
-var activeSub = subObj{ID: "sub_1", Customer: "cus_1", Status: StatusActive, Price: "price_pro", PeriodStart: 1, PeriodEnd: 30 * 86400, Quantity: 1}
+var activeSub = subObj{ID: "sub_1", Customer: "cus_1", Status: billing.StatusActive, Price: "price_pro", PeriodStart: 1, PeriodEnd: 30 * 86400, Quantity: 1}
 
 // A summary whose list has more than its page: what it lists is granted at once, and the job
 // reads every page (three of ten) and grants all 25.
@@ -246,7 +247,7 @@ func TestHoldGatesFeatures(t *testing.T) {
 		t.Fatalf("features %v", got)
 	}
 	inv := invObj{ID: "in_1", Customer: "cus_1", Subscription: "sub_1", AttemptCount: 1, AmountDue: 900, Currency: "usd", Created: 10}
-	e.mustHandle(t, failed("f1", 10, inv), updated("u_past_due", 10, activeSub.with(StatusPastDue)))
+	e.mustHandle(t, failed("f1", 10, inv), updated("u_past_due", 10, activeSub.with(billing.StatusPastDue)))
 	ent, err := e.svc.Entitlement(context.Background(), "u1")
 	if err != nil {
 		t.Fatal(err)
@@ -351,26 +352,6 @@ func TestQuantityFollowsTheEvents(t *testing.T) {
 	}
 	if v := e.customerView(t, "u1"); ptrInt(v.Subscriptions[0].Quantity) != "5" || ptrInt(v.Entitlement.Quantity) != "5" {
 		t.Errorf("customer view: %+v", v)
-	}
-}
-
-// Only the licensed item's quantity is the seats: a metered item has none.
-func TestQuantityIsTheLicensedItems(t *testing.T) {
-	t.Parallel()
-	raw := json.RawMessage(`{"id":"sub_m","customer":"cus_1","status":"active","items":{"data":[
-		{"id":"si_1","price":{"id":"price_usage","recurring":{"usage_type":"metered"}}},
-		{"id":"si_2","price":{"id":"price_seat","recurring":{"usage_type":"licensed"}},"quantity":7}]}}`)
-	obj, err := decodeSubscription(raw)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if q := ptrInt(obj.Quantity()); q != "7" || obj.PriceID() != "price_usage" {
-		t.Errorf("quantity %s price %s", q, obj.PriceID())
-	}
-	only, _ := decodeSubscription(json.RawMessage(`{"id":"sub_m","customer":"cus_1","status":"active","items":{"data":[
-		{"id":"si_1","price":{"id":"price_usage","recurring":{"usage_type":"metered"}}}]}}`))
-	if q := only.Quantity(); q != nil {
-		t.Errorf("metered only: quantity %d, want none", *q)
 	}
 }
 

@@ -1,4 +1,4 @@
-package billing
+package entitlements
 
 import (
 	"fmt"
@@ -15,6 +15,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverdatabasesql"
 
 	"billing/appevents"
+	"billing/billing"
 	"billing/internal/stripeclient"
 	"billing/internal/stripeevents"
 	"billing/internal/testenv"
@@ -46,16 +47,20 @@ func BenchmarkInlineEventStatements(b *testing.B) {
 	// its re-read, as in production.
 	unused := stripeclient.New("http://127.0.0.1:9", "sk_test_unused", logger).Subscriptions
 	// The app is told, as in production: each round's customer is a linked user's.
-	New(Deps{DB: db, Jobs: rc, Logger: logger, PastDueEntitled: true, Reread: RereadDeps{Stripe: unused},
-		AppEvents: appevents.NewTeller(nil)}).Register(reg)
+	subs := billing.New(billing.Deps{DB: db, Jobs: rc, Logger: logger, Reread: billing.RereadDeps{Stripe: unused}})
+	ents := New(Deps{DB: db, Billing: subs, Jobs: rc, Logger: logger, Policy: Policy{PastDueEntitled: true},
+		AppEvents: appevents.NewTeller(nil)})
+	subs.SetTeller(ents)
+	subs.Register(reg)
+	ents.Register(reg)
 	if err := db.Exec(`INSERT INTO customers (user_id, stripe_customer_id, email, livemode)
 		SELECT 'user_st' || g, 'cus_st' || g, 'st' || g || '@example.com', false FROM generate_series(0, ` + fmt.Sprint(b.N) + `) g`).Error; err != nil {
 		b.Fatal(err)
 	}
 	e := echo.New()
 	inbox.MountWebhook(e)
-	types := []string{EventSubscriptionCreated, EventInvoicePaymentFailed, EventInvoicePaymentSucceeded,
-		EventSubscriptionUpdated, EventSubscriptionDeleted}
+	types := []string{billing.EventSubscriptionCreated, billing.EventInvoicePaymentFailed, billing.EventInvoicePaymentSucceeded,
+		billing.EventSubscriptionUpdated, billing.EventSubscriptionDeleted}
 	var statements, events int64
 	created := time.Now().Add(-time.Hour)
 	b.ResetTimer()

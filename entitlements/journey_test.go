@@ -1,4 +1,4 @@
-package billing
+package entitlements
 
 import (
 	"encoding/json"
@@ -9,6 +9,7 @@ import (
 
 	"github.com/stripe/stripe-go/v79"
 
+	"billing/billing"
 	"billing/notices"
 	"billing/webhooks"
 )
@@ -34,21 +35,21 @@ func (e *env) invoiceRowIn(t *testing.T, id string, live bool) string {
 func TestHandledTypesAreStripeGoEventTypes(t *testing.T) {
 	t.Parallel()
 	known := map[string]stripe.EventType{
-		EventSubscriptionCreated:          stripe.EventTypeCustomerSubscriptionCreated,
-		EventSubscriptionUpdated:          stripe.EventTypeCustomerSubscriptionUpdated,
-		EventSubscriptionDeleted:          stripe.EventTypeCustomerSubscriptionDeleted,
-		EventSubscriptionTrialWillEnd:     stripe.EventTypeCustomerSubscriptionTrialWillEnd,
-		EventSubscriptionPaused:           stripe.EventTypeCustomerSubscriptionPaused,
-		EventSubscriptionResumed:          stripe.EventTypeCustomerSubscriptionResumed,
-		EventInvoicePaymentFailed:         stripe.EventTypeInvoicePaymentFailed,
-		EventInvoicePaymentSucceeded:      stripe.EventTypeInvoicePaymentSucceeded,
-		EventInvoicePaid:                  stripe.EventTypeInvoicePaid,
-		EventInvoicePaymentActionRequired: stripe.EventTypeInvoicePaymentActionRequired,
-		EventInvoiceVoided:                stripe.EventTypeInvoiceVoided,
-		EventInvoiceFinalized:             stripe.EventTypeInvoiceFinalized,
-		EventInvoiceUpdated:               stripe.EventTypeInvoiceUpdated,
-		EventInvoiceMarkedUncollectible:   stripe.EventTypeInvoiceMarkedUncollectible,
-		EventEntitlementSummaryUpdated:    stripe.EventTypeEntitlementsActiveEntitlementSummaryUpdated,
+		billing.EventSubscriptionCreated:          stripe.EventTypeCustomerSubscriptionCreated,
+		billing.EventSubscriptionUpdated:          stripe.EventTypeCustomerSubscriptionUpdated,
+		billing.EventSubscriptionDeleted:          stripe.EventTypeCustomerSubscriptionDeleted,
+		billing.EventSubscriptionTrialWillEnd:     stripe.EventTypeCustomerSubscriptionTrialWillEnd,
+		billing.EventSubscriptionPaused:           stripe.EventTypeCustomerSubscriptionPaused,
+		billing.EventSubscriptionResumed:          stripe.EventTypeCustomerSubscriptionResumed,
+		billing.EventInvoicePaymentFailed:         stripe.EventTypeInvoicePaymentFailed,
+		billing.EventInvoicePaymentSucceeded:      stripe.EventTypeInvoicePaymentSucceeded,
+		billing.EventInvoicePaid:                  stripe.EventTypeInvoicePaid,
+		billing.EventInvoicePaymentActionRequired: stripe.EventTypeInvoicePaymentActionRequired,
+		billing.EventInvoiceVoided:                stripe.EventTypeInvoiceVoided,
+		billing.EventInvoiceFinalized:             stripe.EventTypeInvoiceFinalized,
+		billing.EventInvoiceUpdated:               stripe.EventTypeInvoiceUpdated,
+		billing.EventInvoiceMarkedUncollectible:   stripe.EventTypeInvoiceMarkedUncollectible,
+		EventEntitlementSummaryUpdated:            stripe.EventTypeEntitlementsActiveEntitlementSummaryUpdated,
 	}
 	for _, typ := range newRegistryTypes(t) {
 		if st, ok := known[typ]; !ok || string(st) != typ {
@@ -64,16 +65,16 @@ func TestInvoicePaidLiftsTheHold(t *testing.T) {
 	e := newEnv(t)
 	held := invObj{ID: "in_2", Customer: "cus_1", Subscription: "sub_1", AttemptCount: 1, Created: 200}
 	e.mustHandle(t, created("c1", 1, s1), failed("f2", 250, held),
-		invEv("paid_old", EventInvoicePaid, 300, invObj{ID: "in_1", Customer: "cus_1", Subscription: "sub_1", Created: 100, Status: "paid"}))
+		invEv("paid_old", billing.EventInvoicePaid, 300, invObj{ID: "in_1", Customer: "cus_1", Subscription: "sub_1", Created: 100, Status: "paid"}))
 	if _, ok := e.holds(t)["sub_1"]; !ok {
 		t.Fatal("paying an older invoice lifted the hold")
 	}
-	e.mustHandle(t, invEv("paid_2", EventInvoicePaid, 260, held))
+	e.mustHandle(t, invEv("paid_2", billing.EventInvoicePaid, 260, held))
 	if h, ok := e.holds(t)["sub_1"]; ok {
 		t.Errorf("invoice.paid of the held invoice left the hold: %+v", h)
 	}
 	// A payment_succeeded in the same second as a failure wins the tie, and so does invoice.paid.
-	e.mustHandle(t, failed("f3", 400, held), invEv("paid_3", EventInvoicePaid, 400, held))
+	e.mustHandle(t, failed("f3", 400, held), invEv("paid_3", billing.EventInvoicePaid, 400, held))
 	if _, ok := e.holds(t)["sub_1"]; ok {
 		t.Error("invoice.paid lost the tie with a failure of the same second")
 	}
@@ -86,7 +87,7 @@ func TestInvoiceVoidedLiftsItsHold(t *testing.T) {
 	inv := invObj{ID: "in_1", Customer: "cus_1", Subscription: "sub_1", AttemptCount: 1, Created: 100}
 	e.mustHandle(t, created("c1", 1, s1), failed("f1", 150, inv))
 	inv.Status = "void"
-	e.mustHandle(t, invEv("v1", EventInvoiceVoided, 200, inv))
+	e.mustHandle(t, invEv("v1", billing.EventInvoiceVoided, 200, inv))
 	if h, ok := e.holds(t)["sub_1"]; ok {
 		t.Errorf("voided invoice still held: %+v", h)
 	}
@@ -100,15 +101,15 @@ func TestPaymentActionRequiredHoldsAndNotifies(t *testing.T) {
 	e.link(t, "u1", "cus_1", "u1@example.com")
 	inv := invObj{ID: "in_1", Customer: "cus_1", Subscription: "sub_1", AttemptCount: 1, AmountDue: 1500, Currency: "eur",
 		URL: "https://invoice.stripe.com/i/in_1", Created: 100, BillingReason: "subscription_cycle"}
-	ev := invEv("ar1", EventInvoicePaymentActionRequired, 150, inv)
+	ev := invEv("ar1", billing.EventInvoicePaymentActionRequired, 150, inv)
 	e.mustHandle(t, created("c1", 1, s1), ev, ev)
 
 	h, ok := e.holds(t)["sub_1"]
-	if !ok || h.HoldReason != HoldAuthenticationRequired || ptrStr(h.HostedInvoiceURL) != inv.URL || ptrTime(h.OnHoldSince) != ptrTime(ptr(at(150))) {
+	if !ok || h.HoldReason != billing.HoldAuthenticationRequired || ptrStr(h.HostedInvoiceURL) != inv.URL || ptrTime(h.OnHoldSince) != ptrTime(ptr(at(150))) {
 		t.Fatalf("hold: %+v (listed %v)", h, ok)
 	}
 	ent := e.customerView(t, "u1").Entitlement
-	if !ent.OnHold || ptrStr(ent.HoldReason) != HoldAuthenticationRequired || !ent.Entitled {
+	if !ent.OnHold || ptrStr(ent.HoldReason) != billing.HoldAuthenticationRequired || !ent.Entitled {
 		t.Errorf("entitlement: %+v (reason %s)", ent, ptrStr(ent.HoldReason))
 	}
 	if rows, due := e.noticeCount(t, "ar1", notices.KindPaymentActionRequired); rows != 1 || due != 1 {
@@ -120,7 +121,7 @@ func TestPaymentActionRequiredHoldsAndNotifies(t *testing.T) {
 	}
 	// Within one second, the action-required word wins over a plain failure of the attempt.
 	e.mustHandle(t, failed("f1", 150, inv))
-	if h := e.holds(t)["sub_1"]; h.HoldReason != HoldAuthenticationRequired {
+	if h := e.holds(t)["sub_1"]; h.HoldReason != billing.HoldAuthenticationRequired {
 		t.Errorf("reason after a failure of the same second: %s", h.HoldReason)
 	}
 	// Confirmed: paid, the hold is lifted.
@@ -137,7 +138,7 @@ func TestPaymentActionRequiredOfANeverStartedSubscription(t *testing.T) {
 	e := newEnv(t)
 	e.link(t, "u1", "cus_1", "u1@example.com")
 	inv := invObj{ID: "in_1", Customer: "cus_1", Subscription: "sub_1", AttemptCount: 1, Created: 1, BillingReason: "subscription_create"}
-	e.mustHandle(t, created("c1", 1, s1.with(StatusIncomplete)), invEv("ar1", EventInvoicePaymentActionRequired, 2, inv))
+	e.mustHandle(t, created("c1", 1, s1.with(billing.StatusIncomplete)), invEv("ar1", billing.EventInvoicePaymentActionRequired, 2, inv))
 	if rows, _ := e.totalNotices(t); rows != 0 {
 		t.Errorf("%d notices, want none", rows)
 	}
@@ -152,14 +153,14 @@ func TestSubscriptionPausedAndResumed(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	e.link(t, "u1", "cus_1", "")
-	paused := subEv("pa1", EventSubscriptionPaused, 100, s1.with(StatusPaused))
-	resumed := subEv("re1", EventSubscriptionResumed, 200, s1.with(StatusActive))
+	paused := subEv("pa1", billing.EventSubscriptionPaused, 100, s1.with(billing.StatusPaused))
+	resumed := subEv("re1", billing.EventSubscriptionResumed, 200, s1.with(billing.StatusActive))
 	e.mustHandle(t, created("c1", 1, s1), paused)
-	if ent := e.customerView(t, "u1").Entitlement; ent.Entitled || ent.Status != StatusPaused {
+	if ent := e.customerView(t, "u1").Entitlement; ent.Entitled || ent.Status != billing.StatusPaused {
 		t.Errorf("paused: %+v", ent)
 	}
 	e.mustHandle(t, resumed, paused) // the pause delivered again, late
-	if ent := e.customerView(t, "u1").Entitlement; !ent.Entitled || ent.Status != StatusActive {
+	if ent := e.customerView(t, "u1").Entitlement; !ent.Entitled || ent.Status != billing.StatusActive {
 		t.Errorf("resumed: %+v", ent)
 	}
 	if got := e.sub(t, "sub_1"); ptrStr(got.SubEventID) != "re1" || ptrTime(got.StatusSince) != ptrTime(ptr(at(200))) {
@@ -188,11 +189,11 @@ func TestPausedCollectionFollowsThePolicy(t *testing.T) {
 	for _, entitled := range []bool{true, false} {
 		t.Run(fmt.Sprint("entitled=", entitled), func(t *testing.T) {
 			t.Parallel()
-			e := newEnv(t, func(d *Deps) { d.PausedCollectionEntitled = entitled })
+			e := newEnv(t, func(d *Deps, _ *billing.Deps) { d.Policy.PausedCollectionEntitled = entitled })
 			e.link(t, "u1", "cus_1", "")
 			e.mustHandle(t, created("c1", 1, s1), withPause(updated("u1", 10, s1), "void", 5*86400))
 			cv := e.customerView(t, "u1")
-			if cv.Entitlement.Entitled != entitled || cv.Entitlement.Status != StatusActive || !cv.Subscriptions[0].CollectionPaused {
+			if cv.Entitlement.Entitled != entitled || cv.Entitlement.Status != billing.StatusActive || !cv.Subscriptions[0].CollectionPaused {
 				t.Errorf("paused collection: %+v, collection_paused %v", cv.Entitlement, cv.Subscriptions[0].CollectionPaused)
 			}
 			// The pause ends by itself at resumes_at.
@@ -211,9 +212,9 @@ func TestPausedCollectionFollowsThePolicy(t *testing.T) {
 }
 
 // listInvoices answers GET /v1/customers/{user_id}/invoices with query.
-func (e *env) listInvoices(t *testing.T, userID, query string) (int, InvoicePage) {
+func (e *env) listInvoices(t *testing.T, userID, query string) (int, billing.InvoicePage) {
 	t.Helper()
-	var page InvoicePage
+	var page billing.InvoicePage
 	code, body := e.get(t, "/v1/customers/"+userID+"/invoices"+query, &page)
 	if code == http.StatusOK && page.Invoices == nil {
 		t.Fatalf("invoices is null: %s", body)
@@ -221,7 +222,7 @@ func (e *env) listInvoices(t *testing.T, userID, query string) (int, InvoicePage
 	return code, page
 }
 
-func invoiceIDs(p InvoicePage) string {
+func invoiceIDs(p billing.InvoicePage) string {
 	var ids []string
 	for _, i := range p.Invoices {
 		ids = append(ids, i.InvoiceID)
@@ -241,15 +242,15 @@ func TestInvoicesAreKeptAndListed(t *testing.T) {
 	}
 	e.mustHandle(t, created("c1", 1, s1),
 		succeeded("p1", 10, inv("in_1", 10, "paid")),
-		invEv("pd2", EventInvoicePaid, 20, inv("in_2", 20, "paid")),
+		invEv("pd2", billing.EventInvoicePaid, 20, inv("in_2", 20, "paid")),
 		// Two in one second: the id breaks the tie.
-		invEv("fz3", EventInvoiceFinalized, 30, inv("in_3a", 30, "open")),
-		invEv("fz4", EventInvoiceFinalized, 30, inv("in_3b", 30, "open")),
-		invEv("up5", EventInvoiceUpdated, 40, inv("in_draft", 40, "draft")),
+		invEv("fz3", billing.EventInvoiceFinalized, 30, inv("in_3a", 30, "open")),
+		invEv("fz4", billing.EventInvoiceFinalized, 30, inv("in_3b", 30, "open")),
+		invEv("up5", billing.EventInvoiceUpdated, 40, inv("in_draft", 40, "draft")),
 		// A one-off invoice of the customer is theirs too.
-		invEv("pd6", EventInvoicePaid, 50, invObj{ID: "in_oneoff", Customer: "cus_1", Created: 50, Status: "paid", AmountDue: 300, Currency: "usd"}),
+		invEv("pd6", billing.EventInvoicePaid, 50, invObj{ID: "in_oneoff", Customer: "cus_1", Created: 50, Status: "paid", AmountDue: 300, Currency: "usd"}),
 		// Another customer's.
-		invEv("pd7", EventInvoicePaid, 60, invObj{ID: "in_other", Customer: "cus_2", Created: 60, Status: "paid"}),
+		invEv("pd7", billing.EventInvoicePaid, 60, invObj{ID: "in_other", Customer: "cus_2", Created: 60, Status: "paid"}),
 	)
 	code, page := e.listInvoices(t, "u1", "")
 	if code != http.StatusOK || invoiceIDs(page) != "[in_oneoff in_3b in_3a in_2 in_1] has_more=false" {
@@ -301,7 +302,7 @@ func TestInvoicesAreKeptAndListed(t *testing.T) {
 	}
 
 	// An invoice inserted between two reads does not shift the next page.
-	e.mustHandle(t, invEv("fz8", EventInvoiceFinalized, 70, inv("in_new", 70, "open")))
+	e.mustHandle(t, invEv("fz8", billing.EventInvoiceFinalized, 70, inv("in_new", 70, "open")))
 	if _, p := e.listInvoices(t, "u1", "?limit=2&starting_after=in_3b"); invoiceIDs(p) != "[in_3a in_2] has_more=true" {
 		t.Errorf("page after in_3b: %s", invoiceIDs(p))
 	}
@@ -326,10 +327,10 @@ func TestInvoiceRowIsOrdered(t *testing.T) {
 	open := invObj{ID: "in_1", Customer: "cus_1", Created: 10, Status: "open", AmountDue: 500, AmountPaid: 0}
 	paid := open
 	paid.Status, paid.AmountPaid = "paid", 500
-	e.mustHandle(t, invEv("pd", EventInvoicePaid, 30, paid), invEv("fz", EventInvoiceFinalized, 20, open))
+	e.mustHandle(t, invEv("pd", billing.EventInvoicePaid, 30, paid), invEv("fz", billing.EventInvoiceFinalized, 20, open))
 	row := e.invoiceRow(t, "in_1")
 	// A newer event that still says open (a stale read by Stripe's own clock) cannot undo paid.
-	e.mustHandle(t, invEv("up", EventInvoiceUpdated, 40, open))
+	e.mustHandle(t, invEv("up", billing.EventInvoiceUpdated, 40, open))
 	if after := e.invoiceRow(t, "in_1"); after != row {
 		t.Errorf("paid invoice changed:\nbefore %s\nafter  %s", row, after)
 	}
@@ -339,9 +340,9 @@ func TestInvoiceRowIsOrdered(t *testing.T) {
 		t.Errorf("status %q, want paid", status)
 	}
 	// Within one second the later lifecycle stage wins, whatever the delivery order.
-	e.mustHandle(t, invEv("b1", EventInvoiceFinalized, 50, invObj{ID: "in_2", Customer: "cus_1", Created: 50, Status: "open"}),
-		invEv("b0", EventInvoiceMarkedUncollectible, 50, invObj{ID: "in_2", Customer: "cus_1", Created: 50, Status: "uncollectible"}),
-		invEv("b2", EventInvoiceUpdated, 50, invObj{ID: "in_2", Customer: "cus_1", Created: 50, Status: "open"}))
+	e.mustHandle(t, invEv("b1", billing.EventInvoiceFinalized, 50, invObj{ID: "in_2", Customer: "cus_1", Created: 50, Status: "open"}),
+		invEv("b0", billing.EventInvoiceMarkedUncollectible, 50, invObj{ID: "in_2", Customer: "cus_1", Created: 50, Status: "uncollectible"}),
+		invEv("b2", billing.EventInvoiceUpdated, 50, invObj{ID: "in_2", Customer: "cus_1", Created: 50, Status: "open"}))
 	e.db.Raw(`SELECT status FROM invoices WHERE invoice_id = 'in_2'`).Scan(&status)
 	if status != "uncollectible" {
 		t.Errorf("status %q, want uncollectible", status)
@@ -354,7 +355,7 @@ func TestInvoicesOfTheOtherMode(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	e.link(t, "u1", "cus_1", "")
-	e.mustHandle(t, invEv("own", EventInvoicePaid, 10, invObj{ID: "in_own", Customer: "cus_1", Created: 10, Status: "paid"}))
+	e.mustHandle(t, invEv("own", billing.EventInvoicePaid, 10, invObj{ID: "in_own", Customer: "cus_1", Created: 10, Status: "paid"}))
 	if err := e.db.Exec(`INSERT INTO invoices (invoice_id, livemode, stripe_customer_id, status, created) VALUES ('in_live', true, 'cus_1', 'paid', now())`).Error; err != nil {
 		t.Fatal(err)
 	}
@@ -366,8 +367,8 @@ func TestInvoicesOfTheOtherMode(t *testing.T) {
 	}
 	// A live one-off invoice naming the test customer, and a live event about a test invoice.
 	before := e.invoiceRow(t, "in_own")
-	e.mustHandle(t, inMode(invEv("x1", EventInvoicePaid, 20, invObj{ID: "in_x", Customer: "cus_1", Created: 20, Status: "paid"}), true),
-		inMode(invEv("x2", EventInvoiceVoided, 30, invObj{ID: "in_own", Customer: "cus_9", Created: 10, Status: "void"}), true))
+	e.mustHandle(t, inMode(invEv("x1", billing.EventInvoicePaid, 20, invObj{ID: "in_x", Customer: "cus_1", Created: 20, Status: "paid"}), true),
+		inMode(invEv("x2", billing.EventInvoiceVoided, 30, invObj{ID: "in_own", Customer: "cus_9", Created: 10, Status: "void"}), true))
 	if after := e.invoiceRow(t, "in_own"); after != before {
 		t.Errorf("invoice changed:\nbefore %s\nafter  %s", before, after)
 	}

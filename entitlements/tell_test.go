@@ -1,4 +1,4 @@
-package billing
+package entitlements
 
 import (
 	"context"
@@ -10,10 +10,11 @@ import (
 	"gorm.io/gorm"
 
 	"billing/appevents"
+	"billing/billing"
 )
 
 // withAppEvents gives the service a teller (no push) on the test's clock.
-func withAppEvents(d *Deps) { d.AppEvents = appevents.NewTeller(d.Now) }
+func withAppEvents(d *Deps, _ *billing.Deps) { d.AppEvents = appevents.NewTeller(d.Now) }
 
 // appEvent is an entitlement.updated as stored.
 type appEvent struct {
@@ -64,7 +65,7 @@ func TestEntitlementEventPerChangeAndNoneForADuplicate(t *testing.T) {
 	ev := created("e1", 1, s1)
 	e.mustHandle(t, ev)
 	got := e.appEvents(t, "u1")
-	if len(got) != 1 || !got[0].Data.Entitled || got[0].Data.Status != StatusActive {
+	if len(got) != 1 || !got[0].Data.Entitled || got[0].Data.Status != billing.StatusActive {
 		t.Fatalf("after the subscription started: %+v, want one event saying entitled, active", got)
 	}
 	// What GET answers right after the change is the event's data.
@@ -77,7 +78,7 @@ func TestEntitlementEventPerChangeAndNoneForADuplicate(t *testing.T) {
 	if string(gotJSON) != string(wantJSON) {
 		t.Errorf("event data %s, GET answers %s", gotJSON, wantJSON)
 	}
-	if got[0].Data.Previous["entitled"] != false || got[0].Data.Previous["status"] != StatusNone {
+	if got[0].Data.Previous["entitled"] != false || got[0].Data.Previous["status"] != billing.StatusNone {
 		t.Errorf("previous = %v, want entitled false and status none", got[0].Data.Previous)
 	}
 
@@ -88,15 +89,15 @@ func TestEntitlementEventPerChangeAndNoneForADuplicate(t *testing.T) {
 		t.Fatalf("%d events after a duplicate and a no-op update, want 1", n)
 	}
 
-	e.mustHandle(t, updated("e3", 3, s1.with(StatusPastDue)))
+	e.mustHandle(t, updated("e3", 3, s1.with(billing.StatusPastDue)))
 	got = e.appEvents(t, "u1")
-	if len(got) != 2 || got[1].Sequence != 2 || got[1].Data.Status != StatusPastDue || !got[1].Data.OnHold {
+	if len(got) != 2 || got[1].Sequence != 2 || got[1].Data.Status != billing.StatusPastDue || !got[1].Data.OnHold {
 		t.Fatalf("after past_due: %+v, want event 2 on hold", got)
 	}
 	if _, ok := got[1].Data.Previous["entitled"]; ok {
 		t.Errorf("previous %v names entitled, which did not change", got[1].Data.Previous)
 	}
-	if got[1].Data.Previous["status"] != StatusActive || got[1].Data.Previous["on_hold"] != false {
+	if got[1].Data.Previous["status"] != billing.StatusActive || got[1].Data.Previous["on_hold"] != false {
 		t.Errorf("previous = %v, want status active and on_hold false", got[1].Data.Previous)
 	}
 }
@@ -105,7 +106,7 @@ func TestEntitlementEventRolledBackWithItsChange(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, withAppEvents)
 	e.link(t, "u1", "cus_1", "u1@example.com")
-	h, _ := e.reg.Lookup(EventSubscriptionCreated)
+	h, _ := e.reg.Lookup(billing.EventSubscriptionCreated)
 	err := e.db.Transaction(func(tx *gorm.DB) error {
 		if err := h.HandleEvent(context.Background(), tx, created("e1", 1, s1)); err != nil {
 			return err

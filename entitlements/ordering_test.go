@@ -1,9 +1,10 @@
-package billing
+package entitlements
 
 import (
 	"fmt"
 	"testing"
 
+	"billing/billing"
 	"billing/notices"
 	"billing/webhooks"
 )
@@ -18,7 +19,7 @@ func TestLatePaymentOfAnOlderInvoiceKeepsTheHold(t *testing.T) {
 	newer := invObj{ID: "in_new", Customer: "cus_1", Subscription: "sub_1", Currency: "usd", AmountDue: 2000, AttemptCount: 1, Created: 200}
 	e.mustHandle(t, created("c1", 1, s1), failed("f_new", 250, newer), succeeded("p_old", 300, older))
 
-	if h, ok := e.holds(t)["sub_1"]; !ok || h.HoldReason != HoldPaymentFailed || ptrInt(h.AmountDue) != "2000" {
+	if h, ok := e.holds(t)["sub_1"]; !ok || h.HoldReason != billing.HoldPaymentFailed || ptrInt(h.AmountDue) != "2000" {
 		t.Fatalf("the older invoice's payment lifted the newer one's hold: %+v (listed %v)", h, ok)
 	}
 	if cv := e.customerView(t, "u1"); !cv.Entitlement.OnHold {
@@ -85,8 +86,8 @@ func TestEntitlementHoldIsTheReportedSubscriptions(t *testing.T) {
 	e := newEnv(t)
 	e.link(t, "u1", "cus_1", "")
 	e.mustHandle(t,
-		created("a1", 1, subObj{ID: "sub_a", Customer: "cus_1", Status: StatusActive, Price: "price_a", PeriodEnd: 30 * 86400}),
-		created("b1", 2, subObj{ID: "sub_b", Customer: "cus_1", Status: StatusUnpaid, Price: "price_b", PeriodEnd: 30 * 86400}))
+		created("a1", 1, subObj{ID: "sub_a", Customer: "cus_1", Status: billing.StatusActive, Price: "price_a", PeriodEnd: 30 * 86400}),
+		created("b1", 2, subObj{ID: "sub_b", Customer: "cus_1", Status: billing.StatusUnpaid, Price: "price_b", PeriodEnd: 30 * 86400}))
 	ent := e.customerView(t, "u1").Entitlement
 	if ptrStr(ent.SubscriptionID) != "sub_a" || !ent.Entitled || ent.OnHold || ent.HoldReason != nil {
 		t.Errorf("entitlement mixes sub_a with sub_b's hold: %+v (reason %s)", ent, ptrStr(ent.HoldReason))
@@ -94,7 +95,7 @@ func TestEntitlementHoldIsTheReportedSubscriptions(t *testing.T) {
 	// The reported one's own hold shows.
 	e.mustHandle(t, failed("fa", 10, invObj{ID: "in_a", Customer: "cus_1", Subscription: "sub_a", AttemptCount: 1}))
 	ent = e.customerView(t, "u1").Entitlement
-	if ptrStr(ent.SubscriptionID) != "sub_a" || !ent.OnHold || ptrStr(ent.HoldReason) != HoldPaymentFailed {
+	if ptrStr(ent.SubscriptionID) != "sub_a" || !ent.OnHold || ptrStr(ent.HoldReason) != billing.HoldPaymentFailed {
 		t.Errorf("entitlement: %+v (reason %s)", ent, ptrStr(ent.HoldReason))
 	}
 }
@@ -102,7 +103,7 @@ func TestEntitlementHoldIsTheReportedSubscriptions(t *testing.T) {
 // status_since is the start of the current stint of the status, whatever the delivery order.
 func TestStatusSinceWithEventsOutOfOrder(t *testing.T) {
 	t.Parallel()
-	pastDue := s1.with(StatusPastDue)
+	pastDue := s1.with(billing.StatusPastDue)
 	tests := []struct {
 		name string
 		evs  []eventSpec
@@ -128,7 +129,7 @@ func TestStatusSinceWithEventsOutOfOrder(t *testing.T) {
 			for _, sp := range tc.evs {
 				e.mustHandle(t, sp.event())
 			}
-			if got := e.sub(t, "sub_1"); ptrTime(got.StatusSince) != ptrTime(ptr(at(tc.want))) || got.Status != StatusPastDue {
+			if got := e.sub(t, "sub_1"); ptrTime(got.StatusSince) != ptrTime(ptr(at(tc.want))) || got.Status != billing.StatusPastDue {
 				t.Errorf("status %s since %s, want past_due since %s", got.Status, ptrTime(got.StatusSince), ptrTime(ptr(at(tc.want))))
 			}
 		})
@@ -157,7 +158,7 @@ func (sp eventSpec) event() webhooks.Event {
 // that fails is both.
 func TestFailedFirstInvoiceOfASubscriptionThatNeverStarted(t *testing.T) {
 	t.Parallel()
-	for _, status := range []string{StatusIncomplete, StatusIncompleteExpired} {
+	for _, status := range []string{billing.StatusIncomplete, billing.StatusIncompleteExpired} {
 		t.Run(status, func(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t)
@@ -165,9 +166,9 @@ func TestFailedFirstInvoiceOfASubscriptionThatNeverStarted(t *testing.T) {
 			first := invObj{ID: "in_first", Customer: "cus_1", Subscription: "sub_1", AttemptCount: 1, AmountDue: 900,
 				Currency: "usd", BillingReason: "subscription_create", Created: 1}
 			// The failure may come before the subscription's own event (a placeholder row) or after.
-			e.mustHandle(t, failed("f1", 2, first), created("c1", 1, s1.with(StatusIncomplete)), failed("f2", 3, first))
-			if status == StatusIncompleteExpired {
-				e.mustHandle(t, updated("x1", 86400, s1.with(StatusIncompleteExpired)))
+			e.mustHandle(t, failed("f1", 2, first), created("c1", 1, s1.with(billing.StatusIncomplete)), failed("f2", 3, first))
+			if status == billing.StatusIncompleteExpired {
+				e.mustHandle(t, updated("x1", 86400, s1.with(billing.StatusIncompleteExpired)))
 			}
 			if rows, due := e.totalNotices(t); rows != 0 || due != 0 {
 				t.Errorf("notices %d, queued %d; want none", rows, due)

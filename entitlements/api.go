@@ -1,4 +1,4 @@
-package billing
+package entitlements
 
 import (
 	"encoding/json"
@@ -17,16 +17,16 @@ import (
 
 // MountAPI adds, on the /v1 group (app-token auth applied by main):
 //
+//	GET /customers/:user_id              → CustomerView
 //	GET /customers/:user_id/entitlement  → Entitlement
 //	GET /customers/:user_id/features/:lookup_key → FeatureAnswer
-//	GET /customers/:user_id/invoices     → InvoicePage (?limit=&starting_after=)
 //
-// GET /customers/:user_id (the link with its subscriptions) is the customers package's.
+// The user's invoices are billing's (billing.Service.MountAPI); PUT /customers/:user_id (the
+// link) is the customers package's.
 func (s *Service) MountAPI(v1 *echo.Group) {
 	v1.GET("/customers/:user_id", s.getCustomer)
 	v1.GET("/customers/:user_id/entitlement", s.getEntitlement)
 	v1.GET("/customers/:user_id/features/:lookup_key", s.getFeature)
-	v1.GET("/customers/:user_id/invoices", s.getInvoices)
 }
 
 // getCustomer answers the user's link with its subscriptions and entitlement, from local state

@@ -1,4 +1,4 @@
-package billing
+package entitlements
 
 import (
 	"bytes"
@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"gorm.io/gorm"
 
+	"billing/billing"
 	"billing/internal/auth"
 	"billing/internal/database"
 	"billing/internal/httpserver"
@@ -56,7 +57,7 @@ func benchEntitlementDB(tb testing.TB, logger *slog.Logger) *gorm.DB {
 // metrics, the recoverer, app-token auth and the Stripe concurrency limit.
 func benchEntitlementServer(tb testing.TB, db *gorm.DB, logger *slog.Logger) *echo.Echo {
 	tb.Helper()
-	svc := New(Deps{DB: db, Logger: logger, PastDueEntitled: true, PausedCollectionEntitled: true})
+	svc := New(Deps{DB: db, Billing: billing.New(billing.Deps{DB: db}), Logger: logger, Policy: Policy{PastDueEntitled: true, PausedCollectionEntitled: true}})
 	e := httpserver.New(httpserver.Options{
 		Logger:   logger,
 		Registry: prometheus.NewRegistry(),
@@ -195,7 +196,7 @@ func TestEntitlementReadAgreesWithCustomerView(t *testing.T) {
 			t.Fatalf("%s: %v", stmt, err)
 		}
 	}
-	deps := Deps{DB: db, PastDueEntitled: true, PausedCollectionEntitled: false, PeriodGrace: 2 * time.Hour}
+	deps := Deps{DB: db, Billing: billing.New(billing.Deps{DB: db}), Policy: Policy{PastDueEntitled: true, PausedCollectionEntitled: false, PeriodGrace: 2 * time.Hour}}
 	svc := New(deps)
 	// Through a handle whose pool is not a *sql.DB the read goes through database/sql.
 	deps.DB = db.Session(&gorm.Session{PrepareStmt: true})
@@ -304,7 +305,7 @@ func TestEntitlementJSONIsEncodingJSONs(t *testing.T) {
 			cases = append(cases, e)
 		}
 	}
-	cases = append(cases, Entitlement{UserID: "u", Status: StatusNone})
+	cases = append(cases, Entitlement{UserID: "u", Status: billing.StatusNone})
 	for i, s := range strs {
 		a := FeatureAnswer{UserID: s, Feature: strs[(i+3)%len(strs)], Allowed: i%2 == 0, Reason: strs[(i+5)%len(strs)]}
 		var want bytes.Buffer
@@ -327,7 +328,7 @@ func TestEntitlementJSONIsEncodingJSONs(t *testing.T) {
 	}
 	for _, bad := range []time.Time{time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(-1, 1, 1, 0, 0, 0, 0, time.UTC),
 		time.Date(2026, 1, 1, 0, 0, 0, 0, time.FixedZone("far", 24*3600))} {
-		e := Entitlement{UserID: "u", Status: StatusActive, TrialEnd: &bad}
+		e := Entitlement{UserID: "u", Status: billing.StatusActive, TrialEnd: &bad}
 		if _, err := json.Marshal(&e); err == nil {
 			t.Fatalf("encoding/json encodes %v; the case tests nothing", bad)
 		}

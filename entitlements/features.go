@@ -1,4 +1,4 @@
-package billing
+package entitlements
 
 import (
 	"context"
@@ -17,6 +17,7 @@ import (
 	"github.com/stripe/stripe-go/v79/entitlements/activeentitlement"
 	"gorm.io/gorm"
 
+	"billing/billing"
 	"billing/internal/jobs"
 	"billing/internal/stripeclient"
 	"billing/webhooks"
@@ -59,8 +60,8 @@ type ActiveEntitlementLister interface {
 
 // entitlementSummary is the part of an entitlements.active_entitlement_summary the service keeps.
 type entitlementSummary struct {
-	Object       string       `json:"object"`
-	Customer     expandableID `json:"customer"`
+	Object       string               `json:"object"`
+	Customer     billing.ExpandableID `json:"customer"`
 	Entitlements *struct {
 		Data []struct {
 			LookupKey string `json:"lookup_key"`
@@ -71,7 +72,7 @@ type entitlementSummary struct {
 
 func decodeEntitlementSummary(raw json.RawMessage) (*entitlementSummary, []string, error) {
 	var sum entitlementSummary
-	if err := decodeObject(raw, &sum); err != nil {
+	if err := billing.DecodeObject(raw, &sum); err != nil {
 		return nil, nil, err
 	}
 	switch {
@@ -163,7 +164,7 @@ func (s *Service) putFeatures(ctx context.Context, tx *gorm.DB, w featureWrite) 
 func (s *Service) handleEntitlementSummary(ctx context.Context, tx *gorm.DB, ev webhooks.Event) error {
 	sum, keys, err := decodeEntitlementSummary(ev.Object)
 	if err != nil {
-		return permanent("%s %s: %w", ev.Type, ev.ID, err)
+		return webhooks.Permanent(fmt.Errorf("%s %s: %w", ev.Type, ev.ID, err))
 	}
 	// The row is the event's mode's own (customer_features is keyed by customer and mode): a
 	// summary signed with one mode's secret never touches the other's world.
@@ -188,7 +189,7 @@ func (s *Service) handleEntitlementSummary(ctx context.Context, tx *gorm.DB, ev 
 			readNeeded, outcome = true, "tie"
 		}
 	}
-	s.events.WithLabelValues(ev.Type, outcome).Inc()
+	s.billing.CountEvent(ev.Type, outcome)
 	s.log.LogAttrs(ctx, slog.LevelInfo, "active entitlements event",
 		slog.String("event_id", ev.ID), slog.String("stripe_customer_id", customerID),
 		slog.Int("features", len(keys)), slog.Bool("has_more", more), slog.String("outcome", outcome))
@@ -337,7 +338,7 @@ type FeaturesReadArgs struct {
 func (FeaturesReadArgs) Kind() string { return FeaturesReadJobKind }
 
 func (s *Service) queueFeaturesRead(ctx context.Context, tx *gorm.DB, args FeaturesReadArgs) error {
-	if s.rereads.jobs == nil || s.rereads.Entitlements == nil {
+	if s.jobs == nil || s.stripe == nil {
 		s.log.WarnContext(ctx, "active entitlements not read: no Stripe client to read them with",
 			"stripe_customer_id", args.StripeCustomerID, "event_id", args.EventID)
 		return nil
@@ -346,8 +347,8 @@ func (s *Service) queueFeaturesRead(ctx context.Context, tx *gorm.DB, args Featu
 	if err != nil {
 		return err
 	}
-	if _, err := s.rereads.jobs.InsertTx(ctx, sqlTx, args, &river.InsertOpts{
-		MaxAttempts: s.rereads.MaxAttempts,
+	if _, err := s.jobs.InsertTx(ctx, sqlTx, args, &river.InsertOpts{
+		MaxAttempts: s.read.MaxAttempts,
 		UniqueOpts:  river.UniqueOpts{ByArgs: true},
 	}); err != nil {
 		return fmt.Errorf("queue the read of the features of %s: %w", args.StripeCustomerID, err)
@@ -368,13 +369,13 @@ func (w *featuresReadWorker) Work(ctx context.Context, job *river.Job[FeaturesRe
 	return err
 }
 
-// NextRetry doubles the delay at each attempt, as the re-reads do.
+// NextRetry doubles the delay at each attempt, as billing's re-reads do.
 func (w *featuresReadWorker) NextRetry(job *river.Job[FeaturesReadArgs]) time.Time {
-	d := w.s.rereads.RetryDelay
-	for i := 1; i < job.Attempt && d < maxRereadRetryDelay; i++ {
+	d := w.s.read.RetryDelay
+	for i := 1; i < job.Attempt && d < billing.MaxRereadRetryDelay; i++ {
 		d *= 2
 	}
-	return time.Now().Add(min(d, maxRereadRetryDelay))
+	return time.Now().Add(min(d, billing.MaxRereadRetryDelay))
 }
 
 // ReadFeatures runs one attempt of a FeaturesReadArgs job: it reads every page of the customer's
@@ -382,14 +383,14 @@ func (w *featuresReadWorker) NextRetry(job *river.Job[FeaturesReadArgs]) time.Ti
 // count ("" while the job goes on) and the error that River acts on.
 func (s *Service) ReadFeatures(ctx context.Context, a FeaturesReadArgs) (string, error) {
 	log := s.log.With("stripe_customer_id", a.StripeCustomerID, "event_id", a.EventID)
-	if s.rereads.Entitlements == nil {
-		return "failed", river.JobCancel(errors.New("billing: no Stripe client to read active entitlements with"))
+	if s.stripe == nil {
+		return "failed", river.JobCancel(errors.New("entitlements: no Stripe client to read active entitlements with"))
 	}
-	if a.Livemode != s.rereads.Livemode {
+	if a.Livemode != s.read.Livemode {
 		log.WarnContext(ctx, "active entitlements not read: the customer belongs to the other Stripe mode than stripe.mode")
 		return "skipped", nil
 	}
-	keys, fetchedAt, err := ListActiveEntitlements(ctx, s.rereads.Entitlements, a.StripeCustomerID, s.now)
+	keys, fetchedAt, err := ListActiveEntitlements(ctx, s.stripe, a.StripeCustomerID, s.now)
 	if err != nil {
 		var se *stripe.Error
 		if errors.As(err, &se) && (se.HTTPStatusCode == http.StatusNotFound || se.Code == stripe.ErrorCodeResourceMissing) {
