@@ -35,7 +35,7 @@ func (p Policy) entitledBecause(s *billing.Subscription, now time.Time) string {
 	if s.CancelAtPeriodEnd && s.CurrentPeriodEnd != nil {
 		return why + "; it is set to cancel at the end of the period, so access ends " + reasonTime(s.CurrentPeriodEnd) + "."
 	}
-	if due := renewalDue(s); due != nil && !now.Before(*due) {
+	if due := s.RenewalDue(); due != nil && !now.Before(*due) {
 		return why + "; its period ended " + reasonTime(due) + " and no renewal has reached the local state yet: access continues for the grace period (policy.period_grace) while Stripe is asked."
 	}
 	return why + "."
@@ -48,7 +48,7 @@ func (p Policy) notEntitledBecause(s *billing.Subscription, now time.Time) strin
 			return "it was set to cancel at the end of its period, which ended " + reasonTime(s.CurrentPeriodEnd) +
 				"; access ends then even before Stripe's cancellation event arrives."
 		}
-		if due := renewalDue(s); due != nil && !now.Before(*due) {
+		if due := s.RenewalDue(); due != nil && !now.Before(*due) {
 			return "its " + periodWord(s) + " ended " + reasonTime(due) +
 				" and no renewal from Stripe has reached the local state within the grace period (policy.period_grace)."
 		}
@@ -73,21 +73,6 @@ func (p Policy) notEntitledBecause(s *billing.Subscription, now time.Time) strin
 		return "the subscription is paused (a trial ended without a payment method)."
 	}
 	return fmt.Sprintf("the status %q is unknown to this service, and an unknown status never grants access.", s.Status)
-}
-
-// renewalDue is when Stripe must renew an active or trialing subscription: the trial's end while
-// trialing, else the current period's end.
-func renewalDue(s *billing.Subscription) *time.Time {
-	switch s.Status {
-	case billing.StatusTrialing:
-		if s.TrialEnd != nil {
-			return s.TrialEnd
-		}
-		return s.CurrentPeriodEnd
-	case billing.StatusActive:
-		return s.CurrentPeriodEnd
-	}
-	return nil
 }
 
 func periodWord(s *billing.Subscription) string {
