@@ -67,7 +67,7 @@ func TestReconcileCommand(t *testing.T) {
 	}
 	defer db.Close()
 	var rereads int
-	if err := db.QueryRow(`SELECT count(*) FROM subscriptions WHERE renewal_reread_due IS NOT NULL AND NOT livemode`).Scan(&rereads); err != nil {
+	if err := db.QueryRow(`SELECT count(*) FROM subscriptions WHERE renewal_reread_due IS NOT NULL AND NOT renewal_reread_queued AND NOT livemode`).Scan(&rereads); err != nil {
 		t.Fatal(err)
 	}
 	if rereads != 1 {

@@ -174,80 +174,67 @@ func (s *Service) applySubscriptionEvent(ctx context.Context, tx *gorm.DB, ev we
 
 	start, end := obj.Period()
 	cancelAtPeriodEnd := obj.CancelAtPeriodEnd != nil && *obj.CancelAtPeriodEnd
-	update := `
-		UPDATE subscriptions SET
-		  stripe_customer_id = $3,
-		  status_since = CASE WHEN sub_event_created IS NULL OR status IS DISTINCT FROM CAST($4 AS text) OR $19
-		                      THEN CAST($17 AS timestamptz) ELSE status_since END,
-		  status_other_at = CASE WHEN $19 THEN CAST($17 AS timestamptz)
-		                         WHEN sub_event_created IS NULL THEN NULL
-		                         WHEN status IS DISTINCT FROM CAST($4 AS text) THEN sub_event_created
-		                         ELSE status_other_at END,
-		  status = $4,
-		  price_id = $5,
-		  current_period_start = $6,
-		  current_period_end = $7,
-		  cancel_at_period_end = $8,
-		  cancel_at = $9,
-		  canceled_at = $10,
-		  ended_at = $11,
-		  trial_start = $12,
-		  trial_end = $13,
-		  pause_collection_behavior = $20,
-		  pause_collection_resumes_at = $21,
-		  quantity = $22,
-		  sub_event_id = $14,
-		  sub_event_type = $15,
-		  sub_event_created = $17,
-		  sub_event_rank = $16,
-		  updated_at = $18,
-		  renewal_reread_due = CASE WHEN $23 THEN CAST($24 AS timestamptz) ELSE renewal_reread_due END
-		WHERE subscription_id = $1 AND livemode = $2 AND ` + newerThanStored("sub", 17, 16, 14) + `
-		  AND (status NOT IN ('canceled', 'incomplete_expired') OR CAST($4 AS text) IN ('canceled', 'incomplete_expired'))`
+	on, renewal := s.renewalPlan(obj, status)
 	args := []any{obj.ID, ev.Livemode, customerID, // $1–$3
 		status, nullString(obj.PriceID()), start.Ptr(), end.Ptr(), cancelAtPeriodEnd, // $4–$8
 		obj.CancelAt.Ptr(), obj.CanceledAt.Ptr(), obj.EndedAt.Ptr(), obj.TrialStart.Ptr(), obj.TrialEnd.Ptr(), // $9–$13
 		ev.ID, ev.Type, rankOf(ctx, subEventRank(ev.Type, status)), ev.Created.UTC(), s.now(), // $14–$18
-		statusBeganWith(ev, status), obj.pauseBehavior(), obj.pauseResumesAt(), obj.Quantity()} // $19–$22
+		statusBeganWith(ev, status), obj.pauseBehavior(), obj.pauseResumesAt(), obj.Quantity(), // $19–$22
+		on, renewal} // $23–$24
 
-	// The event of a subscription not seen yet writes the row whole; else it locks the row and
-	// updates it under the ordering guard.
-	prior, made, err := s.insertOrLockSubscription(ctx, tx, args, obj, status)
-	if err != nil {
-		return false, err
-	}
-	// A placeholder's customer came from an invoice; a subscription's customer never changes in
-	// Stripe, so a different one on a real row means corrupt input, not an update.
-	if prior.SubEventCreated != nil && prior.StripeCustomerID != customerID {
-		return false, permanent("%s %s: subscription %s belongs to customer %s, event names %s",
-			ev.Type, ev.ID, obj.ID, prior.StripeCustomerID, customerID)
-	}
-	planned, renewal := s.renewalPlan(prior, obj, status)
-	args = append(args, planned, renewal) // $23–$24
-	due := s.rereadsOf(ev, prior, status)
-	var n int64
+	// Most events are written by one statement: the first of a subscription inserts its row
+	// whole, a newer one updates it (writeSubscription). The rest (a stale event, a customer that
+	// differs, the race of two first events) take the path that locks the row first and looks.
+	var prior *Subscription
 	var user *string
-	queued := make([]int64, len(due))
-	switch {
-	case made != nil:
-		n, user = 1, made.UserID
-	case len(due) == 0:
-		n, user, err = updateReturningUser(ctx, tx, update+linkedUserReturning, args...)
-	default:
-		var query string
-		if query, args, err = s.withRereads(update, args, due); err != nil {
-			return false, err
-		}
-		dest := []any{&n, &user}
-		for k := range queued {
-			dest = append(dest, &queued[k])
-		}
-		err = tx.Statement.ConnPool.QueryRowContext(ctx, query, args...).Scan(dest...)
-	}
+	var due []dueReread
+	var queued []int64
+	w, err := s.writeSubscription(ctx, tx, args)
 	if err != nil {
 		return false, fmt.Errorf("apply %s %s to subscription %s: %w", ev.Type, ev.ID, obj.ID, err)
 	}
-	applied = n == 1
+	if w != nil {
+		applied, user = true, w.UserID
+		prior = &Subscription{SubscriptionID: obj.ID, StripeCustomerID: customerID, Livemode: ev.Livemode,
+			Status: StatusIncomplete, SubEventCreated: w.PriorCreated}
+		if w.PriorStatus != nil {
+			prior.Status = *w.PriorStatus
+		}
+		due = s.rereadsOf(ev, prior, status)
+		if queued, err = s.queueRereads(ctx, tx, due); err != nil {
+			return false, err
+		}
+	} else {
+		if prior, err = s.lockSubscription(ctx, tx, obj.ID, customerID, ev.Livemode); err != nil {
+			return false, err
+		}
+		// A placeholder's customer came from an invoice; a subscription's customer never changes
+		// in Stripe, so a different one on a real row means corrupt input, not an update.
+		if prior.SubEventCreated != nil && prior.StripeCustomerID != customerID {
+			return false, permanent("%s %s: subscription %s belongs to customer %s, event names %s",
+				ev.Type, ev.ID, obj.ID, prior.StripeCustomerID, customerID)
+		}
+		due = s.rereadsOf(ev, prior, status)
+		var n int64
+		queued = make([]int64, len(due))
+		if len(due) == 0 {
+			n, user, err = updateReturningUser(ctx, tx, subscriptionUpdate+linkedUserReturning, args...)
+		} else {
+			query, params, qerr := s.withRereads(subscriptionUpdate, args, due)
+			if qerr != nil {
+				return false, qerr
+			}
+			dest := []any{&n, &user}
+			for k := range queued {
+				dest = append(dest, &queued[k])
+			}
+			err = tx.Statement.ConnPool.QueryRowContext(ctx, query, params...).Scan(dest...)
+		}
+		if err != nil {
+			return false, fmt.Errorf("apply %s %s to subscription %s: %w", ev.Type, ev.ID, obj.ID, err)
+		}
+		applied = n == 1
+	}
 	outcome := "applied"
 	if !applied {
 		outcome = "stale"

@@ -137,23 +137,18 @@ func (s *Service) rereadsOn() bool {
 	return !discard
 }
 
-// renewalPlan is the plan of the renewal's re-read that the subscription event (or snapshot) ev
-// writes when it is applied; prior is the row before ev, status what ev says, obj its
-// subscription. It moves the plan (set) when ev moves the renewal: to the new renewal while the
-// subscription stays active or trialing, to none otherwise. An event that leaves the renewal
-// where the row had it (most updates: a seat, metadata, a redelivered snapshot) leaves the plan
-// as it is, or gone once the sweep has queued its job.
-func (s *Service) renewalPlan(prior *Subscription, obj *subscriptionObject, status string) (set bool, due *time.Time) {
+// renewalPlan is what a subscription event (or snapshot) writes to the plan of its renewal's
+// re-read when it is applied: whether re-reads are on, and the renewal the subscription now
+// waits for (nil unless it is active or trialing). The plan is made anew only when the renewal
+// moves (subscriptionSet): an event that leaves it where the row had it (most updates: a seat,
+// metadata, a redelivered snapshot) leaves the plan, or its job once queued, as it is.
+func (s *Service) renewalPlan(obj *subscriptionObject, status string) (on bool, renewal *time.Time) {
 	if !s.rereadsOn() {
 		return false, nil
 	}
 	_, end := obj.Period()
 	next := Subscription{Status: status, CurrentPeriodEnd: end.Ptr(), TrialEnd: obj.TrialEnd.Ptr()}
-	renewal, was := next.RenewalDue(), prior.RenewalDue()
-	if renewal == nil && was == nil || sameInstant(was, renewal) {
-		return false, nil
-	}
-	return true, renewal
+	return true, next.RenewalDue()
 }
 
 // rereadsOf are the re-reads that the subscription event (or snapshot) ev calls for at once: the

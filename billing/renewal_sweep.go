@@ -13,8 +13,9 @@ import (
 
 // The sweep of the planned renewal re-reads: every RereadSweepInterval, on River's leader, the
 // renewals whose check is due (halfway through the grace, by the policy's clock) are queued as
-// re-read jobs, and their plan cleared, in one transaction per batch: a plan is either still in
-// its row or its job exists. The job is the one an event queued before the plan moved into the
+// re-read jobs, and their plans marked queued, in one transaction per batch: a plan is either
+// still to queue or its job exists. The plan stays in the row, so that an event that leaves the
+// renewal where it was knows its job is queued without reading the row first. The job is the one an event queued before the plan moved into the
 // row (the same unique key and schedule), so a job queued by an earlier build and the sweep's
 // never both run.
 
@@ -90,10 +91,10 @@ func (s *Service) queueDueRereads(ctx context.Context, renewal time.Time) (int, 
 		if err := tx.Raw(`/* all modes: the worker skips a subscription of the other mode */
 			WITH due AS (
 			  SELECT subscription_id, livemode, renewal_reread_due FROM subscriptions
-			  WHERE renewal_reread_due IS NOT NULL AND renewal_reread_due <= $1
+			  WHERE renewal_reread_due IS NOT NULL AND NOT renewal_reread_queued AND renewal_reread_due <= $1
 			  ORDER BY renewal_reread_due LIMIT $2 FOR UPDATE SKIP LOCKED
 			)
-			UPDATE subscriptions s SET renewal_reread_due = NULL
+			UPDATE subscriptions s SET renewal_reread_queued = true
 			FROM due WHERE s.subscription_id = due.subscription_id AND s.livemode = due.livemode
 			RETURNING s.subscription_id, s.livemode, due.renewal_reread_due`,
 			renewal, sweepBatch).Scan(&taken).Error; err != nil {

@@ -26,12 +26,13 @@ type rereadJob struct {
 	MaxAttempts int       `gorm:"column:max_attempts"`
 }
 
-// plannedRereadOf is the renewal whose re-read the row plans, nil for none.
+// plannedRereadOf is the renewal whose re-read the row plans and the sweep has not queued yet,
+// nil for none.
 func (e *env) plannedRereadOf(t *testing.T, subscriptionID string) *time.Time {
 	t.Helper()
 	var due []time.Time
 	if err := e.db.Raw(`SELECT renewal_reread_due FROM subscriptions WHERE subscription_id = $1 AND NOT livemode
-		AND renewal_reread_due IS NOT NULL`, subscriptionID).Scan(&due).Error; err != nil {
+		AND renewal_reread_due IS NOT NULL AND NOT renewal_reread_queued`, subscriptionID).Scan(&due).Error; err != nil {
 		t.Fatal(err)
 	}
 	if len(due) == 0 {

@@ -90,8 +90,8 @@ var Tables = []Table{
 			}},
 			{Writer: "inv_event_id", When: "payment_hold", Fields: []string{"payment_hold_since"}},
 		},
-		// The re-read's plan is bookkeeping: the sweep clears it once its job is queued.
-		Skip: append([]string{"renewal_reread_due"}, clock...),
+		// The re-read's plan is bookkeeping: the sweep marks it queued, which a replay does not.
+		Skip: append([]string{"renewal_reread_due", "renewal_reread_queued"}, clock...),
 	},
 	{
 		Name: "invoices", MadeByLog: true,
