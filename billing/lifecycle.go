@@ -335,31 +335,16 @@ func (s *Service) applyInvoiceEvent(ctx context.Context, tx *gorm.DB, ev webhook
 		return false, permanent("%s %s: invoice %s has no customer", ev.Type, ev.ID, inv.ID)
 	}
 
-	prior, err := s.lockSubscription(ctx, tx, subscriptionID, customerID, ev.Livemode)
-	if err != nil {
-		return false, err
-	}
-	if prior.StripeCustomerID != customerID {
-		return false, permanent("%s %s: subscription %s belongs to customer %s, invoice %s names %s",
-			ev.Type, ev.ID, subscriptionID, prior.StripeCustomerID, inv.ID, customerID)
-	}
 	effect := invoiceEffectOf(ev.Type)
 	if effect == invoiceRecordOnly {
+		if _, err := s.lockInvoiceSubscription(ctx, tx, ev, inv.ID, subscriptionID, customerID); err != nil {
+			return false, err
+		}
 		s.events.WithLabelValues(ev.Type, "recorded").Inc()
 		return false, s.keepInvoice(ctx, tx, ev, inv)
 	}
 
 	failed := effect == invoiceHolds
-	// A failure keeps the start of a hold still in force (a retry failing again); the first
-	// failure, or one after the hold was lifted, starts a new one.
-	var holdSince *time.Time
-	if failed {
-		created := ev.Created.UTC()
-		holdSince = &created
-		if prior.paymentHoldInForce() && prior.PaymentHoldSince != nil {
-			holdSince = prior.PaymentHoldSince
-		}
-	}
 	var nextAttempt *time.Time
 	if failed {
 		nextAttempt = inv.NextPaymentAttempt.Ptr()
@@ -371,43 +356,32 @@ func (s *Service) applyInvoiceEvent(ctx context.Context, tx *gorm.DB, ev webhook
 	// that invoice's failure look stale. Events without an invoice time fall back to event order,
 	// where a payment lifts a hold only when its invoice was created at or after the held one.
 	args := []any{subscriptionID, ev.Livemode, // $1–$2
-		failed, holdSince, inv.ID, inv.AttemptCount, nextAttempt, inv.AmountDue, inv.Currency, inv.HostedInvoiceURL, // $3–$10
+		failed, ev.Created.UTC(), inv.ID, inv.AttemptCount, nextAttempt, inv.AmountDue, inv.Currency, inv.HostedInvoiceURL, // $3–$10
 		ev.ID, ev.Type, ev.Created.UTC(), rankOf(ctx, invEventRank(ev.Type)), s.now(), // $11–$15
-		inv.Created.Ptr(), inv.BillingReason, holdKindOf(ev.Type)} // $16–$18
+		inv.Created.Ptr(), inv.BillingReason, holdKindOf(ev.Type), customerID} // $16–$19
 	// The invoice's row is written by the same statement (the customer is known, so there is one).
 	kept, keptArgs := s.keptInvoice(ctx, ev, inv, len(args)+1)
-	n, user, err := updateReturningUser(ctx, tx, `
-		WITH kept AS (`+kept+`)
-		UPDATE subscriptions SET
-		  payment_hold = $3,
-		  payment_hold_since = $4,
-		  latest_invoice_id = $5,
-		  attempt_count = $6,
-		  next_payment_attempt = $7,
-		  amount_due = $8,
-		  currency = $9,
-		  hosted_invoice_url = $10,
-		  inv_event_id = $11,
-		  inv_event_type = $12,
-		  inv_event_created = $13,
-		  inv_event_rank = $14,
-		  updated_at = $15,
-		  payment_hold_invoice_created = CASE WHEN NOT $3 THEN payment_hold_invoice_created
-		    WHEN payment_hold THEN GREATEST(payment_hold_invoice_created, CAST($16 AS timestamptz))
-		    ELSE CAST($16 AS timestamptz) END,
-		  payment_hold_billing_reason = CASE WHEN $3 THEN CAST($17 AS text) ELSE payment_hold_billing_reason END,
-		  payment_hold_kind = CASE WHEN $3 THEN CAST($18 AS text) ELSE payment_hold_kind END,
-		  inv_invoice_created = CAST($16 AS timestamptz)
-		WHERE subscription_id = $1 AND livemode = $2
-		  AND CASE WHEN inv_invoice_created IS NOT NULL AND CAST($16 AS timestamptz) IS NOT NULL
-		             AND CAST($16 AS timestamptz) <> inv_invoice_created
-		        THEN CAST($16 AS timestamptz) > inv_invoice_created
-		        ELSE `+newerThanStored("inv", 13, 14, 11)+` END
-		  AND ($3 OR NOT payment_hold OR payment_hold_invoice_created IS NULL OR CAST($16 AS timestamptz) IS NULL
-		       OR CAST($16 AS timestamptz) >= payment_hold_invoice_created)`+linkedUserReturning, append(args, keptArgs...)...)
+	args = append(args, keptArgs...)
+	// One statement when the subscription's row is there, of this customer, and the event is
+	// newer. When it applies nothing, the row is locked (made, as a placeholder, when missing) and
+	// looked at, and the statement runs again: now it applies to a placeholder, and to a row that
+	// was there it applies nothing again (its invoice is kept already, under the invoice's guard).
+	n, user, status, err := s.applyInvoiceStatement(ctx, tx, kept, args)
+	if err == nil && n == 0 {
+		var prior *Subscription
+		if prior, err = s.lockInvoiceSubscription(ctx, tx, ev, inv.ID, subscriptionID, customerID); err != nil {
+			return false, err
+		}
+		status = prior.Status
+		n, user, status, err = s.applyInvoiceStatement(ctx, tx, kept, args)
+		if n == 0 {
+			status = prior.Status
+		}
+	}
 	if err != nil {
 		return false, fmt.Errorf("apply %s %s to invoice %s and subscription %s: %w", ev.Type, ev.ID, inv.ID, subscriptionID, err)
 	}
+	prior := &Subscription{Status: status} // what the notice's rule looks at: the invoice's event leaves it
 	applied = n == 1
 	outcome := "applied"
 	if !applied {
