@@ -46,7 +46,6 @@ func TestHoldInForceIsPaymentHoldInForce(t *testing.T) {
 	}
 }
 
-
 func describe(s Subscription) string {
 	return fmt.Sprintf("hold=%v reason=%s status=%s sub=%s inv=%s", s.PaymentHold, ptrStr(s.PaymentHoldBillingReason), s.Status,
 		ptrTime(s.SubEventCreated), ptrTime(s.InvEventCreated))
