@@ -190,7 +190,7 @@ func newApp(opts appOptions) (*App, error) {
 		PollInterval: 200 * time.Millisecond,
 		PeriodicJobs: slices.Concat(inbox.PeriodicJobs(), rec.PeriodicJobs(), charges.PeriodicJobs(), told.PeriodicJobs(),
 			billing.PeriodicJobs()),
-		Logger:       slog.New(logging.Demote(logger.Handler(), ": Producer job counts")).With("component", "river"),
+		Logger: slog.New(logging.Demote(logger.Handler(), ": Producer job counts")).With("component", "river"),
 	})
 	if err != nil {
 		return nil, err

@@ -372,9 +372,7 @@ func (s *Service) applyInvoiceEvent(ctx context.Context, tx *gorm.DB, ev webhook
 		if prior, err = s.lockInvoiceSubscription(ctx, tx, ev, inv.ID, subscriptionID, customerID); err != nil {
 			return false, err
 		}
-		status = prior.Status
-		n, user, status, err = s.applyInvoiceStatement(ctx, tx, kept, args)
-		if n == 0 {
+		if n, user, status, err = s.applyInvoiceStatement(ctx, tx, kept, args); n == 0 {
 			status = prior.Status
 		}
 	}

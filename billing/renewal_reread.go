@@ -23,12 +23,13 @@ import (
 
 // Time-aware entitlement: a subscription is entitled by what Stripe last told us, and Stripe
 // tells us of a renewal by an event. Should that event be lost, an active subscription would
-// stay entitled forever, so the policy gives it until its renewal is due plus policy.period_grace
-// (entitlements.Policy.Unconfirmed). Halfway through the grace a River job re-reads the one subscription from
-// Stripe and applies it as a snapshot (early, so that a renewed user never loses access while the
-// read runs; once more at the end of the grace if Stripe still showed the old period): a renewal moves the period on and access continues; a cancellation
-// ends it; a Stripe that cannot be reached, or that still shows the old period, leaves the
-// policy to withdraw access, with a warning in the log.
+// stay entitled forever, so the policy gives it until its renewal is due plus
+// policy.period_grace (entitlements.Policy.Unconfirmed). Halfway through the grace a River job
+// re-reads the one subscription from Stripe and applies it as a snapshot (early, so that a
+// renewed user never loses access while the read runs; once more at the end of the grace if
+// Stripe still showed the old period): a renewal moves the period on and access continues; a
+// cancellation ends it; a Stripe that cannot be reached, or that still shows the old period,
+// leaves the policy to withdraw access, with a warning in the log.
 //
 // The re-read is planned in the subscription's row by the event (or snapshot) that sets the
 // renewal, in its UPDATE (renewal_reread_due), and queued as a job, keyed by subscription and
@@ -120,8 +121,8 @@ func (s *Service) AddWorkers(w *river.Workers) {
 }
 
 // dueReread is a re-read that a subscription event (or snapshot) calls for now: its job is queued
-// by the event's UPDATE (one round trip instead of two), and only if that UPDATE applied the
-// event when ifApplied.
+// in the event's transaction, by the event's UPDATE on the path that locks first (withRereads),
+// and only if that UPDATE applied the event when ifApplied.
 type dueReread struct {
 	args      RereadArgs
 	at        time.Time
@@ -204,11 +205,6 @@ func (s *Service) unconfirmed(sub *Subscription) *time.Time {
 
 // MaxRereadRetryDelay caps the backoff of the Stripe reads' jobs (the features read too).
 const MaxRereadRetryDelay = maxRereadRetryDelay
-
-// sameInstant reports whether a and b are the same second (the precision of RereadArgs.Due).
-func sameInstant(a, b *time.Time) bool {
-	return a != nil && b != nil && a.Unix() == b.Unix()
-}
 
 func (a RereadArgs) reason() string {
 	if a.Tie != 0 {

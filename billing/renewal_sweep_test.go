@@ -53,8 +53,9 @@ func (e *env) reallyQueuedRereads(t *testing.T, subscriptionID string) []rereadJ
 }
 
 // The event plans the re-read in the row and queues no job; the sweep queues it only once its
-// check is due (halfway through the grace), as the job the event used to queue, and clears the
-// plan, so a second sweep queues nothing; a renewal moves the plan on, and a cancellation drops it.
+// check is due (halfway through the grace), as the job the event used to queue, and marks the
+// plan queued, so a second sweep queues nothing; a renewal moves the plan on, and a
+// cancellation drops it.
 func TestRenewalRereadIsPlannedThenQueuedByTheSweepWhenDue(t *testing.T) {
 	t.Parallel()
 	unused := stripeclient.New("http://127.0.0.1:9", "sk_test_unused", slog.New(slog.DiscardHandler)).Subscriptions
@@ -78,7 +79,7 @@ func TestRenewalRereadIsPlannedThenQueuedByTheSweepWhenDue(t *testing.T) {
 	if e.plannedRereadOf(t, "sub_sw") == nil {
 		t.Fatal("the early sweep took the plan")
 	}
-	// At the check: the job, scheduled at the check, and the plan cleared.
+	// At the check: the job, scheduled at the check, and the plan marked queued.
 	e.clock.Set(check)
 	if n, err := e.svc.QueueDueRereads(ctx); err != nil || n != 1 {
 		t.Fatalf("sweep at the check: %d, %v", n, err)
