@@ -96,7 +96,7 @@ func fuzzSeeds(f *testing.F) []fuzzSeed {
 		out = append(out,
 			fuzzSeed{ti, sub.JSON(), base + 20},
 			fuzzSeed{ti, sub.JSON(), base},
-			fuzzSeed{ti, sub.with(StatusTrialing).JSON(), base + 20},
+			fuzzSeed{ti, sub.With(StatusTrialing).JSON(), base + 20},
 			fuzzSeed{ti, subObj{ID: "sub_fuzz_1", Customer: "cus_other", Status: StatusActive}.JSON(), base + 20},
 			fuzzSeed{ti, subObj{ID: "sub_fuzz_2", Customer: "cus_fuzz_2", Status: StatusActive}.JSON(), base + 20},
 			fuzzSeed{ti, subObj{ID: "sub_new", Customer: "cus_new", Status: "some_future_status"}.JSON(), 0},

@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,39 +17,21 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverdatabasesql"
 	"gorm.io/gorm"
 
+	"billing/billing/billingtest"
 	"billing/internal/httpserver"
 	"billing/internal/testenv"
 	"billing/migrations"
 	"billing/webhooks"
 )
 
-func TestMain(m *testing.M) {
-	testenv.SetMigrator(migrations.ApplyQuietly)
-	testenv.Main(m)
-}
+func TestMain(m *testing.M) { testenv.MainWith(m, migrations.ApplyQuietly) }
 
-// base is an arbitrary instant (2024-06-01T00:00:00Z) that event times count from.
-const base int64 = 1717200000
+// The timeline and the settable clock are the harness's.
+const base = testenv.Base
 
-func at(sec int64) time.Time { return time.Unix(base+sec, 0).UTC() }
+var at = testenv.At
 
-// clock is a settable clock for the service.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) Set(t time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = t
-}
+type clock = testenv.Clock
 
 type env struct {
 	db    *gorm.DB
@@ -77,7 +58,7 @@ func newEnv(t *testing.T, opts ...envOpt) *env {
 	if err != nil {
 		t.Fatalf("river client: %v", err)
 	}
-	e := &env{db: db, clock: &clock{t: at(0)}}
+	e := &env{db: db, clock: testenv.NewClock(at(0))}
 	d := Deps{
 		DB:     db,
 		Jobs:   rc,
@@ -188,140 +169,22 @@ func (e *env) get(t *testing.T, path string, out any) (int, []byte) {
 
 // ---- event builders -------------------------------------------------------------------------
 
-// subObj describes a subscription snapshot; zero fields are left out of the JSON (or null).
-type subObj struct {
-	ID, Customer, Status, Price string
-	PeriodStart, PeriodEnd      int64 // offsets from base; 0 = absent
-	TrialStart, TrialEnd        int64
-	CanceledAt, EndedAt         int64
-	CancelAtPeriodEnd           bool
-	// Quantity is the item's seats; 0 leaves it out.
-	Quantity int64
-}
+// The events' builders are billingtest's.
+type (
+	subObj = billingtest.Sub
+	invObj = billingtest.Invoice
+)
 
-func (s subObj) JSON() json.RawMessage {
-	ts := func(off int64) any {
-		if off == 0 {
-			return nil
-		}
-		return base + off
-	}
-	items := map[string]any{"object": "list", "data": []any{}}
-	if s.Price != "" {
-		item := map[string]any{
-			"id": "si_" + s.ID, "object": "subscription_item",
-			"price": map[string]any{"id": s.Price, "object": "price"},
-			"plan":  map[string]any{"id": s.Price, "object": "plan"},
-		}
-		if s.Quantity != 0 {
-			item["quantity"] = s.Quantity
-		}
-		items["data"] = []any{item}
-	}
-	m := map[string]any{
-		"id": s.ID, "object": "subscription", "customer": s.Customer, "status": s.Status,
-		"cancel_at_period_end": s.CancelAtPeriodEnd, "cancel_at": nil,
-		"current_period_start": ts(s.PeriodStart), "current_period_end": ts(s.PeriodEnd),
-		"trial_start": ts(s.TrialStart), "trial_end": ts(s.TrialEnd),
-		"canceled_at": ts(s.CanceledAt), "ended_at": ts(s.EndedAt),
-		"items": items, "livemode": false,
-	}
-	b, err := json.Marshal(m)
-	if err != nil {
-		panic(err)
-	}
-	return b
-}
-
-// invObj describes an invoice; Subscription "" makes a one-off invoice.
-type invObj struct {
-	ID, Customer, Subscription, Email, Currency, URL string
-	AttemptCount, AmountDue                          int64
-	NextAttempt                                      int64 // offset from base; 0 = null
-	// Left out of the JSON when zero.
-	Created, PeriodStart, PeriodEnd    int64 // offsets from base
-	BillingReason, Status, Number, PDF string
-	AmountPaid                         int64
-}
-
-func (i invObj) JSON() json.RawMessage {
-	m := map[string]any{
-		"id": i.ID, "object": "invoice", "customer": i.Customer,
-		"attempt_count": i.AttemptCount, "amount_due": i.AmountDue,
-		"currency": i.Currency, "hosted_invoice_url": i.URL, "next_payment_attempt": nil,
-		"customer_email": nil, "subscription": nil,
-	}
-	if i.Subscription != "" {
-		m["subscription"] = i.Subscription
-	}
-	if i.Email != "" {
-		m["customer_email"] = i.Email
-	}
-	if i.NextAttempt != 0 {
-		m["next_payment_attempt"] = base + i.NextAttempt
-	}
-	for k, off := range map[string]int64{"created": i.Created, "period_start": i.PeriodStart, "period_end": i.PeriodEnd} {
-		if off != 0 {
-			m[k] = base + off
-		}
-	}
-	for k, v := range map[string]string{"billing_reason": i.BillingReason, "status": i.Status, "number": i.Number, "invoice_pdf": i.PDF} {
-		if v != "" {
-			m[k] = v
-		}
-	}
-	if i.AmountPaid != 0 {
-		m["amount_paid"] = i.AmountPaid
-	}
-	b, err := json.Marshal(m)
-	if err != nil {
-		panic(err)
-	}
-	return b
-}
-
-// event wraps an object into a webhooks.Event created at base+created seconds.
-func event(id, typ string, created int64, obj json.RawMessage) webhooks.Event {
-	payload, _ := json.Marshal(map[string]any{
-		"id": id, "object": "event", "type": typ, "api_version": webhooks.PinnedAPIVersion,
-		"created": base + created, "livemode": false, "data": map[string]any{"object": obj},
-	})
-	return webhooks.Event{
-		ID: id, Type: typ, Livemode: false, APIVersion: webhooks.PinnedAPIVersion,
-		Created: at(created), Payload: payload, Object: obj,
-	}
-}
-
-func subEv(id, typ string, created int64, s subObj) webhooks.Event {
-	return event(id, typ, created, s.JSON())
-}
-
-func invEv(id, typ string, created int64, i invObj) webhooks.Event {
-	return event(id, typ, created, i.JSON())
-}
-
-// Shorthands for the common cases.
-func created(id string, t int64, s subObj) webhooks.Event {
-	return subEv(id, EventSubscriptionCreated, t, s)
-}
-
-func updated(id string, t int64, s subObj) webhooks.Event {
-	return subEv(id, EventSubscriptionUpdated, t, s)
-}
-
-func deleted(id string, t int64, s subObj) webhooks.Event {
-	return subEv(id, EventSubscriptionDeleted, t, s)
-}
-
-func failed(id string, t int64, i invObj) webhooks.Event {
-	return invEv(id, EventInvoicePaymentFailed, t, i)
-}
-
-func succeeded(id string, t int64, i invObj) webhooks.Event {
-	return invEv(id, EventInvoicePaymentSucceeded, t, i)
-}
-
-func (s subObj) with(status string) subObj { s.Status = status; return s }
+var (
+	event     = billingtest.Event
+	subEv     = billingtest.SubEvent
+	invEv     = billingtest.InvoiceEvent
+	created   = billingtest.Created
+	updated   = billingtest.Updated
+	deleted   = billingtest.Deleted
+	failed    = billingtest.Failed
+	succeeded = billingtest.Succeeded
+)
 
 func ptrStr(p *string) string {
 	if p == nil {

@@ -27,31 +27,31 @@ func TestSubscriptionTransitions(t *testing.T) {
 		// kept here as the table's documentation of each case).
 		entitled bool
 	}{
-		{"created trialing", []webhooks.Event{created("e1", 1, s1.with(StatusTrialing))}, StatusTrialing, "", true},
+		{"created trialing", []webhooks.Event{created("e1", 1, s1.With(StatusTrialing))}, StatusTrialing, "", true},
 		{"created active", []webhooks.Event{created("e1", 1, s1)}, StatusActive, "", true},
-		{"created incomplete", []webhooks.Event{created("e1", 1, s1.with(StatusIncomplete))}, StatusIncomplete, "", false},
-		{"incomplete to active", []webhooks.Event{created("e1", 1, s1.with(StatusIncomplete)), updated("e2", 2, s1)}, StatusActive, "", true},
-		{"incomplete to incomplete_expired", []webhooks.Event{created("e1", 1, s1.with(StatusIncomplete)), updated("e2", 2, s1.with(StatusIncompleteExpired))}, StatusIncompleteExpired, "", false},
-		{"trialing to active", []webhooks.Event{created("e1", 1, s1.with(StatusTrialing)), updated("e2", 2, s1)}, StatusActive, "", true},
-		{"trialing to paused", []webhooks.Event{created("e1", 1, s1.with(StatusTrialing)), updated("e2", 2, s1.with(StatusPaused))}, StatusPaused, "", false},
-		{"paused to active", []webhooks.Event{created("e1", 1, s1.with(StatusPaused)), updated("e2", 2, s1)}, StatusActive, "", true},
-		{"active to past_due is a hold", []webhooks.Event{created("e1", 1, s1), updated("e2", 2, s1.with(StatusPastDue))}, StatusPastDue, HoldPastDue, true},
-		{"past_due back to active lifts it", []webhooks.Event{created("e1", 1, s1), updated("e2", 2, s1.with(StatusPastDue)), updated("e3", 3, s1)}, StatusActive, "", true},
-		{"past_due to unpaid", []webhooks.Event{created("e1", 1, s1), updated("e2", 2, s1.with(StatusPastDue)), updated("e3", 3, s1.with(StatusUnpaid))}, StatusUnpaid, HoldUnpaid, false},
-		{"unpaid to active", []webhooks.Event{updated("e2", 2, s1.with(StatusUnpaid)), updated("e3", 3, s1)}, StatusActive, "", true},
-		{"active to canceled by deleted", []webhooks.Event{created("e1", 1, s1), deleted("e2", 2, s1.with(StatusCanceled))}, StatusCanceled, "", false},
+		{"created incomplete", []webhooks.Event{created("e1", 1, s1.With(StatusIncomplete))}, StatusIncomplete, "", false},
+		{"incomplete to active", []webhooks.Event{created("e1", 1, s1.With(StatusIncomplete)), updated("e2", 2, s1)}, StatusActive, "", true},
+		{"incomplete to incomplete_expired", []webhooks.Event{created("e1", 1, s1.With(StatusIncomplete)), updated("e2", 2, s1.With(StatusIncompleteExpired))}, StatusIncompleteExpired, "", false},
+		{"trialing to active", []webhooks.Event{created("e1", 1, s1.With(StatusTrialing)), updated("e2", 2, s1)}, StatusActive, "", true},
+		{"trialing to paused", []webhooks.Event{created("e1", 1, s1.With(StatusTrialing)), updated("e2", 2, s1.With(StatusPaused))}, StatusPaused, "", false},
+		{"paused to active", []webhooks.Event{created("e1", 1, s1.With(StatusPaused)), updated("e2", 2, s1)}, StatusActive, "", true},
+		{"active to past_due is a hold", []webhooks.Event{created("e1", 1, s1), updated("e2", 2, s1.With(StatusPastDue))}, StatusPastDue, HoldPastDue, true},
+		{"past_due back to active lifts it", []webhooks.Event{created("e1", 1, s1), updated("e2", 2, s1.With(StatusPastDue)), updated("e3", 3, s1)}, StatusActive, "", true},
+		{"past_due to unpaid", []webhooks.Event{created("e1", 1, s1), updated("e2", 2, s1.With(StatusPastDue)), updated("e3", 3, s1.With(StatusUnpaid))}, StatusUnpaid, HoldUnpaid, false},
+		{"unpaid to active", []webhooks.Event{updated("e2", 2, s1.With(StatusUnpaid)), updated("e3", 3, s1)}, StatusActive, "", true},
+		{"active to canceled by deleted", []webhooks.Event{created("e1", 1, s1), deleted("e2", 2, s1.With(StatusCanceled))}, StatusCanceled, "", false},
 		{"deleted with a non-terminal snapshot still cancels", []webhooks.Event{created("e1", 1, s1), deleted("e2", 2, s1)}, StatusCanceled, "", false},
-		{"past_due canceled: no hold on a terminal subscription", []webhooks.Event{updated("e1", 1, s1.with(StatusPastDue)), failed("f1", 1, inv), deleted("e2", 2, s1.with(StatusCanceled))}, StatusCanceled, "", false},
-		{"unknown future status kept", []webhooks.Event{created("e1", 1, s1), updated("e2", 2, s1.with("suspended_for_audit"))}, "suspended_for_audit", "", false},
-		{"unknown status can move on", []webhooks.Event{updated("e1", 1, s1.with("suspended_for_audit")), updated("e2", 2, s1)}, StatusActive, "", true},
+		{"past_due canceled: no hold on a terminal subscription", []webhooks.Event{updated("e1", 1, s1.With(StatusPastDue)), failed("f1", 1, inv), deleted("e2", 2, s1.With(StatusCanceled))}, StatusCanceled, "", false},
+		{"unknown future status kept", []webhooks.Event{created("e1", 1, s1), updated("e2", 2, s1.With("suspended_for_audit"))}, "suspended_for_audit", "", false},
+		{"unknown status can move on", []webhooks.Event{updated("e1", 1, s1.With("suspended_for_audit")), updated("e2", 2, s1)}, StatusActive, "", true},
 		{"payment_failed puts an active customer on hold", []webhooks.Event{created("e1", 1, s1), failed("f1", 2, inv)}, StatusActive, HoldPaymentFailed, true},
-		{"payment_failed then past_due", []webhooks.Event{created("e1", 1, s1), failed("f1", 2, inv), updated("e2", 2, s1.with(StatusPastDue))}, StatusPastDue, HoldPaymentFailed, true},
-		{"unpaid outranks payment_failed", []webhooks.Event{created("e1", 1, s1), failed("f1", 2, inv), updated("e2", 3, s1.with(StatusUnpaid))}, StatusUnpaid, HoldUnpaid, false},
+		{"payment_failed then past_due", []webhooks.Event{created("e1", 1, s1), failed("f1", 2, inv), updated("e2", 2, s1.With(StatusPastDue))}, StatusPastDue, HoldPaymentFailed, true},
+		{"unpaid outranks payment_failed", []webhooks.Event{created("e1", 1, s1), failed("f1", 2, inv), updated("e2", 3, s1.With(StatusUnpaid))}, StatusUnpaid, HoldUnpaid, false},
 		{"payment_succeeded lifts the payment hold", []webhooks.Event{created("e1", 1, s1), failed("f1", 2, inv), succeeded("p1", 3, inv)}, StatusActive, "", true},
-		{"payment_succeeded does not lift a past_due status hold", []webhooks.Event{updated("e1", 2, s1.with(StatusPastDue)), failed("f1", 2, inv), succeeded("p1", 3, inv)}, StatusPastDue, HoldPastDue, true},
-		{"newer active snapshot supersedes the payment hold", []webhooks.Event{created("e1", 1, s1), failed("f1", 2, inv), updated("e2", 2, s1.with(StatusPastDue)), updated("e3", 5, s1)}, StatusActive, "", true},
+		{"payment_succeeded does not lift a past_due status hold", []webhooks.Event{updated("e1", 2, s1.With(StatusPastDue)), failed("f1", 2, inv), succeeded("p1", 3, inv)}, StatusPastDue, HoldPastDue, true},
+		{"newer active snapshot supersedes the payment hold", []webhooks.Event{created("e1", 1, s1), failed("f1", 2, inv), updated("e2", 2, s1.With(StatusPastDue)), updated("e3", 5, s1)}, StatusActive, "", true},
 		{"active snapshot of the same second does not lift a failure", []webhooks.Event{failed("f1", 2, inv), updated("e2", 2, s1)}, StatusActive, HoldPaymentFailed, true},
-		{"trial_will_end snapshot applies", []webhooks.Event{subEv("t1", EventSubscriptionTrialWillEnd, 1, s1.with(StatusTrialing))}, StatusTrialing, "", true},
+		{"trial_will_end snapshot applies", []webhooks.Event{subEv("t1", EventSubscriptionTrialWillEnd, 1, s1.With(StatusTrialing))}, StatusTrialing, "", true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -99,12 +99,12 @@ func TestSnapshotFields(t *testing.T) {
 	s.Status = StatusActive
 	e.mustHandle(t, updated("e2", 20, s))
 	s.CanceledAt, s.EndedAt = 30, 30
-	e.mustHandle(t, updated("e3", 25, s), deleted("e4", 30, s.with(StatusCanceled)))
+	e.mustHandle(t, updated("e3", 25, s), deleted("e4", 30, s.With(StatusCanceled)))
 	got = e.sub(t, "sub_f")
 	if ptrTime(got.StatusSince) != at(30).Format(time.RFC3339) || ptrTime(got.CanceledAt) != at(30).Format(time.RFC3339) {
 		t.Errorf("after cancel: status_since %s canceled_at %s, want both %s", ptrTime(got.StatusSince), ptrTime(got.CanceledAt), at(30).Format(time.RFC3339))
 	}
-	e.mustHandle(t, updated("e5", 40, s.with(StatusCanceled)))
+	e.mustHandle(t, updated("e5", 40, s.With(StatusCanceled)))
 	if got := e.sub(t, "sub_f"); ptrTime(got.StatusSince) != at(30).Format(time.RFC3339) {
 		t.Errorf("status_since moved on a same-status update: %s", ptrTime(got.StatusSince))
 	}
@@ -121,31 +121,31 @@ func TestOutOfOrder(t *testing.T) {
 		wantHold   string
 	}{
 		{"older updated after newer is ignored",
-			[]webhooks.Event{updated("e2", 20, s1.with(StatusPastDue)), updated("e1", 10, s1)}, StatusPastDue, "e2", HoldPastDue},
+			[]webhooks.Event{updated("e2", 20, s1.With(StatusPastDue)), updated("e1", 10, s1)}, StatusPastDue, "e2", HoldPastDue},
 		{"older created after newer updated is ignored",
-			[]webhooks.Event{updated("e2", 20, s1), created("e1", 10, s1.with(StatusIncomplete))}, StatusActive, "e2", ""},
+			[]webhooks.Event{updated("e2", 20, s1), created("e1", 10, s1.With(StatusIncomplete))}, StatusActive, "e2", ""},
 		{"older updated after deleted stays canceled",
-			[]webhooks.Event{deleted("e3", 30, s1.with(StatusCanceled)), updated("e2", 20, s1)}, StatusCanceled, "e3", ""},
+			[]webhooks.Event{deleted("e3", 30, s1.With(StatusCanceled)), updated("e2", 20, s1)}, StatusCanceled, "e3", ""},
 		{"newer non-terminal snapshot never revives a canceled one",
-			[]webhooks.Event{deleted("e3", 30, s1.with(StatusCanceled)), updated("e4", 40, s1)}, StatusCanceled, "e3", ""},
+			[]webhooks.Event{deleted("e3", 30, s1.With(StatusCanceled)), updated("e4", 40, s1)}, StatusCanceled, "e3", ""},
 		{"newer snapshot never revives incomplete_expired",
-			[]webhooks.Event{updated("e3", 30, s1.with(StatusIncompleteExpired)), updated("e4", 40, s1.with(StatusIncomplete))}, StatusIncompleteExpired, "e3", ""},
+			[]webhooks.Event{updated("e3", 30, s1.With(StatusIncompleteExpired)), updated("e4", 40, s1.With(StatusIncomplete))}, StatusIncompleteExpired, "e3", ""},
 		{"a newer terminal snapshot applies over a terminal one",
-			[]webhooks.Event{updated("e3", 30, s1.with(StatusCanceled)), deleted("e4", 40, s1.with(StatusCanceled))}, StatusCanceled, "e4", ""},
+			[]webhooks.Event{updated("e3", 30, s1.With(StatusCanceled)), deleted("e4", 40, s1.With(StatusCanceled))}, StatusCanceled, "e4", ""},
 		{"older payment_failed after newer payment_succeeded keeps no hold",
 			[]webhooks.Event{created("e1", 1, s1), succeeded("p1", 20, inv), failed("f1", 10, inv)}, StatusActive, "e1", ""},
 		{"older payment_succeeded after newer payment_failed keeps the hold",
 			[]webhooks.Event{created("e1", 1, s1), failed("f2", 20, inv), succeeded("p1", 10, inv)}, StatusActive, "e1", HoldPaymentFailed},
 		{"tie: incomplete created and active updated in one second, active wins (in order)",
-			[]webhooks.Event{created("evt_b", 5, s1.with(StatusIncomplete)), updated("evt_a", 5, s1)}, StatusActive, "evt_a", ""},
+			[]webhooks.Event{created("evt_b", 5, s1.With(StatusIncomplete)), updated("evt_a", 5, s1)}, StatusActive, "evt_a", ""},
 		{"tie: incomplete created and active updated in one second, active wins (reversed)",
-			[]webhooks.Event{updated("evt_a", 5, s1), created("evt_b", 5, s1.with(StatusIncomplete))}, StatusActive, "evt_a", ""},
+			[]webhooks.Event{updated("evt_a", 5, s1), created("evt_b", 5, s1.With(StatusIncomplete))}, StatusActive, "evt_a", ""},
 		{"tie: active then past_due in one second, past_due wins (reversed)",
-			[]webhooks.Event{updated("evt_z", 5, s1.with(StatusPastDue)), updated("evt_a", 5, s1)}, StatusPastDue, "evt_z", HoldPastDue},
+			[]webhooks.Event{updated("evt_z", 5, s1.With(StatusPastDue)), updated("evt_a", 5, s1)}, StatusPastDue, "evt_z", HoldPastDue},
 		{"tie: updated and deleted in one second, deleted wins",
-			[]webhooks.Event{deleted("evt_a", 5, s1.with(StatusCanceled)), updated("evt_z", 5, s1.with(StatusCanceled))}, StatusCanceled, "evt_a", ""},
+			[]webhooks.Event{deleted("evt_a", 5, s1.With(StatusCanceled)), updated("evt_z", 5, s1.With(StatusCanceled))}, StatusCanceled, "evt_a", ""},
 		{"tie: same status and type, the greater event id wins (in order)",
-			[]webhooks.Event{updated("evt_A", 5, s1), updated("evt_B", 5, s1.with(StatusActive))}, StatusActive, "evt_B", ""},
+			[]webhooks.Event{updated("evt_A", 5, s1), updated("evt_B", 5, s1.With(StatusActive))}, StatusActive, "evt_B", ""},
 		{"tie: same status and type, the greater event id wins (reversed)",
 			[]webhooks.Event{updated("evt_B", 5, s1), updated("evt_A", 5, s1)}, StatusActive, "evt_B", ""},
 		{"tie: payment_failed and payment_succeeded in one second, success wins (failed last)",
@@ -153,7 +153,7 @@ func TestOutOfOrder(t *testing.T) {
 		{"tie: payment_failed and payment_succeeded in one second, success wins (succeeded last)",
 			[]webhooks.Event{created("e1", 1, s1), failed("f1", 5, inv), succeeded("p1", 5, inv)}, StatusActive, "e1", ""},
 		{"replaying an applied event changes nothing",
-			[]webhooks.Event{updated("e1", 10, s1), updated("e2", 20, s1.with(StatusPastDue)), updated("e1", 10, s1)}, StatusPastDue, "e2", HoldPastDue},
+			[]webhooks.Event{updated("e1", 10, s1), updated("e2", 20, s1.With(StatusPastDue)), updated("e1", 10, s1)}, StatusPastDue, "e2", HoldPastDue},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -249,7 +249,7 @@ func TestColumnGroupsAreIndependent(t *testing.T) {
 	inv := invObj{ID: "in_1", Customer: "cus_1", Subscription: "sub_1", Currency: "usd", AmountDue: 900, AttemptCount: 1}
 	// The invoice event is newer than every subscription event, and the subscription events
 	// arrive after it: neither group may undo the other.
-	e.mustHandle(t, failed("f1", 50, inv), created("e1", 10, s1), updated("e2", 20, s1.with(StatusPastDue)))
+	e.mustHandle(t, failed("f1", 50, inv), created("e1", 10, s1), updated("e2", 20, s1.With(StatusPastDue)))
 	got := e.sub(t, "sub_1")
 	if got.Status != StatusPastDue || ptrStr(got.SubEventID) != "e2" {
 		t.Errorf("status %q from %s, want past_due from e2", got.Status, ptrStr(got.SubEventID))
@@ -272,7 +272,7 @@ func TestInvoiceBeforeSubscriptionMakesPlaceholder(t *testing.T) {
 		t.Fatalf("placeholder: status %q sub_event_created %s customer %s hold %v", got.Status, ptrTime(got.SubEventCreated), got.StripeCustomerID, got.PaymentHold)
 	}
 	// Any subscription event overwrites the placeholder's snapshot, even one older than the invoice.
-	e.mustHandle(t, created("e1", 10, s1.with(StatusIncomplete)))
+	e.mustHandle(t, created("e1", 10, s1.With(StatusIncomplete)))
 	e.mustHandle(t, updated("e2", 11, s1))
 	got = e.sub(t, "sub_1")
 	if got.Status != StatusActive || ptrStr(got.PriceID) != "price_pro" || !got.PaymentHold {
@@ -339,9 +339,9 @@ func TestCustomersAreIsolated(t *testing.T) {
 
 	invB := invObj{ID: "in_b", Customer: "cus_b", Subscription: "sub_b", Currency: "usd", AmountDue: 100, AttemptCount: 1}
 	e.mustHandle(t,
-		created("b1", 2, b), updated("b2", 3, b.with(StatusPastDue)), failed("bf", 3, invB),
-		updated("b3", 4, b.with(StatusUnpaid)), deleted("b4", 5, b.with(StatusCanceled)),
-		subEv("b5", EventSubscriptionTrialWillEnd, 6, b.with(StatusTrialing)))
+		created("b1", 2, b), updated("b2", 3, b.With(StatusPastDue)), failed("bf", 3, invB),
+		updated("b3", 4, b.With(StatusUnpaid)), deleted("b4", 5, b.With(StatusCanceled)),
+		subEv("b5", EventSubscriptionTrialWillEnd, 6, b.With(StatusTrialing)))
 
 	after := *e.sub(t, "sub_a")
 	if fmt.Sprintf("%+v", deref2(before)) != fmt.Sprintf("%+v", deref2(after)) {
@@ -378,9 +378,9 @@ func TestConcurrentEventsLoseNothing(t *testing.T) {
 		inv := invObj{ID: "in_" + subID, Customer: "cus_c", Subscription: subID, Currency: "usd", AmountDue: 700, AttemptCount: 1}
 		evs := []webhooks.Event{
 			created("c1_"+subID, 1, s),
-			updated("c2_"+subID, 2, s.with(StatusPastDue)),
+			updated("c2_"+subID, 2, s.With(StatusPastDue)),
 			failed("f_"+subID, 2, inv),
-			updated("c3_"+subID, 3, s.with(StatusUnpaid)),
+			updated("c3_"+subID, 3, s.With(StatusUnpaid)),
 		}
 		var wg sync.WaitGroup
 		errs := make([]error, len(evs))
@@ -415,7 +415,7 @@ func (e *env) handleRetrySerialization(ev webhooks.Event) error {
 func TestCustomerSubscriptionStatus(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	e.mustHandle(t, created("e1", 1, s1), deleted("e2", 2, s1.with(StatusCanceled)))
+	e.mustHandle(t, created("e1", 1, s1), deleted("e2", 2, s1.With(StatusCanceled)))
 	tests := []struct {
 		customer, sub string
 		livemode      bool

@@ -59,8 +59,8 @@ func TestTrialWillEndSkippedWhenNoLongerTrialing(t *testing.T) {
 		name   string
 		before []webhooks.Event
 	}{
-		{"canceled meanwhile", []webhooks.Event{deleted("d1", 50, trialSub.with(StatusCanceled))}},
-		{"converted to active by a newer event", []webhooks.Event{updated("u1", 50, trialSub.with(StatusActive))}},
+		{"canceled meanwhile", []webhooks.Event{deleted("d1", 50, trialSub.With(StatusCanceled))}},
+		{"converted to active by a newer event", []webhooks.Event{updated("u1", 50, trialSub.With(StatusActive))}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -138,7 +138,7 @@ func TestPaymentFailedNoticeOnlyWhenNewest(t *testing.T) {
 		t.Errorf("two failures: notices %d, queued %d", rows, due)
 	}
 	// A canceled subscription's invoice failing: no mail.
-	e.mustHandle(t, deleted("d1", 500, s1.with(StatusCanceled)), failed("f4", 600, inv))
+	e.mustHandle(t, deleted("d1", 500, s1.With(StatusCanceled)), failed("f4", 600, inv))
 	if rows, _ := e.totalNotices(t); rows != 2 {
 		t.Errorf("failure on a canceled subscription sent a notice (%d rows)", rows)
 	}

@@ -102,7 +102,7 @@ func TestRenewalRereadIsPlannedThenQueuedByTheSweepWhenDue(t *testing.T) {
 	if due := e.plannedRereadOf(t, "sub_sw"); due == nil || !due.Equal(at(60*86400)) {
 		t.Fatalf("after the renewal: planned %v", due)
 	}
-	e.mustHandle(t, deleted("evt_sw4", 30*86400+60, renewed.with(StatusCanceled)))
+	e.mustHandle(t, deleted("evt_sw4", 30*86400+60, renewed.With(StatusCanceled)))
 	if due := e.plannedRereadOf(t, "sub_sw"); due != nil {
 		t.Fatalf("a canceled subscription still plans a re-read of %v", due)
 	}

@@ -31,12 +31,12 @@ func TestSnapshotRepairsAndKeepsTheNewer(t *testing.T) {
 	e.mustHandle(t, created("evt_1", 10, base))
 
 	// The cancellation event was missed; Stripe says canceled at t=100.
-	out := e.applySnapshot(t, Snapshot{Subscription: base.with(StatusCanceled).JSON(), FetchedAt: at(100), Source: "reconcile:1"})
+	out := e.applySnapshot(t, Snapshot{Subscription: base.With(StatusCanceled).JSON(), FetchedAt: at(100), Source: "reconcile:1"})
 	if !out.SubscriptionApplied || e.sub(t, "sub_s").Status != StatusCanceled {
 		t.Fatalf("snapshot not applied: %+v, status %s", out, e.sub(t, "sub_s").Status)
 	}
 	// An older event arriving late does not undo the repair.
-	if err := e.handle(t, updated("evt_old", 50, base.with(StatusPastDue))); err != nil {
+	if err := e.handle(t, updated("evt_old", 50, base.With(StatusPastDue))); err != nil {
 		t.Fatal(err)
 	}
 	if got := e.sub(t, "sub_s").Status; got != StatusCanceled {
@@ -78,7 +78,7 @@ func TestSnapshotHoldsWithoutNotices(t *testing.T) {
 	}
 	// Paid later: the hold lifts.
 	paid := []byte(`{"id":"in_h","object":"invoice","customer":"cus_h","subscription":"sub_h","status":"paid","attempt_count":3,"amount_due":500,"currency":"usd"}`)
-	e.applySnapshot(t, Snapshot{Subscription: sub.with(StatusActive).JSON(), LatestInvoice: paid, FetchedAt: at(200), Source: "reconcile:h2"})
+	e.applySnapshot(t, Snapshot{Subscription: sub.With(StatusActive).JSON(), LatestInvoice: paid, FetchedAt: at(200), Source: "reconcile:h2"})
 	if _, _, ok := e.sub(t, "sub_h").Hold(); ok {
 		t.Errorf("hold still in force after a paid snapshot")
 	}

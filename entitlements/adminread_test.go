@@ -52,9 +52,9 @@ func TestTimelineSaysWhichEventSetTheStateAndWhichWereSkipped(t *testing.T) {
 		URL: "https://invoice.stripe.com/i/in_1"}
 	e.logged(t,
 		created("c1", 1, s1),
-		updated("u2", 20, s1.with(billing.StatusPastDue)),
+		updated("u2", 20, s1.With(billing.StatusPastDue)),
 		// Delivered late: older than past_due, so the guard skips it.
-		updated("u1", 10, s1.with(billing.StatusActive)),
+		updated("u1", 10, s1.With(billing.StatusActive)),
 		failed("f1", 15, inv),
 		failed("f0", 5, inv), // older than f1
 	)
@@ -62,7 +62,7 @@ func TestTimelineSaysWhichEventSetTheStateAndWhichWereSkipped(t *testing.T) {
 	if err := e.db.Exec(`INSERT INTO webhook_events (event_id, source, type, livemode, status, payload, event_created) VALUES
 		('w1', 'stripe', $1, false, 'received', jsonb_build_object('data', jsonb_build_object('object', $2::jsonb)), $3),
 		('d1', 'stripe', $1, false, 'failed', jsonb_build_object('data', jsonb_build_object('object', $2::jsonb)), $3)`,
-		billing.EventSubscriptionUpdated, string(s1.with(billing.StatusCanceled).JSON()), at(30)).Error; err != nil {
+		billing.EventSubscriptionUpdated, string(s1.With(billing.StatusCanceled).JSON()), at(30)).Error; err != nil {
 		t.Fatal(err)
 	}
 
@@ -91,7 +91,7 @@ func TestTimelineSaysWhichEventSetTheStateAndWhichWereSkipped(t *testing.T) {
 	}
 
 	// Once canceled, a newer non-terminal snapshot is skipped as such.
-	e.logged(t, deleted("x1", 40, s1.with(billing.StatusCanceled)), updated("late", 50, s1.with(billing.StatusActive)))
+	e.logged(t, deleted("x1", 40, s1.With(billing.StatusCanceled)), updated("late", 50, s1.With(billing.StatusActive)))
 	st, tl, _ = e.timeline(t, "sub_1")
 	if tl["x1"].Outcome != billing.OutcomeCurrent || tl["late"].Outcome != billing.OutcomeSkippedTerminal || tl["u2"].Outcome != billing.OutcomeSuperseded {
 		t.Errorf("after cancel: x1 %s, late %s, u2 %s", tl["x1"].Outcome, tl["late"].Outcome, tl["u2"].Outcome)

@@ -247,7 +247,7 @@ func TestHoldGatesFeatures(t *testing.T) {
 		t.Fatalf("features %v", got)
 	}
 	inv := invObj{ID: "in_1", Customer: "cus_1", Subscription: "sub_1", AttemptCount: 1, AmountDue: 900, Currency: "usd", Created: 10}
-	e.mustHandle(t, failed("f1", 10, inv), updated("u_past_due", 10, activeSub.with(billing.StatusPastDue)))
+	e.mustHandle(t, failed("f1", 10, inv), updated("u_past_due", 10, activeSub.With(billing.StatusPastDue)))
 	ent, err := e.svc.Entitlement(context.Background(), "u1")
 	if err != nil {
 		t.Fatal(err)

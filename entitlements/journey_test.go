@@ -138,7 +138,7 @@ func TestPaymentActionRequiredOfANeverStartedSubscription(t *testing.T) {
 	e := newEnv(t)
 	e.link(t, "u1", "cus_1", "u1@example.com")
 	inv := invObj{ID: "in_1", Customer: "cus_1", Subscription: "sub_1", AttemptCount: 1, Created: 1, BillingReason: "subscription_create"}
-	e.mustHandle(t, created("c1", 1, s1.with(billing.StatusIncomplete)), invEv("ar1", billing.EventInvoicePaymentActionRequired, 2, inv))
+	e.mustHandle(t, created("c1", 1, s1.With(billing.StatusIncomplete)), invEv("ar1", billing.EventInvoicePaymentActionRequired, 2, inv))
 	if rows, _ := e.totalNotices(t); rows != 0 {
 		t.Errorf("%d notices, want none", rows)
 	}
@@ -153,8 +153,8 @@ func TestSubscriptionPausedAndResumed(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	e.link(t, "u1", "cus_1", "")
-	paused := subEv("pa1", billing.EventSubscriptionPaused, 100, s1.with(billing.StatusPaused))
-	resumed := subEv("re1", billing.EventSubscriptionResumed, 200, s1.with(billing.StatusActive))
+	paused := subEv("pa1", billing.EventSubscriptionPaused, 100, s1.With(billing.StatusPaused))
+	resumed := subEv("re1", billing.EventSubscriptionResumed, 200, s1.With(billing.StatusActive))
 	e.mustHandle(t, created("c1", 1, s1), paused)
 	if ent := e.customerView(t, "u1").Entitlement; ent.Entitled || ent.Status != billing.StatusPaused {
 		t.Errorf("paused: %+v", ent)

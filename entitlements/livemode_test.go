@@ -72,14 +72,14 @@ func TestEventOfTheOtherModeChangesNothing(t *testing.T) {
 	// Every handled type, each a little newer than the state it meets, so that only the mode
 	// can stop it.
 	attacks := []webhooks.Event{
-		created("x_created", 100, sub.with(billing.StatusActive)),
-		updated("x_updated", 100, sub.with(billing.StatusCanceled)),
-		deleted("x_deleted", 100, sub.with(billing.StatusCanceled)),
+		created("x_created", 100, sub.With(billing.StatusActive)),
+		updated("x_updated", 100, sub.With(billing.StatusCanceled)),
+		deleted("x_deleted", 100, sub.With(billing.StatusCanceled)),
 		trialEv("x_trial", 100, sub),
 		failed("x_failed", 100, inv),
 		succeeded("x_succeeded", 100, inv),
-		subEv("x_paused", billing.EventSubscriptionPaused, 100, sub.with(billing.StatusPaused)),
-		subEv("x_resumed", billing.EventSubscriptionResumed, 100, sub.with(billing.StatusActive)),
+		subEv("x_paused", billing.EventSubscriptionPaused, 100, sub.With(billing.StatusPaused)),
+		subEv("x_resumed", billing.EventSubscriptionResumed, 100, sub.With(billing.StatusActive)),
 		invEv("x_paid", billing.EventInvoicePaid, 100, inv),
 		invEv("x_action", billing.EventInvoicePaymentActionRequired, 100, inv),
 		invEv("x_voided", billing.EventInvoiceVoided, 100, inv),

@@ -103,7 +103,7 @@ func TestEntitlementHoldIsTheReportedSubscriptions(t *testing.T) {
 // status_since is the start of the current stint of the status, whatever the delivery order.
 func TestStatusSinceWithEventsOutOfOrder(t *testing.T) {
 	t.Parallel()
-	pastDue := s1.with(billing.StatusPastDue)
+	pastDue := s1.With(billing.StatusPastDue)
 	tests := []struct {
 		name string
 		evs  []eventSpec
@@ -166,9 +166,9 @@ func TestFailedFirstInvoiceOfASubscriptionThatNeverStarted(t *testing.T) {
 			first := invObj{ID: "in_first", Customer: "cus_1", Subscription: "sub_1", AttemptCount: 1, AmountDue: 900,
 				Currency: "usd", BillingReason: "subscription_create", Created: 1}
 			// The failure may come before the subscription's own event (a placeholder row) or after.
-			e.mustHandle(t, failed("f1", 2, first), created("c1", 1, s1.with(billing.StatusIncomplete)), failed("f2", 3, first))
+			e.mustHandle(t, failed("f1", 2, first), created("c1", 1, s1.With(billing.StatusIncomplete)), failed("f2", 3, first))
 			if status == billing.StatusIncompleteExpired {
-				e.mustHandle(t, updated("x1", 86400, s1.with(billing.StatusIncompleteExpired)))
+				e.mustHandle(t, updated("x1", 86400, s1.With(billing.StatusIncompleteExpired)))
 			}
 			if rows, due := e.totalNotices(t); rows != 0 || due != 0 {
 				t.Errorf("notices %d, queued %d; want none", rows, due)

@@ -113,8 +113,8 @@ func TestRenewalRereadIsQueuedOncePerRenewal(t *testing.T) {
 		t.Fatalf("after the renewal: %+v", jobs)
 	}
 	// past_due and canceled are not held to the period: no job.
-	e.mustHandle(t, updated("evt_q5", 30*86400+60, renewed.with(billing.StatusPastDue)))
-	e.mustHandle(t, deleted("evt_q6", 30*86400+120, renewed.with(billing.StatusCanceled)))
+	e.mustHandle(t, updated("evt_q5", 30*86400+60, renewed.With(billing.StatusPastDue)))
+	e.mustHandle(t, deleted("evt_q6", 30*86400+120, renewed.With(billing.StatusCanceled)))
 	if jobs := e.rereadJobs(t, "sub_q"); len(jobs) != 1 {
 		t.Errorf("past_due and canceled queued re-reads: %+v", jobs)
 	}
@@ -179,7 +179,7 @@ func newRereadEnv(t *testing.T, retrying bool) *rereadEnv {
 		subs = api.Subscriptions
 	}
 
-	e := &env{db: db, clock: &clock{t: r.now}, reg: webhooks.NewRegistry(), echo: echo.New()}
+	e := &env{db: db, clock: testenv.NewClock(r.now), reg: webhooks.NewRegistry(), echo: echo.New()}
 	workers := river.NewWorkers()
 	rc, err := jobs.NewClient(sqlDB, jobs.ClientOptions{
 		Workers:      workers,
@@ -413,7 +413,7 @@ func TestRereadCanceledAtStripeLosesAccess(t *testing.T) {
 	r := newRereadEnv(t, true)
 	s, end := r.activeSubscription(t, "sub_can", "u_can")
 	job := r.onlyJob(t, "sub_can")
-	canceled := s.with(billing.StatusCanceled)
+	canceled := s.With(billing.StatusCanceled)
 	canceled.CanceledAt, canceled.EndedAt = off(end), off(end)
 	r.setStripe(canceled, nil)
 
@@ -539,7 +539,7 @@ func TestSameSecondTieIsSettledByStripe(t *testing.T) {
 	// Hold the re-read at Stripe's door, to see a third event of that second arrive meanwhile.
 	arrived, release := r.proxy.Gate(http.MethodGet, "/v1/subscriptions/sub_tie")
 	defer release()
-	r.mustHandle(t, updated("evt_tie_1", off(second), s), updated("evt_tie_2", off(second), s.with(billing.StatusPastDue)))
+	r.mustHandle(t, updated("evt_tie_1", off(second), s), updated("evt_tie_2", off(second), s.With(billing.StatusPastDue)))
 	if got := r.sub(t, "sub_tie").Status; got != billing.StatusPastDue {
 		t.Fatalf("the rank's guess: %s, want past_due", got)
 	}
@@ -563,7 +563,7 @@ func TestSameSecondTieIsSettledByStripe(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the tie's re-read did not reach Stripe")
 	}
-	r.mustHandle(t, updated("evt_tie_3", off(second), s.with(billing.StatusUnpaid)))
+	r.mustHandle(t, updated("evt_tie_3", off(second), s.With(billing.StatusUnpaid)))
 	if got := r.sub(t, "sub_tie").Status; got != billing.StatusUnpaid {
 		t.Fatalf("the rank's second guess: %s, want unpaid", got)
 	}

@@ -89,7 +89,7 @@ func TestEntitlementEventPerChangeAndNoneForADuplicate(t *testing.T) {
 		t.Fatalf("%d events after a duplicate and a no-op update, want 1", n)
 	}
 
-	e.mustHandle(t, updated("e3", 3, s1.with(billing.StatusPastDue)))
+	e.mustHandle(t, updated("e3", 3, s1.With(billing.StatusPastDue)))
 	got = e.appEvents(t, "u1")
 	if len(got) != 2 || got[1].Sequence != 2 || got[1].Data.Status != billing.StatusPastDue || !got[1].Data.OnHold {
 		t.Fatalf("after past_due: %+v, want event 2 on hold", got)

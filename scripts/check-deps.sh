@@ -6,11 +6,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fail=0
-if go list -deps . | grep -E -x 'testing|billing/internal/(stripeemu|stripetest|devstripe|testenv|apitest)'; then
+if go list -deps . | grep -E -x 'testing|billing/billing/billingtest|billing/internal/(stripeemu|stripetest|devstripe|testenv|apitest)'; then
   echo "check-deps: the billing binary links test code (above)" >&2
   fail=1
 fi
-if go list -deps ./cmd/devstripe | grep -E -x 'testing|billing/internal/(stripetest|testenv|apitest)'; then
+if go list -deps ./cmd/devstripe | grep -E -x 'testing|billing/billing/billingtest|billing/internal/(stripetest|testenv|apitest)'; then
   echo "check-deps: the dev Stripe links test code (above)" >&2
   fail=1
 fi
