@@ -38,7 +38,7 @@ type Deps struct {
 	// subscriptions, invoices) answer from it only. Events of both modes are applied, each to its
 	// own world.
 	Livemode bool
-	// Jobs queues the notices' jobs in the event's transaction.
+	// Jobs queues the re-reads' jobs (a tie's in the event's transaction, a renewal's by the sweep).
 	Jobs   jobs.Inserter
 	Logger *slog.Logger
 	// Now is the clock of the state's decisions (re-reads, trial notices); time.Now when nil.
