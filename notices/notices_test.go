@@ -3,6 +3,7 @@ package notices
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -384,5 +385,54 @@ func TestJobsOfEarlierBuildsStillSend(t *testing.T) {
 	}
 	if d, r, ok := e.delivery(t, "evt_old"); d != "smtp" || r != "jane@example.com" || !ok || len(sent) != 1 {
 		t.Errorf("delivery %q to %q sent %v; mails %v", d, r, ok, sent)
+	}
+}
+
+// A mail server so slow that a batch's sends would outlast its lease: no send starts with less
+// than a send's timeout left on the lease, and the rows not sent go back, due at once with their
+// attempt not counted, for the next batch (which may be another replica's) to send.
+func TestASlowMailServerHandsTheRestOfTheBatchBack(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.link(t, "u_t", "cus_t", "user@example.com")
+	const total = 12
+	for k := range total {
+		in := trialNotice
+		in.EventID = fmt.Sprintf("evt_slow%d", k)
+		e.enqueue(t, in)
+	}
+	var mu sync.Mutex
+	sends := 0
+	// Each send takes the whole lease (by the sender's clock).
+	slow := func(context.Context, mail.Config, string, []byte) error {
+		mu.Lock()
+		sends++
+		mu.Unlock()
+		e.clock.Add(lease)
+		return nil
+	}
+	if n := e.sendDue(t, e.sender(nil, slow)); n != total {
+		t.Fatalf("took %d notices, want %d", n, total)
+	}
+	if sends < 1 || sends > sendWorkers {
+		t.Fatalf("%d sends began; want one per worker at most, the lease being spent by the first", sends)
+	}
+	back := 0
+	for k := range total {
+		id := fmt.Sprintf("evt_slow%d", k)
+		if d, _, _ := e.delivery(t, id); d != "" {
+			continue
+		}
+		back++
+		if q := e.queued(t, id); q.Attempts != 0 || q.NextAttemptAt == nil || !q.NextAttemptAt.Equal(at(0)) || q.LastError != nil {
+			t.Errorf("%s handed back as %+v; want due at %v, no attempt counted", id, q, at(0))
+		}
+	}
+	if back != total-sends {
+		t.Fatalf("%d handed back, %d sent, of %d", back, sends, total)
+	}
+	// The next batch sends them.
+	if n := e.sendDue(t, e.sender(nil, func(context.Context, mail.Config, string, []byte) error { return nil })); n != back {
+		t.Fatalf("the next batch took %d, want %d", n, back)
 	}
 }

@@ -20,14 +20,18 @@ import (
 // Taking a batch is one statement that moves the rows' next_attempt_at a lease ahead and counts
 // the attempt; rows another replica is taking are skipped (SKIP LOCKED), and a taken row is due
 // again only when its lease ends, so a row is in one send at a time while the lease lasts, and a
-// sender that dies mid-batch leaves its rows to be sent again when their leases end. The
-// outcomes are recorded in one statement when the batch is done. Mail is at least once: a crash
-// between a send and the record sends that batch's mails again.
+// sender that dies mid-batch leaves its rows to be sent again when their leases end. A send
+// starts only while a send's timeout is left on the lease: a slow mail server makes the batch
+// hand its last rows back (due at once, the attempt not counted) rather than send them after
+// another replica may have taken them. The outcomes are recorded in one statement when the
+// batch is done. Mail is at least once: a crash between a send and the record sends that
+// batch's mails again.
 const (
 	sendBatch   = 50
 	sendWorkers = 4
-	// lease outlasts a batch's sends; sendTimeout bounds each, so that a slow mail server ends
-	// a send before another replica can take the row again.
+	// lease is how long a taken row is the batch's; sendTimeout bounds each send, and no send
+	// starts with less than sendTimeout left on the lease, so every send ends before another
+	// replica can take its row again.
 	lease       = 5 * time.Minute
 	sendTimeout = 30 * time.Second
 	// pollInterval is how soon a notice written by an event is sent, at the latest.
@@ -103,11 +107,13 @@ type due struct {
 	Recipient string
 }
 
-// result is one taken notice's outcome, or its failure.
+// result is one taken notice's outcome, or its failure; back: not sent, for too little was left
+// of the lease.
 type result struct {
 	due
-	out outcome
-	err error
+	out  outcome
+	err  error
+	back bool
 }
 
 // SendDue takes one batch of due notices, sends them and records how each went; it returns how
@@ -138,6 +144,10 @@ func (s *Sender) SendDue(ctx context.Context) (int, error) {
 	for range min(sendWorkers, len(taken)) {
 		wg.Go(func() {
 			for i := range work {
+				if s.now().Sub(now) > lease-sendTimeout {
+					results[i] = result{due: taken[i], back: true}
+					continue
+				}
 				results[i] = s.send1(ctx, taken[i])
 			}
 		})
@@ -169,11 +179,18 @@ func (s *Sender) record(ctx context.Context, now time.Time, results []result) er
 	var (
 		ids                    []int64
 		deliveries, recipients []string
-		sent                   []bool
+		sent, back             []bool
 		next                   []*time.Time
 		lastErrors             []*string
+		handedBack             int
 	)
 	for _, r := range results {
+		if r.back {
+			handedBack++
+			ids, deliveries, recipients, sent = append(ids, r.ID), append(deliveries, ""), append(recipients, ""), append(sent, false)
+			next, lastErrors, back = append(next, &now), append(lastErrors, nil), append(back, true)
+			continue
+		}
 		delivery, to, ok := r.out.delivery, r.out.to, r.out.sent
 		var at *time.Time
 		var lastError *string
@@ -195,7 +212,10 @@ func (s *Sender) record(ctx context.Context, now time.Time, results []result) er
 			Metrics.delivered.WithLabelValues(r.Kind, delivery).Inc()
 		}
 		ids, deliveries, recipients, sent = append(ids, r.ID), append(deliveries, delivery), append(recipients, to), append(sent, ok)
-		next, lastErrors = append(next, at), append(lastErrors, lastError)
+		next, lastErrors, back = append(next, at), append(lastErrors, lastError), append(back, false)
+	}
+	if handedBack > 0 {
+		s.log.WarnContext(ctx, "notices: the mail server is slow; handing the rest of a batch back", "notices", handedBack)
 	}
 	err := s.db.WithContext(ctx).Exec(`/* all modes: by the ids taken above */
 		UPDATE notices n SET
@@ -203,11 +223,13 @@ func (s *Sender) record(ctx context.Context, now time.Time, results []result) er
 		  recipient = CASE WHEN r.recipient <> '' THEN r.recipient ELSE n.recipient END,
 		  sent_at = CASE WHEN r.sent THEN CAST($7 AS timestamptz) END,
 		  next_attempt_at = r.next_attempt_at,
-		  last_error = r.last_error
+		  last_error = CASE WHEN r.back THEN n.last_error ELSE r.last_error END,
+		  attempts = CASE WHEN r.back THEN n.attempts - 1 ELSE n.attempts END
 		FROM unnest(CAST($1 AS bigint[]), CAST($2 AS text[]), CAST($3 AS text[]), CAST($4 AS boolean[]),
-		            CAST($5 AS timestamptz[]), CAST($6 AS text[])) AS r(id, delivery, recipient, sent, next_attempt_at, last_error)
+		            CAST($5 AS timestamptz[]), CAST($6 AS text[]), CAST($8 AS boolean[]))
+		  AS r(id, delivery, recipient, sent, next_attempt_at, last_error, back)
 		WHERE n.id = r.id`,
-		ids, deliveries, recipients, sent, next, lastErrors, now).Error
+		ids, deliveries, recipients, sent, next, lastErrors, now, back).Error
 	if err != nil {
 		// The rows stay taken: they are sent again when their lease ends.
 		return fmt.Errorf("record %d notices: %w", len(results), err)
