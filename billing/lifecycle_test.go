@@ -10,61 +10,28 @@ import (
 
 	"gorm.io/gorm"
 
+	"billing/billing/billingtest"
 	"billing/webhooks"
 )
 
 var s1 = subObj{ID: "sub_1", Customer: "cus_1", Status: StatusActive, Price: "price_pro", PeriodStart: 0, PeriodEnd: 30 * 86400}
 
+// The state machine over billingtest's cases: each one's status and hold (the access each grants
+// is entitlements' TestPolicyOverTheTransitions).
 func TestSubscriptionTransitions(t *testing.T) {
 	t.Parallel()
-	inv := invObj{ID: "in_1", Customer: "cus_1", Subscription: "sub_1", Currency: "usd", AmountDue: 2000, AttemptCount: 1, URL: "https://invoice.stripe.com/i/1", NextAttempt: 3 * 86400}
-	tests := []struct {
-		name       string
-		events     []webhooks.Event
-		wantStatus string
-		wantHold   string // "" = not on hold
-		// entitled is what the policy grants in the end (the entitlements package's concern,
-		// kept here as the table's documentation of each case).
-		entitled bool
-	}{
-		{"created trialing", []webhooks.Event{created("e1", 1, s1.With(StatusTrialing))}, StatusTrialing, "", true},
-		{"created active", []webhooks.Event{created("e1", 1, s1)}, StatusActive, "", true},
-		{"created incomplete", []webhooks.Event{created("e1", 1, s1.With(StatusIncomplete))}, StatusIncomplete, "", false},
-		{"incomplete to active", []webhooks.Event{created("e1", 1, s1.With(StatusIncomplete)), updated("e2", 2, s1)}, StatusActive, "", true},
-		{"incomplete to incomplete_expired", []webhooks.Event{created("e1", 1, s1.With(StatusIncomplete)), updated("e2", 2, s1.With(StatusIncompleteExpired))}, StatusIncompleteExpired, "", false},
-		{"trialing to active", []webhooks.Event{created("e1", 1, s1.With(StatusTrialing)), updated("e2", 2, s1)}, StatusActive, "", true},
-		{"trialing to paused", []webhooks.Event{created("e1", 1, s1.With(StatusTrialing)), updated("e2", 2, s1.With(StatusPaused))}, StatusPaused, "", false},
-		{"paused to active", []webhooks.Event{created("e1", 1, s1.With(StatusPaused)), updated("e2", 2, s1)}, StatusActive, "", true},
-		{"active to past_due is a hold", []webhooks.Event{created("e1", 1, s1), updated("e2", 2, s1.With(StatusPastDue))}, StatusPastDue, HoldPastDue, true},
-		{"past_due back to active lifts it", []webhooks.Event{created("e1", 1, s1), updated("e2", 2, s1.With(StatusPastDue)), updated("e3", 3, s1)}, StatusActive, "", true},
-		{"past_due to unpaid", []webhooks.Event{created("e1", 1, s1), updated("e2", 2, s1.With(StatusPastDue)), updated("e3", 3, s1.With(StatusUnpaid))}, StatusUnpaid, HoldUnpaid, false},
-		{"unpaid to active", []webhooks.Event{updated("e2", 2, s1.With(StatusUnpaid)), updated("e3", 3, s1)}, StatusActive, "", true},
-		{"active to canceled by deleted", []webhooks.Event{created("e1", 1, s1), deleted("e2", 2, s1.With(StatusCanceled))}, StatusCanceled, "", false},
-		{"deleted with a non-terminal snapshot still cancels", []webhooks.Event{created("e1", 1, s1), deleted("e2", 2, s1)}, StatusCanceled, "", false},
-		{"past_due canceled: no hold on a terminal subscription", []webhooks.Event{updated("e1", 1, s1.With(StatusPastDue)), failed("f1", 1, inv), deleted("e2", 2, s1.With(StatusCanceled))}, StatusCanceled, "", false},
-		{"unknown future status kept", []webhooks.Event{created("e1", 1, s1), updated("e2", 2, s1.With("suspended_for_audit"))}, "suspended_for_audit", "", false},
-		{"unknown status can move on", []webhooks.Event{updated("e1", 1, s1.With("suspended_for_audit")), updated("e2", 2, s1)}, StatusActive, "", true},
-		{"payment_failed puts an active customer on hold", []webhooks.Event{created("e1", 1, s1), failed("f1", 2, inv)}, StatusActive, HoldPaymentFailed, true},
-		{"payment_failed then past_due", []webhooks.Event{created("e1", 1, s1), failed("f1", 2, inv), updated("e2", 2, s1.With(StatusPastDue))}, StatusPastDue, HoldPaymentFailed, true},
-		{"unpaid outranks payment_failed", []webhooks.Event{created("e1", 1, s1), failed("f1", 2, inv), updated("e2", 3, s1.With(StatusUnpaid))}, StatusUnpaid, HoldUnpaid, false},
-		{"payment_succeeded lifts the payment hold", []webhooks.Event{created("e1", 1, s1), failed("f1", 2, inv), succeeded("p1", 3, inv)}, StatusActive, "", true},
-		{"payment_succeeded does not lift a past_due status hold", []webhooks.Event{updated("e1", 2, s1.With(StatusPastDue)), failed("f1", 2, inv), succeeded("p1", 3, inv)}, StatusPastDue, HoldPastDue, true},
-		{"newer active snapshot supersedes the payment hold", []webhooks.Event{created("e1", 1, s1), failed("f1", 2, inv), updated("e2", 2, s1.With(StatusPastDue)), updated("e3", 5, s1)}, StatusActive, "", true},
-		{"active snapshot of the same second does not lift a failure", []webhooks.Event{failed("f1", 2, inv), updated("e2", 2, s1)}, StatusActive, HoldPaymentFailed, true},
-		{"trial_will_end snapshot applies", []webhooks.Event{subEv("t1", EventSubscriptionTrialWillEnd, 1, s1.With(StatusTrialing))}, StatusTrialing, "", true},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
+	for _, tc := range billingtest.Transitions() {
+		t.Run(tc.Name, func(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t)
-			e.mustHandle(t, tc.events...)
+			e.mustHandle(t, tc.Events...)
 			got := e.sub(t, "sub_1")
-			if got.Status != tc.wantStatus {
-				t.Errorf("status = %q, want %q", got.Status, tc.wantStatus)
+			if got.Status != tc.Status {
+				t.Errorf("status = %q, want %q", got.Status, tc.Status)
 			}
 			reason, _, onHold := got.Hold()
-			if reason != tc.wantHold || onHold != (tc.wantHold != "") {
-				t.Errorf("hold = %q (%v), want %q", reason, onHold, tc.wantHold)
+			if reason != tc.Hold || onHold != (tc.Hold != "") {
+				t.Errorf("hold = %q (%v), want %q", reason, onHold, tc.Hold)
 			}
 		})
 	}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"billing/billing"
+	"billing/billing/billingtest"
 )
 
 func tp(t time.Time) *time.Time { return &t }
@@ -187,5 +188,21 @@ func TestPolicyPeriodGrace(t *testing.T) {
 	}
 	if v := e.customerView(t, "u_g"); len(v.Subscriptions) != 1 || v.Subscriptions[0].Entitled || ptrTime(v.Subscriptions[0].UnconfirmedSince) != "2024-06-01T01:23:20Z" {
 		t.Errorf("customer view past the grace: %+v", v.Subscriptions)
+	}
+}
+
+// The access each case of the state machine grants, by the policy over the row the events leave
+// (billing's TestSubscriptionTransitions checks the row itself).
+func TestPolicyOverTheTransitions(t *testing.T) {
+	t.Parallel()
+	for _, tc := range billingtest.Transitions() {
+		t.Run(tc.Name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			e.mustHandle(t, tc.Events...)
+			if got := e.svc.policy.Entitled(e.sub(t, "sub_1"), e.clock.Now()); got != tc.Entitled {
+				t.Errorf("entitled = %v, want %v", got, tc.Entitled)
+			}
+		})
 	}
 }
