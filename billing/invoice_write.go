@@ -17,10 +17,9 @@ const holdInForce = `payment_hold
 		    AND NOT coalesce(payment_hold_billing_reason = 'subscription_create' AND status IN ('incomplete', 'incomplete_expired'), false)
 		    AND NOT coalesce(status IN ('active', 'trialing') AND sub_event_created > inv_event_created, false)`
 
-// invoiceUpdate applies an invoice event ($1 to $19, applyInvoiceEvent's arguments) to the
-// payment columns of its subscription, of its customer only ($19), under the invoice ordering.
-const invoiceUpdate = `
-		UPDATE subscriptions SET
+// invoiceSet is what an invoice event ($1 to $19, applyInvoiceEvent's arguments) writes to the
+// payment columns of its subscription.
+const invoiceSet = `
 		  payment_hold = $3,
 		  payment_hold_since = CASE WHEN NOT $3 THEN NULL
 		    WHEN ` + holdInForce + ` AND payment_hold_since IS NOT NULL THEN payment_hold_since
@@ -41,22 +40,31 @@ const invoiceUpdate = `
 		    ELSE CAST($16 AS timestamptz) END,
 		  payment_hold_billing_reason = CASE WHEN $3 THEN CAST($17 AS text) ELSE payment_hold_billing_reason END,
 		  payment_hold_kind = CASE WHEN $3 THEN CAST($18 AS text) ELSE payment_hold_kind END,
-		  inv_invoice_created = CAST($16 AS timestamptz)
-		WHERE subscription_id = $1 AND livemode = $2 AND stripe_customer_id = $19
+		  inv_invoice_created = CAST($16 AS timestamptz)`
+
+// invoiceGuard applies the event to a subscription of its customer only ($19), under the
+// invoice ordering: the newest invoice wins, and within one invoice the newest event.
+var invoiceGuard = `subscription_id = $1 AND livemode = $2 AND stripe_customer_id = $19
 		  AND CASE WHEN inv_invoice_created IS NOT NULL AND CAST($16 AS timestamptz) IS NOT NULL
 		             AND CAST($16 AS timestamptz) <> inv_invoice_created
 		        THEN CAST($16 AS timestamptz) > inv_invoice_created
-		        ELSE `
+		        ELSE ` + newerThanStored("inv", 13, 14, 11) + ` END
+		  AND ($3 OR NOT payment_hold OR payment_hold_invoice_created IS NULL OR CAST($16 AS timestamptz) IS NULL
+		       OR CAST($16 AS timestamptz) >= payment_hold_invoice_created)`
 
 // applyInvoiceStatement runs the statement that keeps the invoice (kept, its arguments after
 // the UPDATE's) and applies the event to its subscription. It returns the rows applied (0 or 1),
-// the user linked to the customer and the subscription's status (both only when applied).
+// the user linked to the customer and the subscription's status (both only when applied). The
+// row is locked by a subquery of the UPDATE with LockRows, as lockSubscription locks it: in a
+// batch of group commit, a row locked elsewhere fails the batch at once instead of holding its
+// lane.
 func (s *Service) applyInvoiceStatement(ctx context.Context, tx *gorm.DB, kept string, args []any) (n int64, user *string, status string, err error) {
 	var st *string
 	err = tx.Statement.ConnPool.QueryRowContext(ctx, `
-		WITH kept AS (`+kept+`), updated AS (`+invoiceUpdate+newerThanStored("inv", 13, 14, 11)+` END
-		  AND ($3 OR NOT payment_hold OR payment_hold_invoice_created IS NULL OR CAST($16 AS timestamptz) IS NULL
-		       OR CAST($16 AS timestamptz) >= payment_hold_invoice_created)`+linkedUserReturning+` AS user_id, status)
+		WITH kept AS (`+kept+`), updated AS (
+		  UPDATE subscriptions SET`+invoiceSet+`
+		  FROM (SELECT 1 FROM subscriptions WHERE subscription_id = $1 AND livemode = $2 `+webhooks.LockRows(ctx)+`) locked
+		  WHERE `+invoiceGuard+linkedUserReturning+` AS user_id, status)
 		SELECT count(*), max(user_id), max(status) FROM updated`, args...).Scan(&n, &user, &st)
 	if st != nil {
 		status = *st

@@ -2,9 +2,15 @@ package billing
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"gorm.io/gorm"
+
+	"billing/webhooks"
 )
 
 // The SQL that keeps a hold's start when an invoice fails again agrees with the Go rule the reads
@@ -49,4 +55,55 @@ func TestHoldInForceIsPaymentHoldInForce(t *testing.T) {
 func describe(s Subscription) string {
 	return fmt.Sprintf("hold=%v reason=%s status=%s sub=%s inv=%s", s.PaymentHold, ptrStr(s.PaymentHoldBillingReason), s.Status,
 		ptrTime(s.SubEventCreated), ptrTime(s.InvEventCreated))
+}
+
+// In a batch of group commit a handler never waits on a row another transaction holds: each
+// statement that writes a subscription locks it NOWAIT there, so the batch fails at once (and its
+// events are applied alone) instead of holding the lane, whichever path the event takes.
+func TestABatchNeverWaitsOnALockedSubscription(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	s := subObj{ID: "sub_lk", Customer: "cus_lk", Status: StatusActive, Price: "p", PeriodStart: 10, PeriodEnd: 30 * 86400}
+	inv := invObj{ID: "in_lk", Customer: "cus_lk", Subscription: "sub_lk", Currency: "usd", AmountDue: 500, AttemptCount: 1}
+	e.mustHandle(t, created("evt_lk0", 10, s))
+	sqlDB, err := e.db.DB()
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocker, err := sqlDB.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer blocker.Rollback()
+	if _, err := blocker.Exec(`SELECT 1 FROM subscriptions WHERE subscription_id = 'sub_lk' AND NOT livemode FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range []webhooks.Event{updated("evt_lk1", 20, s.With(StatusPastDue)), failed("evt_lk2", 30, inv), succeeded("evt_lk3", 40, inv)} {
+		h, _ := e.reg.Lookup(ev.Type)
+		done := make(chan error, 1)
+		go func() {
+			done <- e.db.Transaction(func(tx *gorm.DB) error { return h.HandleEvent(webhooks.InBatch(context.Background()), tx, ev) })
+		}()
+		var got error
+	wait:
+		for {
+			select {
+			case got = <-done:
+				break wait
+			default:
+			}
+			var waiting int
+			if err := e.db.Raw(`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).
+				Scan(&waiting).Error; err != nil {
+				t.Fatal(err)
+			}
+			if waiting > 0 {
+				t.Fatalf("%s in a batch waits on the locked subscription", ev.Type)
+			}
+		}
+		var pgErr *pgconn.PgError
+		if !errors.As(got, &pgErr) || pgErr.Code != "55P03" {
+			t.Errorf("%s in a batch: %v, want the lock refused (55P03)", ev.Type, got)
+		}
+	}
 }

@@ -44,6 +44,10 @@ func LockRows(ctx context.Context) string {
 	return "FOR UPDATE"
 }
 
+// InBatch is ctx as group commit hands it to a batch's handlers, in which LockRows is NOWAIT:
+// for the tests of handlers, which must never wait on a row lock in a batch.
+func InBatch(ctx context.Context) context.Context { return context.WithValue(ctx, batchKey{}, true) }
+
 // lockNotAvailable reports whether err is a NOWAIT lock that found its row locked.
 func lockNotAvailable(err error) bool {
 	var pgErr *pgconn.PgError
@@ -131,7 +135,7 @@ func (c *committer) run(batch []*pendingApply) {
 		ctx, cancel = context.WithTimeout(context.Background(), c.i.cfg.InlineTimeout)
 		defer cancel()
 	}
-	ctx = context.WithValue(ctx, batchKey{}, true)
+	ctx = InBatch(ctx)
 	evs := make([]storedEvent, len(live))
 	for k, p := range live {
 		evs[k] = p.ev
