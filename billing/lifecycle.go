@@ -108,19 +108,6 @@ func (s *Service) lockSubscription(ctx context.Context, tx *gorm.DB, subscriptio
 	return row, nil
 }
 
-// livemodeMismatch is the permanent failure of an event that names an object of the other mode:
-// dead-lettered with the reason livemode_mismatch, never applied.
-func livemodeMismatch(format string, args ...any) error {
-	return webhooks.PermanentReason(webhooks.FailureLivemodeMismatch, fmt.Errorf(format, args...))
-}
-
-func modeName(livemode bool) string {
-	if livemode {
-		return "live"
-	}
-	return "test"
-}
-
 func (s *Service) loadSubscriptionTx(ctx context.Context, tx *gorm.DB, subscriptionID string, livemode bool) (*Subscription, error) {
 	row, err := scanSubscription(ctx, tx, subscriptionByID, subscriptionID, livemode)
 	if err != nil {

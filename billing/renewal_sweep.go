@@ -106,11 +106,8 @@ func (s *Service) queueDueRereads(ctx context.Context, renewal time.Time) (int, 
 		}
 		for _, p := range taken {
 			args := RereadArgs{SubscriptionID: p.SubscriptionID, Livemode: p.Livemode, Due: p.Due.Unix()}
-			if _, err := s.rereads.jobs.InsertTx(ctx, sqlTx, args, &river.InsertOpts{
-				MaxAttempts: s.rereads.MaxAttempts, ScheduledAt: p.Due.Add(half),
-				UniqueOpts: river.UniqueOpts{ByArgs: true},
-			}); err != nil {
-				return fmt.Errorf("queue re-read of %s: %w", p.SubscriptionID, err)
+			if _, err := s.insertReread(ctx, sqlTx, args, p.Due.Add(half)); err != nil {
+				return err
 			}
 		}
 		return nil

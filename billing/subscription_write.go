@@ -2,9 +2,11 @@ package billing
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"time"
 
+	"github.com/riverqueue/river"
 	"gorm.io/gorm"
 
 	"billing/internal/database"
@@ -104,20 +106,38 @@ func (s *Service) writeSubscription(ctx context.Context, tx *gorm.DB, args []any
 	return &written[0], nil
 }
 
-// queueRereads queues the re-reads due now, each in a statement of its own (a tie within a
-// second: rare), and says of each whether it was queued (1) or met its duplicate (0).
+// queueRereads queues the re-reads due now (a tie within a second: rare), and says of each
+// whether it was queued (1) or met its duplicate (0).
 func (s *Service) queueRereads(ctx context.Context, tx *gorm.DB, due []dueReread) ([]int64, error) {
 	queued := make([]int64, len(due))
+	if len(due) == 0 {
+		return queued, nil
+	}
+	sqlTx, err := jobs.SQLTx(tx)
+	if err != nil {
+		return nil, err
+	}
 	for k, r := range due {
-		job, params, err := jobs.UniqueInsert(s.rereads.jobs, r.args, r.at, s.rereads.MaxAttempts, 1, jobs.Within{})
+		ok, err := s.insertReread(ctx, sqlTx, r.args, r.at)
 		if err != nil {
-			return nil, fmt.Errorf("queue re-read of %s: %w", r.args.SubscriptionID, err)
+			return nil, err
 		}
-		res := tx.WithContext(ctx).Exec(job, params...)
-		if res.Error != nil {
-			return nil, fmt.Errorf("queue re-read of %s: %w", r.args.SubscriptionID, res.Error)
+		if ok {
+			queued[k] = 1
 		}
-		queued[k] = res.RowsAffected
 	}
 	return queued, nil
+}
+
+// insertReread queues one re-read job in tx, unique by its args as every re-read is (River's
+// InsertTx, the one insert of a job outside a statement of the caller's), scheduled at at; it
+// says whether the job was queued rather than met its duplicate.
+func (s *Service) insertReread(ctx context.Context, tx *sql.Tx, args RereadArgs, at time.Time) (bool, error) {
+	res, err := s.rereads.jobs.InsertTx(ctx, tx, args, &river.InsertOpts{
+		MaxAttempts: s.rereads.MaxAttempts, ScheduledAt: at, UniqueOpts: river.UniqueOpts{ByArgs: true},
+	})
+	if err != nil {
+		return false, fmt.Errorf("queue re-read of %s: %w", args.SubscriptionID, err)
+	}
+	return !res.UniqueSkippedAsDuplicate, nil
 }
