@@ -1,7 +1,6 @@
 package billing
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -81,23 +80,13 @@ func newEnv(t *testing.T, opts ...envOpt) *env {
 // handle runs an event's handler in its own transaction, as the webhook worker does.
 func (e *env) handle(t *testing.T, ev webhooks.Event) error {
 	t.Helper()
-	h, ok := e.reg.Lookup(ev.Type)
-	if !ok {
-		t.Fatalf("no handler registered for %s", ev.Type)
-	}
-	return e.db.Transaction(func(tx *gorm.DB) error {
-		return h.HandleEvent(context.Background(), tx, ev)
-	})
+	return billingtest.Handle(t, e.db, e.reg, ev)
 }
 
 // mustHandle applies events in order and fails the test on any error.
 func (e *env) mustHandle(t *testing.T, evs ...webhooks.Event) {
 	t.Helper()
-	for _, ev := range evs {
-		if err := e.handle(t, ev); err != nil {
-			t.Fatalf("handle %s %s: %v", ev.Type, ev.ID, err)
-		}
-	}
+	billingtest.MustHandle(t, e.db, e.reg, evs...)
 }
 
 func (e *env) sub(t *testing.T, id string) *Subscription {
@@ -112,23 +101,11 @@ func (e *env) sub(t *testing.T, id string) *Subscription {
 	return &rows[0]
 }
 
-func (e *env) countSubs(t *testing.T) int {
-	t.Helper()
-	var n int64
-	if err := e.db.Raw(`SELECT count(*) FROM subscriptions`).Scan(&n).Error; err != nil {
-		t.Fatal(err)
-	}
-	return int(n)
-}
+func (e *env) countSubs(t *testing.T) int { t.Helper(); return billingtest.CountSubscriptions(t, e.db) }
 
 func (e *env) link(t *testing.T, userID, customerID, email string) {
 	t.Helper()
-	err := e.db.Exec(`INSERT INTO customers (user_id, stripe_customer_id, email) VALUES ($1, $2, $3)
-		ON CONFLICT (user_id, livemode) DO UPDATE SET stripe_customer_id = EXCLUDED.stripe_customer_id, email = EXCLUDED.email`,
-		userID, nullString(customerID), email).Error
-	if err != nil {
-		t.Fatalf("link %s: %v", userID, err)
-	}
+	billingtest.Link(t, e.db, userID, customerID, email)
 }
 
 // noticeCount counts the notices rows of an event and kind, and those of them queued to be sent.
@@ -144,12 +121,7 @@ func (e *env) totalNotices(t *testing.T) (rows, due int) {
 
 func (e *env) countNotices(t *testing.T, where string, args ...any) (rows, due int) {
 	t.Helper()
-	var n struct{ Rows, Due int }
-	if err := e.db.Raw(`SELECT count(*) AS rows, count(*) FILTER (WHERE delivery IS NULL AND next_attempt_at IS NOT NULL) AS due
-		FROM notices `+where, args...).Scan(&n).Error; err != nil {
-		t.Fatal(err)
-	}
-	return n.Rows, n.Due
+	return billingtest.NoticeCounts(t, e.db, where, args...)
 }
 
 // get performs a GET against the mounted routes and decodes a JSON answer into out (if non-nil).

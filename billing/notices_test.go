@@ -1,9 +1,9 @@
 package billing
 
 import (
-	"encoding/json"
 	"testing"
 
+	"billing/billing/billingtest"
 	"billing/notices"
 	"billing/webhooks"
 )
@@ -149,14 +149,5 @@ func ptr[T any](v T) *T { return &v }
 // noticeContent is what the one notice of an event and kind will say.
 func (e *env) noticeContent(t *testing.T, eventID, kind string) notices.Args {
 	t.Helper()
-	var raw []string
-	e.db.Raw(`SELECT content::text FROM notices WHERE event_id = $1 AND kind = $2`, eventID, kind).Scan(&raw)
-	if len(raw) != 1 {
-		t.Fatalf("%d notices for %s/%s", len(raw), eventID, kind)
-	}
-	var a notices.Args
-	if err := json.Unmarshal([]byte(raw[0]), &a); err != nil {
-		t.Fatal(err)
-	}
-	return a
+	return billingtest.NoticeContent(t, e.db, eventID, kind)
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"billing/billing/billingtest"
 	"billing/internal/jobs"
 	"billing/internal/stripeclient"
 )
@@ -15,15 +16,6 @@ const grace = 2 * time.Hour
 // withStripe gives the service a Stripe client, which turns the re-reads on.
 func withStripe(g SubscriptionGetter) envOpt {
 	return func(d *Deps) { d.Reread.Stripe = g; d.PeriodGrace = grace }
-}
-
-// rereadJob is a River job row of the re-read kind.
-type rereadJob struct {
-	ID          int64     `gorm:"column:id"`
-	State       string    `gorm:"column:state"`
-	ScheduledAt time.Time `gorm:"column:scheduled_at"`
-	Due         int64     `gorm:"column:due"`
-	MaxAttempts int       `gorm:"column:max_attempts"`
 }
 
 // plannedRereadOf is the renewal whose re-read the row plans and the sweep has not queued yet,
@@ -41,15 +33,9 @@ func (e *env) plannedRereadOf(t *testing.T, subscriptionID string) *time.Time {
 	return &due[0]
 }
 
-func (e *env) reallyQueuedRereads(t *testing.T, subscriptionID string) []rereadJob {
+func (e *env) reallyQueuedRereads(t *testing.T, subscriptionID string) []billingtest.RereadJob {
 	t.Helper()
-	var rows []rereadJob
-	if err := e.db.Raw(`SELECT id, state, scheduled_at, max_attempts, coalesce((args->>'due')::bigint, 0) AS due
-		FROM river_job WHERE kind = $1 AND args->>'subscription_id' = $2 ORDER BY id`, RereadJobKind, subscriptionID).
-		Scan(&rows).Error; err != nil {
-		t.Fatal(err)
-	}
-	return rows
+	return billingtest.RereadJobs(t, e.db, RereadJobKind, subscriptionID)
 }
 
 // The event plans the re-read in the row and queues no job; the sweep queues it only once its

@@ -2,12 +2,12 @@ package entitlements
 
 import (
 	"context"
-	"encoding/json"
 	"testing"
 
 	"gorm.io/gorm"
 
 	"billing/billing"
+	"billing/billing/billingtest"
 	"billing/notices"
 	"billing/webhooks"
 )
@@ -38,18 +38,10 @@ func (e *env) holds(t *testing.T) map[string]billing.HoldView {
 	return out
 }
 
+// noticeContent is what the one notice of an event and kind will say.
 func (e *env) noticeContent(t *testing.T, eventID, kind string) notices.Args {
 	t.Helper()
-	var raw []string
-	e.db.Raw(`SELECT content::text FROM notices WHERE event_id = $1 AND kind = $2`, eventID, kind).Scan(&raw)
-	if len(raw) != 1 {
-		t.Fatalf("%d notices for %s/%s", len(raw), eventID, kind)
-	}
-	var a notices.Args
-	if err := json.Unmarshal([]byte(raw[0]), &a); err != nil {
-		t.Fatal(err)
-	}
-	return a
+	return billingtest.NoticeContent(t, e.db, eventID, kind)
 }
 
 func (e *env) applySnapshot(t *testing.T, snap billing.Snapshot) billing.SnapshotOutcome {

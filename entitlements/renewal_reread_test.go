@@ -19,6 +19,7 @@ import (
 	"github.com/stripe/stripe-go/v79/client"
 
 	"billing/billing"
+	"billing/billing/billingtest"
 	"billing/internal/httpserver"
 	"billing/internal/jobs"
 	"billing/internal/stripeclient"
@@ -33,19 +34,9 @@ import (
 
 const grace = 2 * time.Hour
 
-// rereadJob is a River job row of the re-read kind.
-type rereadJob struct {
-	ID          int64     `gorm:"column:id"`
-	State       string    `gorm:"column:state"`
-	ScheduledAt time.Time `gorm:"column:scheduled_at"`
-	Due         int64     `gorm:"column:due"`
-	Tie         int64     `gorm:"column:tie"`
-	MaxAttempts int       `gorm:"column:max_attempts"`
-}
-
 // rereadJobs sweeps every planned re-read into its job, whenever due, then lists the jobs: what
 // the sweep will have queued by the time each check is due.
-func (e *env) rereadJobs(t *testing.T, subscriptionID string) []rereadJob {
+func (e *env) rereadJobs(t *testing.T, subscriptionID string) []billingtest.RereadJob {
 	t.Helper()
 	now := e.clock.Now()
 	e.clock.Set(time.Unix(1<<40, 0))
@@ -54,15 +45,7 @@ func (e *env) rereadJobs(t *testing.T, subscriptionID string) []rereadJob {
 	if err != nil {
 		t.Fatalf("sweep: %v", err)
 	}
-	var rows []rereadJob
-	err = e.db.Raw(`SELECT id, state, scheduled_at, max_attempts,
-		  coalesce((args->>'due')::bigint, 0) AS due, coalesce((args->>'tie')::bigint, 0) AS tie
-		FROM river_job WHERE kind = $1 AND args->>'subscription_id' = $2 ORDER BY id`,
-		billing.RereadJobKind, subscriptionID).Scan(&rows).Error
-	if err != nil {
-		t.Fatalf("re-read jobs of %s: %v", subscriptionID, err)
-	}
-	return rows
+	return billingtest.RereadJobs(t, e.db, billing.RereadJobKind, subscriptionID)
 }
 
 // withStripe gives the service a Stripe client, which turns the re-reads on.
@@ -296,7 +279,7 @@ func (r *rereadEnv) waitJob(t *testing.T, id int64, final ...rivertype.JobState)
 }
 
 // onlyJob returns the one re-read job of a subscription.
-func (r *rereadEnv) onlyJob(t *testing.T, subscriptionID string) rereadJob {
+func (r *rereadEnv) onlyJob(t *testing.T, subscriptionID string) billingtest.RereadJob {
 	t.Helper()
 	jobs := r.rereadJobs(t, subscriptionID)
 	if len(jobs) != 1 {
@@ -543,8 +526,8 @@ func TestSameSecondTieIsSettledByStripe(t *testing.T) {
 	if got := r.sub(t, "sub_tie").Status; got != billing.StatusPastDue {
 		t.Fatalf("the rank's guess: %s, want past_due", got)
 	}
-	tieJobs := func() []rereadJob {
-		var out []rereadJob
+	tieJobs := func() []billingtest.RereadJob {
+		var out []billingtest.RereadJob
 		for _, j := range r.rereadJobs(t, "sub_tie") {
 			if j.Tie != 0 {
 				out = append(out, j)

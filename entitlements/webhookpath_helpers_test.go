@@ -21,7 +21,6 @@ import (
 	"billing/internal/jobs"
 	"billing/internal/mail"
 	"billing/internal/mail/mailtest"
-	"billing/internal/stripeevents"
 	"billing/internal/testenv"
 	"billing/notices"
 	"billing/webhooks"
@@ -108,10 +107,7 @@ func newWebhookPath(t *testing.T) *webhookPath {
 // deliver posts a signed event and returns the inbox's {"status"}.
 func (p *webhookPath) deliver(payload []byte) string {
 	p.t.Helper()
-	req := httptest.NewRequest(http.MethodPost, "/webhooks/stripe", strings.NewReader(string(payload)))
-	req.Header.Set("Stripe-Signature", stripeevents.SignatureHeader(payload, pathSecret, time.Now()))
-	rec := httptest.NewRecorder()
-	p.e.ServeHTTP(rec, req)
+	rec := apitest.DeliverWebhook(p.t, p.e, pathSecret, payload)
 	var b struct{ Status string }
 	if rec.Code != http.StatusOK || json.Unmarshal(rec.Body.Bytes(), &b) != nil {
 		p.t.Fatalf("delivery answered %d %s", rec.Code, rec.Body)
