@@ -88,7 +88,7 @@ func runReconcileCommand(ctx context.Context, args []string, stdout, stderr io.W
 	}
 	sc := stripeclient.New(cfg.Stripe.APIURL, cfg.Stripe.SecretKey, logger)
 	livemode := cfg.Stripe.Mode == "live"
-	// As serve wires it, so that a repaired subscription gets its renewal's re-read queued and
+	// As serve wires it, so that a repaired subscription gets its renewal's re-read planned and
 	// the app is told of each repair that changes its answers (serve's workers push them).
 	policy := policyOf(cfg)
 	subs := billing.New(billing.Deps{
