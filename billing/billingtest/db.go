@@ -52,7 +52,7 @@ func Link(t testing.TB, db *gorm.DB, userID, customerID, email string) {
 	if customerID != "" {
 		customer = &customerID
 	}
-	if err := db.Exec(`INSERT INTO customers (user_id, stripe_customer_id, email) VALUES ($1, $2, $3)
+	if err := db.Exec(`INSERT INTO customers (user_id, stripe_customer_id, email, livemode) VALUES ($1, $2, $3, false)
 		ON CONFLICT (user_id, livemode) DO UPDATE SET stripe_customer_id = EXCLUDED.stripe_customer_id, email = EXCLUDED.email`,
 		userID, customer, email).Error; err != nil {
 		t.Fatalf("link %s: %v", userID, err)
@@ -63,7 +63,8 @@ func Link(t testing.TB, db *gorm.DB, userID, customerID, email string) {
 func NoticeCounts(t testing.TB, db *gorm.DB, where string, args ...any) (rows, due int) {
 	t.Helper()
 	var n struct{ Rows, Due int }
-	if err := db.Raw(`SELECT count(*) AS rows, count(*) FILTER (WHERE delivery IS NULL AND next_attempt_at IS NOT NULL) AS due
+	if err := db.Raw(`/* all modes: the caller's where chooses */
+		SELECT count(*) AS rows, count(*) FILTER (WHERE delivery IS NULL AND next_attempt_at IS NOT NULL) AS due
 		FROM notices `+where, args...).Scan(&n).Error; err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +75,8 @@ func NoticeCounts(t testing.TB, db *gorm.DB, where string, args ...any) (rows, d
 func NoticeContent(t testing.TB, db *gorm.DB, eventID, kind string) notices.Args {
 	t.Helper()
 	var raw []string
-	if err := db.Raw(`SELECT content::text FROM notices WHERE event_id = $1 AND kind = $2`, eventID, kind).Scan(&raw).Error; err != nil {
+	if err := db.Raw(`/* all modes: an event's notice, whichever its mode */
+		SELECT content::text FROM notices WHERE event_id = $1 AND kind = $2`, eventID, kind).Scan(&raw).Error; err != nil {
 		t.Fatal(err)
 	}
 	if len(raw) != 1 {
