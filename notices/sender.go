@@ -31,8 +31,10 @@ const (
 	sendWorkers = 4
 	// lease is how long a taken row is the batch's; sendTimeout bounds each send, and no send
 	// starts with less than sendTimeout left on the lease, so every send ends before another
-	// replica can take its row again.
-	lease       = 5 * time.Minute
+	// replica can take its row again. Since the batch hands back what it cannot send in time,
+	// the lease need not outlast a whole batch: it is what the notices of a replica killed
+	// mid-batch wait, as River's rescue of the notice jobs did (a minute).
+	lease       = time.Minute
 	sendTimeout = 30 * time.Second
 	// pollInterval is how soon a notice written by an event is sent, at the latest.
 	pollInterval = time.Second
